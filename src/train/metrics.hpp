@@ -1,0 +1,27 @@
+// JSONL metrics: one JSON object per line, flushed per record so a crash loses nothing
+// already reported.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace desloc::train {
+
+class MetricsWriter {
+ public:
+  // On resume, records beyond resume_step (written after the checkpoint by a run that later
+  // died) are dropped so the file describes exactly one trajectory.
+  MetricsWriter(const std::string& path, bool resume, std::int64_t resume_step);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void write_line(const std::string& json_object);
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace desloc::train

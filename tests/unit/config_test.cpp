@@ -1,0 +1,148 @@
+// Config parsing: defaults, and one test per kind of bad input, each checking that the
+// message names file:line:column and the key.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "desloc/core/error.hpp"
+#include "desloc/train/config.hpp"
+
+using desloc::ConfigError;
+using desloc::train::parse_config;
+
+namespace {
+std::string error_of(const std::string& text) {
+  try {
+    parse_config(text, "job.toml");
+  } catch (const ConfigError& e) {
+    return e.message();
+  }
+  return "<no error>";
+}
+}  // namespace
+
+TEST(Config, EmptyDocumentGivesDefaults) {
+  const auto cfg = parse_config("", "empty.toml");
+  EXPECT_EQ(cfg.model.vocab, 256);
+  EXPECT_EQ(cfg.optim.name, "adamw");
+  EXPECT_EQ(cfg.seq_len(), cfg.model.context);
+}
+
+TEST(Config, DefaultsDocumentParsesBackToDefaults) {
+  const std::string text = desloc::train::default_config_toml();
+  const auto cfg = parse_config(text, "defaults.toml");
+  EXPECT_EQ(cfg.hash(), parse_config("", "x.toml").hash());
+  EXPECT_NE(text.find("d_model"), std::string::npos);
+}
+
+TEST(Config, ReadsValues) {
+  const auto cfg = parse_config(R"(
+[model]
+layers = 2
+d_model = 64
+heads = 8
+[optim]
+name = "adopt"
+beta2 = 0.9999
+clip = "norm"
+clip_value = 2
+[schedule]
+kind = "wsd"
+lr = 1e-3
+[data]
+batch = 4
+seq_len = 32
+[train]
+steps = 10
+)",
+                                "ok.toml");
+  EXPECT_EQ(cfg.model.layers, 2);
+  EXPECT_EQ(cfg.model.heads, 8);
+  EXPECT_EQ(cfg.optim.name, "adopt");
+  EXPECT_FLOAT_EQ(cfg.optim.beta2, 0.9999f);
+  EXPECT_EQ(cfg.clip.mode, "norm");
+  EXPECT_FLOAT_EQ(cfg.clip.value, 2.0f);
+  EXPECT_EQ(cfg.schedule.kind, "wsd");
+  EXPECT_EQ(cfg.seq_len(), 32);
+  EXPECT_EQ(cfg.train.steps, 10);
+}
+
+TEST(Config, UnknownKeyNamesFileLineColumnAndKey) {
+  const auto msg = error_of("[model]\nlayers = 2\nlayerz = 3\n");
+  EXPECT_NE(msg.find("job.toml:3:1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.layerz"), std::string::npos) << msg;
+}
+
+TEST(Config, UnknownTableIsAnError) {
+  const auto msg = error_of("[modle]\nlayers = 2\n");
+  EXPECT_NE(msg.find("job.toml:1:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("modle"), std::string::npos) << msg;
+}
+
+TEST(Config, WrongTypeNamesTheKey) {
+  const auto msg = error_of("[model]\nlayers = \"four\"\n");
+  EXPECT_NE(msg.find("job.toml:2:10"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.layers must be an integer"), std::string::npos) << msg;
+  EXPECT_NE(error_of("[optim]\nbias_correction = 1\n").find("optim.bias_correction"),
+            std::string::npos);
+  EXPECT_NE(error_of("[schedule]\nlr = \"fast\"\n").find("schedule.lr must be a number"),
+            std::string::npos);
+}
+
+TEST(Config, ZeroOrNegativeSizesAreRejected) {
+  for (const char* key : {"layers", "heads", "d_model", "context", "vocab"}) {
+    for (const char* value : {"0", "-4"}) {
+      const auto msg = error_of(std::string("[model]\n") + key + " = " + value + "\n");
+      EXPECT_NE(msg.find(std::string("model.") + key), std::string::npos) << msg;
+      EXPECT_NE(msg.find("job.toml:2:"), std::string::npos) << msg;
+    }
+  }
+  EXPECT_NE(error_of("[data]\nbatch = 0\n").find("data.batch"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nsteps = -1\n").find("train.steps"), std::string::npos);
+}
+
+TEST(Config, HeadsMustDivideDModel) {
+  const auto msg = error_of("[model]\nd_model = 100\nheads = 3\n");
+  EXPECT_NE(msg.find("job.toml:3:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.heads = 3 does not divide model.d_model = 100"), std::string::npos)
+      << msg;
+}
+
+TEST(Config, EnumValuesAreChecked) {
+  const auto msg = error_of("[optim]\nname = \"lion\"\n");
+  EXPECT_NE(msg.find("optim.name = \"lion\" is not one of"), std::string::npos) << msg;
+  EXPECT_NE(error_of("[train]\nbackend = \"tpu\"\n").find("train.backend"), std::string::npos);
+}
+
+TEST(Config, OutOfRangeFloats) {
+  EXPECT_NE(error_of("[optim]\nbeta1 = 1.5\n").find("optim.beta1"), std::string::npos);
+  EXPECT_NE(error_of("[schedule]\nlr = 0\n").find("schedule.lr"), std::string::npos);
+}
+
+TEST(Config, SyntaxErrorHasPosition) {
+  const auto msg = error_of("[model]\nlayers = = 2\n");
+  EXPECT_NE(msg.find("job.toml:2:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("syntax"), std::string::npos) << msg;
+}
+
+TEST(Config, SeqLenBeyondContextIsRejected) {
+  EXPECT_NE(error_of("[model]\ncontext = 16\n[data]\nseq_len = 32\n").find("data.seq_len"),
+            std::string::npos);
+}
+
+TEST(Config, MissingFileIsAConfigErrorNamingThePath) {
+  try {
+    desloc::train::load_config("/nonexistent/dir/job.toml");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/job.toml"), std::string::npos);
+  }
+}
+
+TEST(Config, HashSeparatesTrajectoryFromLogging) {
+  auto a = parse_config("", "a.toml");
+  auto b = parse_config("[train]\nlog_every = 3\nout_dir = \"elsewhere\"\nthreads = 1\n", "b.toml");
+  auto c = parse_config("[schedule]\nlr = 0.002\n", "c.toml");
+  EXPECT_EQ(a.hash(), b.hash());
+  EXPECT_NE(a.hash(), c.hash());
+}
