@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The main job in one command: install dependencies, build, fetch and tokenize the Brown
+# corpus, then train configs/quickstart.toml and report validation loss against the corpus's
+# unigram entropy. Extra arguments go to `desloc train` (e.g. --resume).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install_deps.sh
+./scripts/build.sh
+if [[ ! -f data/brown/dataset.toml ]]; then
+  ./build/src/desloc prepare --source brown --out data/brown
+fi
+exec ./build/src/desloc train --config configs/quickstart.toml "$@"

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite in one command: install dependencies, build, run ctest.
+# GPU tests (label gpu) skip without a device; everything else must pass. Under CI=true,
+# tests that would skip for a missing prerequisite (torch, npm) fail instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install_deps.sh
+./scripts/build.sh
+ctest --test-dir build --output-on-failure -j "${DESLOC_TEST_JOBS:-2}" --timeout 900 "$@"

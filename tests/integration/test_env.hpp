@@ -1,0 +1,70 @@
+// Shared helpers for integration tests: temp dirs, tiny job configs on the prepared Brown
+// corpus, and running the CLI with captured output.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "desloc/train/config.hpp"
+
+namespace desloc::test {
+
+namespace fs = std::filesystem;
+
+inline fs::path fresh_dir(const std::string& tag) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  fs::path p = fs::temp_directory_path() / ("desloc_" + tag + "_" + std::to_string(::getpid()) +
+                                            "_" + info->test_suite_name() + "_" + info->name());
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+// A config small enough that 20 steps take a few seconds on one core.
+inline std::string tiny_job_toml(const fs::path& out_dir,
+                                 const std::string& data_dir = DESLOC_TEST_BROWN,
+                                 const std::string& extra_optim = "") {
+  return "[model]\nvocab = 256\ncontext = 32\nlayers = 2\nheads = 2\nd_model = 32\n"
+         "[optim]\nname = \"adamw\"\nclip = \"norm\"\nclip_value = 1.0\n" +
+         extra_optim +
+         "[schedule]\nkind = \"cosine\"\nlr = 0.01\nwarmup = 2\n"
+         "[data]\ndir = \"" +
+         data_dir +
+         "\"\nbatch = 4\nseed = 7\n"
+         "[train]\nsteps = 20\neval_every = 10\neval_batches = 2\ncheckpoint_every = 0\nout_dir = "
+         "\"" +
+         out_dir.string() + "\"\nseed = 3\nthreads = 1\n";
+}
+
+inline fs::path write_text(const fs::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+inline CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), p) != nullptr) r.output += buf.data();
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+inline bool have_prepared_corpus() {
+  return fs::exists(fs::path(DESLOC_TEST_BROWN) / "dataset.toml");
+}
+
+}  // namespace desloc::test
