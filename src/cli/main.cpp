@@ -21,15 +21,14 @@ int cmd_train(const std::string& config_path, const desloc::train::TrainOptions&
   desloc::train::JobConfig cfg = desloc::train::load_config(config_path);
   if (!out_dir.empty()) cfg.train.out_dir = out_dir;
   const auto r = desloc::train::run_training(cfg, opts);
-  std::printf(
-      "trained steps %lld..%lld: final train loss %.4f, val loss %.4f nats, unigram entropy %.4f "
-      "nats "
-      "(%.1f%% below), %.0f tokens/s\n",
-      static_cast<long long>(r.start_step), static_cast<long long>(r.steps_done), r.last_train_loss,
-      r.last_val_loss, r.unigram_entropy_nats,
-      std::isfinite(r.last_val_loss) ? 100.0 * (1.0 - r.last_val_loss / r.unigram_entropy_nats)
-                                     : 0.0,
-      r.tokens_per_s);
+  std::string val = "not evaluated";
+  if (std::isfinite(r.last_val_loss))
+    val = fmt::format("{:.4f} nats ({:.1f}% below the unigram entropy {:.4f})", r.last_val_loss,
+                      100.0 * (1.0 - r.last_val_loss / r.unigram_entropy_nats),
+                      r.unigram_entropy_nats);
+  std::printf("trained steps %lld..%lld: final train loss %.4f, val loss %s, %.0f tokens/s\n",
+              static_cast<long long>(r.start_step), static_cast<long long>(r.steps_done),
+              r.last_train_loss, val.c_str(), r.tokens_per_s);
   if (!r.last_checkpoint.empty()) std::printf("checkpoint: %s\n", r.last_checkpoint.c_str());
   std::printf("metrics: %s\n", desloc::train::metrics_path(cfg).c_str());
   if (r.interrupted) return 130;

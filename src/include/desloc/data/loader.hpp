@@ -36,7 +36,8 @@ class DataLoader {
   // worker = site * ranks_per_site + rank; num_workers = sites * ranks_per_site.
   // Throws ConfigError if the data cannot provide even one batch per worker per epoch (or B, T,
   // worker are out of range), DataError if a shard is bad or its vocab disagrees with data.vocab.
-  DataLoader(const DatasetInfo& data, int B, int T, std::uint64_t seed, int worker, int num_workers);
+  DataLoader(const DatasetInfo& data, int B, int T, std::uint64_t seed, int worker,
+             int num_workers);
 
   // Fills inputs and targets, each (B, T) row-major; targets are inputs shifted by one.
   void next(std::span<std::int32_t> inputs, std::span<std::int32_t> targets);
@@ -47,7 +48,9 @@ class DataLoader {
   LoaderState state() const { return state_; }
   void restore(const LoaderState& s);
   std::uint64_t windows_per_epoch() const;  // for this worker; a multiple of B
-  std::uint64_t batches_per_epoch() const { return windows_per_epoch() / static_cast<std::uint64_t>(B_); }
+  std::uint64_t batches_per_epoch() const {
+    return windows_per_epoch() / static_cast<std::uint64_t>(B_);
+  }
 
  private:
   // Every worker holds the whole training stream (2 bytes/token); fine at corpus sizes of a few
@@ -57,8 +60,8 @@ class DataLoader {
   int B_, T_, worker_, num_workers_;
   std::uint64_t seed_;
   LoaderState state_;
-  std::uint64_t num_windows_ = 0;        // over all workers
-  std::uint64_t windows_per_epoch_ = 0;  // this worker's share, a multiple of B
+  std::uint64_t num_windows_ = 0;                 // over all workers
+  std::uint64_t windows_per_epoch_ = 0;           // this worker's share, a multiple of B
   std::uint64_t perm_epoch_ = ~std::uint64_t{0};  // epoch perm_ was built for
   void build_permutation();
 };
@@ -72,7 +75,8 @@ class EvalLoader {
   // shard is bad.
   EvalLoader(const DatasetInfo& data, int B, int T);
   std::uint64_t num_batches() const;
-  void batch(std::uint64_t i, std::span<std::int32_t> inputs, std::span<std::int32_t> targets) const;
+  void batch(std::uint64_t i, std::span<std::int32_t> inputs,
+             std::span<std::int32_t> targets) const;
 
  private:
   std::vector<std::uint16_t> tokens_;

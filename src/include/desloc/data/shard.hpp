@@ -26,7 +26,8 @@ struct Shard {
 };
 
 // Writes atomically (temporary file, fsync, rename).
-void write_shard(const std::string& path, std::span<const std::uint16_t> tokens, std::uint32_t vocab);
+void write_shard(const std::string& path, std::span<const std::uint16_t> tokens,
+                 std::uint32_t vocab);
 // Throws DataError naming the path and what is wrong: missing file, wrong magic, unknown
 // version or dtype, size that disagrees with the header (truncated), CRC mismatch, or a
 // token id >= vocab.
