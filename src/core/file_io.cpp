@@ -2,6 +2,7 @@
 #include "desloc/core/file_io.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -26,6 +27,9 @@ void write_file_atomic(const std::string& path, std::span<const std::uint8_t> by
     errno = saved;
     throw_errno(what, path);
   };
+  // mkstemp creates 0600; data and checkpoints are meant to be readable by the job's group
+  // and other users' tools (umask is process-global, so it is not queried from here).
+  if (::fchmod(fd, 0644) != 0) fail("fchmod failed for");
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);

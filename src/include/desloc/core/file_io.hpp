@@ -29,6 +29,7 @@ class ByteWriter {
   }
   template <class T>
   void put_span(std::span<const T> values) {
+    if (values.empty()) return;
     const auto* p = reinterpret_cast<const std::uint8_t*>(values.data());
     bytes_.insert(bytes_.end(), p, p + values.size_bytes());
   }
@@ -60,6 +61,7 @@ class ByteReader {
   template <class T>
   void get_span(std::span<T> out, const char* field) {
     need(out.size_bytes(), field);
+    if (out.empty()) return;  // memcpy with a null pointer is undefined even for 0 bytes
     std::memcpy(out.data(), bytes_.data() + pos_, out.size_bytes());
     pos_ += out.size_bytes();
   }

