@@ -149,6 +149,17 @@ void DataLoader::next(std::span<std::int32_t> inputs, std::span<std::int32_t> ta
   }
 }
 
+void DataLoader::skip(std::uint64_t batches) {
+  const auto B = static_cast<std::uint64_t>(B_);
+  for (std::uint64_t i = 0; i < batches; ++i) {
+    if (state_.cursor + B > windows_per_epoch_) {
+      ++state_.epoch;
+      state_.cursor = 0;
+    }
+    state_.cursor += B;
+  }
+}
+
 void DataLoader::restore(const LoaderState& s) {
   if (s.cursor > windows_per_epoch_)
     throw DataError("data loader state: cursor " + std::to_string(s.cursor) +

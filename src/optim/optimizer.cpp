@@ -45,6 +45,13 @@ Optimizer::Optimizer(OptimizerConfig cfg, const model::ParamLayout& layout) : cf
     if (t.decay) std::fill_n(decay_.begin() + static_cast<std::ptrdiff_t>(t.offset), t.numel, 1.0f);
 }
 
+Optimizer::Optimizer(OptimizerConfig cfg, std::size_t n) : cfg_(std::move(cfg)) {
+  cfg_.validate();
+  state_.u.assign(n, 0.0f);
+  state_.v.assign(n, 0.0f);
+  decay_.assign(n, 0.0f);
+}
+
 std::span<float> Optimizer::buffer(StateKind kind) {
   if (kind == StateKind::kU) return state_.u;
   if (kind == StateKind::kV) return state_.v;

@@ -21,19 +21,29 @@ constexpr std::size_t kHeaderBytes = 8 + 4 + 4 + 8 + 4;
 }
 
 void save_checkpoint(const std::string& path, const Checkpoint& ck) {
-  if (ck.u.size() != ck.params.size() || ck.v.size() != ck.params.size())
-    throw Error("checkpoint buffers differ in size; refusing to write " + path);
+  const std::size_t n = ck.workers.empty() ? 0 : ck.workers[0].params.size();
+  for (const auto& w : ck.workers)
+    if (w.params.size() != n || w.u.size() != n || w.v.size() != n)
+      throw Error("checkpoint buffers differ in size; refusing to write " + path);
+  if (ck.outer_ref.size() != ck.outer_momentum.size())
+    throw Error("checkpoint outer-optimizer buffers differ in size; refusing to write " + path);
   ByteWriter payload;
   payload.put<std::uint64_t>(ck.config_hash);
   payload.put<std::int64_t>(ck.step);
   payload.put<std::int64_t>(ck.optim_t);
-  payload.put<std::uint64_t>(ck.loader.epoch);
-  payload.put<std::uint64_t>(ck.loader.cursor);
   payload.put<std::uint64_t>(ck.tokens_seen);
-  payload.put<std::uint64_t>(ck.params.size());
-  payload.put_span<float>(ck.params);
-  payload.put_span<float>(ck.u);
-  payload.put_span<float>(ck.v);
+  payload.put<std::uint64_t>(n);
+  payload.put<std::uint32_t>(static_cast<std::uint32_t>(ck.workers.size()));
+  for (const auto& w : ck.workers) {
+    payload.put<std::uint64_t>(w.loader.epoch);
+    payload.put<std::uint64_t>(w.loader.cursor);
+    payload.put_span<float>(w.params);
+    payload.put_span<float>(w.u);
+    payload.put_span<float>(w.v);
+  }
+  payload.put<std::uint64_t>(ck.outer_ref.size());
+  payload.put_span<float>(ck.outer_ref);
+  payload.put_span<float>(ck.outer_momentum);
 
   ByteWriter file;
   file.bytes().reserve(kHeaderBytes + payload.bytes().size());
@@ -73,20 +83,35 @@ Checkpoint load_checkpoint(const std::string& path) {
   ck.config_hash = r.get<std::uint64_t>("config_hash");
   ck.step = r.get<std::int64_t>("step");
   ck.optim_t = r.get<std::int64_t>("optim_t");
-  ck.loader.epoch = r.get<std::uint64_t>("loader.epoch");
-  ck.loader.cursor = r.get<std::uint64_t>("loader.cursor");
   ck.tokens_seen = r.get<std::uint64_t>("tokens_seen");
   const auto n = r.get<std::uint64_t>("parameter count");
-  if (n * 3 * sizeof(float) != r.remaining())
+  const auto workers = r.get<std::uint32_t>("worker count");
+  // Each worker needs 16 loader bytes + 3n floats; check before allocating anything.
+  const std::uint64_t per_worker = 16 + n * 3 * sizeof(float);
+  if (n > (std::uint64_t(1) << 40) || workers == 0 || per_worker * workers > r.remaining())
     throw DataError(
-        fmt::format("'{}' is inconsistent: {} parameters need {} bytes of state, found {}", path, n,
-                    n * 3 * sizeof(float), r.remaining()));
-  ck.params.resize(n);
-  ck.u.resize(n);
-  ck.v.resize(n);
-  r.get_span<float>(ck.params, "params");
-  r.get_span<float>(ck.u, "u");
-  r.get_span<float>(ck.v, "v");
+        fmt::format("'{}' is inconsistent: {} workers x {} parameters need {} bytes, {} remain",
+                    path, workers, n, per_worker * workers, r.remaining()));
+  ck.workers.resize(workers);
+  for (auto& w : ck.workers) {
+    w.loader.epoch = r.get<std::uint64_t>("loader.epoch");
+    w.loader.cursor = r.get<std::uint64_t>("loader.cursor");
+    w.params.resize(n);
+    w.u.resize(n);
+    w.v.resize(n);
+    r.get_span<float>(w.params, "params");
+    r.get_span<float>(w.u, "u");
+    r.get_span<float>(w.v, "v");
+  }
+  const auto outer_n = r.get<std::uint64_t>("outer optimizer size");
+  if (outer_n * 2 * sizeof(float) != r.remaining())
+    throw DataError(fmt::format(
+        "'{}' is inconsistent: outer optimizer of {} parameters needs {} bytes, {} remain", path,
+        outer_n, outer_n * 2 * sizeof(float), r.remaining()));
+  ck.outer_ref.resize(outer_n);
+  ck.outer_momentum.resize(outer_n);
+  r.get_span<float>(ck.outer_ref, "outer_ref");
+  r.get_span<float>(ck.outer_momentum, "outer_momentum");
   if (ck.step < 0 || ck.optim_t < 0)
     throw DataError("'" + path + "' holds a negative step counter");
   return ck;

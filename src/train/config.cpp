@@ -95,6 +95,12 @@ class Binder {
     }
   }
 
+  // The next key is documented as a comment: it is valid only in some combinations (e.g.
+  // desloc-only periods), so the defaults document must not set it.
+  void comment_next() { comment_next_ = true; }
+
+  bool has(const char* key) const { return table_ != nullptr && table_->get(key) != nullptr; }
+
   // Location of a key that was read, for cross-field errors.
   std::string location_of(const char* key) const {
     if (table_ == nullptr) return file_;
@@ -115,7 +121,9 @@ class Binder {
  private:
   bool describe(const char* key, const std::string& value, const char* doc) {
     if (describe_ == nullptr) return false;
-    *describe_ << fmt::format("{:<18} = {:<18} # {}\n", key, value, doc);
+    *describe_ << fmt::format("{}{:<18} = {:<18} # {}\n", comment_next_ ? "# " : "", key, value,
+                              doc);
+    comment_next_ = false;
     return true;
   }
   const toml::node* take(const char* key) {
@@ -138,6 +146,7 @@ class Binder {
   const toml::table* table_;
   std::ostream* describe_;
   std::set<std::string> used_;
+  bool comment_next_ = false;
 };
 
 void bind_model(Binder& b, model::GptConfig& m) {
@@ -190,6 +199,64 @@ void bind_train(Binder& b, RunConfig& r) {
   b.integer("threads", r.threads, "CPU threads for the model (0 = all cores)", 0, 1024);
 }
 
+void bind_sync(Binder& b, sync::SyncConfig& s) {
+  b.string("method", s.method,
+           "\"none\", \"ddp\", \"favg\" (FAVG+OPT), \"favg_reset\", \"local_adam\" or \"desloc\"",
+           {"none", "ddp", "favg", "favg_reset", "local_adam", "desloc"});
+  b.integer("workers", s.workers, "in-process virtual workers (sites) M", 1, 4096);
+  b.integer64("kx", s.kx, "parameter-average period Kx (the K of favg, favg_reset, local_adam)", 1);
+  b.comment_next();
+  b.integer64("ku", s.ku, "desloc: first-moment period Ku (0 = 3 * kx)", 0);
+  b.comment_next();
+  b.integer64("kv", s.kv, "desloc: second-moment period Kv (0 = 6 * kx)", 0);
+  b.integer64("phase_x", s.phase_x, "x is averaged at steps t with (t - phase_x) mod kx == 0", 0);
+  b.comment_next();
+  b.integer64("phase_u", s.phase_u, "desloc: phase of the u average", 0);
+  b.comment_next();
+  b.integer64("phase_v", s.phase_v, "desloc: phase of the v average", 0);
+  b.string("outer", s.outer, "outer optimizer on the parameter average: \"none\" or \"nesterov\"",
+           {"none", "nesterov"});
+  b.real("outer_lr", s.outer_lr, "outer Nesterov learning rate", 0.0, 10.0, true);
+  b.real("outer_momentum", s.outer_momentum, "outer Nesterov momentum", 0.0, 0.999999);
+  b.integer64("join_step", s.join_step,
+              "elastic join: from this step on, grow to join_workers (0 = never)", 0);
+  b.integer("join_workers", s.join_workers, "elastic join: worker count after the join", 0, 4096);
+}
+
+// Cross-key rules of [sync]; each error points at the offending key.
+void check_sync(const Binder& b, const sync::SyncConfig& s) {
+  const bool desloc = s.method == "desloc";
+  for (const char* key : {"ku", "kv", "phase_u", "phase_v"}) {
+    if (b.has(key) && !desloc)
+      throw ConfigError(fmt::format(
+          "{}: sync.{} is set, but method = \"{}\" has no separate {} average; remove it "
+          "or use method = \"desloc\"",
+          b.location_of(key), key, s.method, key[0] == 'k' ? key + 1 : key + 6));
+  }
+  for (const char* key : {"ku", "kv"}) {
+    if (b.has(key) && (key[1] == 'u' ? s.ku : s.kv) <= 0)
+      throw ConfigError(
+          fmt::format("{}: sync.{} must be positive (omit it for the default {} * kx)",
+                      b.location_of(key), key, key[1] == 'u' ? 3 : 6));
+  }
+  auto phase = [&](const char* key, std::int64_t value, std::int64_t period, const char* pkey) {
+    if (value >= period)
+      throw ConfigError(fmt::format("{}: sync.{} = {} must be smaller than its period {} = {}",
+                                    b.location_of(key), key, value, pkey, period));
+  };
+  phase("phase_x", s.phase_x, s.kx, "kx");
+  phase("phase_u", s.phase_u, s.effective_ku(), "ku");
+  phase("phase_v", s.phase_v, s.effective_kv(), "kv");
+  if (s.outer != "none" && !s.averages_params())
+    throw ConfigError(fmt::format(
+        "{}: sync.outer = \"{}\" needs a parameter average, but method = \"{}\" has none",
+        b.location_of("outer"), s.outer, s.method));
+  if (s.join_step > 0 && s.join_workers <= s.workers)
+    throw ConfigError(fmt::format(
+        "{}: sync.join_workers = {} must exceed sync.workers = {} when join_step is set",
+        b.location_of("join_workers"), s.join_workers, s.workers));
+}
+
 struct Section {
   const char* name;
   std::function<void(Binder&, JobConfig&)> bind;
@@ -201,6 +268,7 @@ const std::vector<Section>& sections() {
       {"schedule", [](Binder& b, JobConfig& j) { bind_schedule(b, j.schedule); }},
       {"data", [](Binder& b, JobConfig& j) { bind_data(b, j.data); }},
       {"train", [](Binder& b, JobConfig& j) { bind_train(b, j.train); }},
+      {"sync", [](Binder& b, JobConfig& j) { bind_sync(b, j.sync); }},
   };
   return s;
 }
@@ -220,6 +288,7 @@ JobConfig from_table(const toml::table& root, const std::string& file) {
     sec.bind(b, job);
     b.reject_unknown_keys();
     if (std::string(sec.name) == "model") heads_at = b.location_of("heads");
+    if (std::string(sec.name) == "sync") check_sync(b, job.sync);
   }
   for (auto&& [k, v] : root) {
     if (!known.contains(std::string(k.str())))
@@ -280,15 +349,21 @@ std::string default_config_toml() {
 }
 
 std::string JobConfig::canonical() const {
-  // Fixed-format text of every trajectory-shaping value; %a prints floats exactly.
-  return fmt::format(
-      "model:{},{},{},{},{};optim:{},{:a},{:a},{:a},{:a},{};clip:{},{:a};schedule:{},{:a},{},{:a},{"
-      ":a};"
-      "data:{},{},{};train:{},{},{}",
-      model.vocab, model.context, model.layers, model.heads, model.d_model, optim.name, optim.beta1,
-      optim.beta2, optim.eps, optim.weight_decay, optim.bias_correction, clip.mode, clip.value,
-      schedule.kind, schedule.lr, schedule.warmup, schedule.min_lr_ratio, schedule.decay_fraction,
-      data.batch, seq_len(), data.seed, train.steps, train.seed, train.backend);
+  // Fixed-format text of every trajectory-shaping value; {:a} prints floats exactly.
+  std::string text = fmt::format("model:{},{},{},{},{};", model.vocab, model.context, model.layers,
+                                 model.heads, model.d_model);
+  text += fmt::format("optim:{},{:a},{:a},{:a},{:a},{};clip:{},{:a};", optim.name, optim.beta1,
+                      optim.beta2, optim.eps, optim.weight_decay, optim.bias_correction, clip.mode,
+                      clip.value);
+  text += fmt::format("schedule:{},{:a},{},{:a},{:a};", schedule.kind, schedule.lr, schedule.warmup,
+                      schedule.min_lr_ratio, schedule.decay_fraction);
+  text += fmt::format("data:{},{},{};train:{},{},{};", data.batch, seq_len(), data.seed,
+                      train.steps, train.seed, train.backend);
+  text += fmt::format("sync:{},{},{},{},{},{},{},{},{},{:a},{:a},{},{}", sync.method, sync.workers,
+                      sync.kx, sync.effective_ku(), sync.effective_kv(), sync.phase_x, sync.phase_u,
+                      sync.phase_v, sync.outer, sync.outer_lr, sync.outer_momentum, sync.join_step,
+                      sync.join_workers);
+  return text;
 }
 
 std::uint64_t JobConfig::hash() const { return fnv1a64(canonical()); }

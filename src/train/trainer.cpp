@@ -1,4 +1,7 @@
-// The single-site training loop.
+// The training loop: M in-process virtual workers (M = 1 is plain single-site training),
+// each with its own data shard and optimizer state, synchronised by a SyncPolicy through an
+// Averager in the order of DES-LOC's Alg. 1: gradients at the un-averaged x, then the due
+// averages, then the local update.
 #include "desloc/train/trainer.hpp"
 
 #include <fmt/format.h>
@@ -10,6 +13,7 @@
 #include <csignal>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "desloc/core/error.hpp"
@@ -17,6 +21,9 @@
 #include "desloc/data/loader.hpp"
 #include "desloc/model/model.hpp"
 #include "desloc/optim/optimizer.hpp"
+#include "desloc/sync/averager.hpp"
+#include "desloc/sync/outer_optimizer.hpp"
+#include "desloc/sync/sync_policy.hpp"
 #include "desloc/train/checkpoint.hpp"
 #include "train/metrics.hpp"
 #include "train/progress.hpp"
@@ -53,6 +60,51 @@ std::string json_number(double v) {
   return fmt::format("{:.7g}", v);
 }
 
+// One virtual worker (a site): its replica of x, its gradient, its optimizer state (u, v)
+// and its data shard.
+struct Worker {
+  std::vector<float> x, g;
+  optim::Optimizer opt;
+  data::DataLoader loader;
+};
+
+std::vector<std::span<float>> spans(std::vector<Worker>& workers, optim::StateKind kind) {
+  std::vector<std::span<float>> out;
+  out.reserve(workers.size());
+  for (auto& w : workers) {
+    switch (kind) {
+      case optim::StateKind::kGrad:
+        out.emplace_back(w.g);
+        break;
+      case optim::StateKind::kX:
+        out.emplace_back(w.x);
+        break;
+      case optim::StateKind::kU:
+        out.emplace_back(w.opt.state().u);
+        break;
+      case optim::StateKind::kV:
+        out.emplace_back(w.opt.state().v);
+        break;
+    }
+  }
+  return out;
+}
+
+// Mean of one state over the workers, without touching them (evaluation, elastic join).
+std::vector<float> mean_of(std::vector<Worker>& workers, optim::StateKind kind) {
+  auto all = spans(workers, kind);
+  std::vector<float> mean(all[0].begin(), all[0].end());
+  if (all.size() > 1) {
+    std::vector<std::vector<float>> copies;
+    for (auto& s : all) copies.emplace_back(s.begin(), s.end());
+    std::vector<std::span<float>> views(copies.begin(), copies.end());
+    sync::VirtualAverager exact(static_cast<int>(views.size()));
+    exact.average(kind, views);
+    mean = std::move(copies[0]);
+  }
+  return mean;
+}
+
 float evaluate(model::Model& m, const data::EvalLoader& eval, int batches, int B, int T) {
   std::vector<std::int32_t> in(static_cast<std::size_t>(B) * T), tgt(in.size());
   const std::uint64_t n =
@@ -77,9 +129,14 @@ std::string checkpoint_dir(const JobConfig& cfg) {
 
 TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
   using clock = std::chrono::steady_clock;
+  using optim::StateKind;
   const int B = cfg.data.batch;
   const int T = cfg.seq_len();
   const std::int64_t total = cfg.train.steps;
+  const sync::SyncPolicy policy(cfg.sync);
+  // Data is partitioned for the largest worker count the run will reach, so workers that
+  // join later never read a window another worker already owns.
+  const int max_workers = std::max(cfg.sync.workers, cfg.sync.join_workers);
 
   const data::DatasetInfo dataset = data::load_dataset(cfg.data.dir);
   if (static_cast<int>(dataset.vocab) > cfg.model.vocab)
@@ -89,14 +146,23 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
 
   auto model = model::make_model(cfg.model, {cfg.train.backend, cfg.train.threads, B, 0});
   const auto& layout = model->layout();
-  optim::Optimizer optimizer(cfg.optim, layout);
-  data::DataLoader loader(dataset, B, T, cfg.data.seed, /*worker=*/0, /*num_workers=*/1);
   const data::EvalLoader eval(dataset, B, T);
+  auto make_worker = [&](int index) {
+    return Worker{{},
+                  std::vector<float>(layout.total()),
+                  optim::Optimizer(cfg.optim, layout),
+                  data::DataLoader(dataset, B, T, cfg.data.seed, index, max_workers)};
+  };
+  std::vector<Worker> workers;
+  for (int w = 0; w < cfg.sync.workers; ++w) workers.push_back(make_worker(w));
+  sync::VirtualAverager averager(cfg.sync.workers);
+  std::optional<sync::OuterNesterov> outer;
+  if (cfg.sync.outer == "nesterov") outer.emplace(cfg.sync.outer_lr, cfg.sync.outer_momentum);
 
   TrainResult result;
   result.unigram_entropy_nats = dataset.unigram_entropy_nats;
   result.last_val_loss = std::numeric_limits<float>::quiet_NaN();
-  std::uint64_t tokens_seen = 0;
+  std::uint64_t tokens_seen = 0;  // per worker
   const std::string ckpt_dir = checkpoint_dir(cfg);
 
   if (opts.resume) {
@@ -109,61 +175,118 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
       throw ConfigError(
           fmt::format("--resume: checkpoint '{}' was written by a job with config hash {:016x}, "
                       "but {} hashes to {:016x}; "
-                      "a change to the model, optimizer, schedule, data order, seeds or step count "
-                      "cannot resume bit-exactly. "
-                      "Restore the original config or use a new train.out_dir",
+                      "a change to the model, optimizer, schedule, data order, sync, seeds or step "
+                      "count cannot resume "
+                      "bit-exactly. Restore the original config or use a new train.out_dir",
                       found->path, ck.config_hash, cfg.source, cfg.hash()));
-    if (ck.params.size() != layout.total())
-      throw DataError(fmt::format("'{}' holds {} parameters; the model has {}", found->path,
-                                  ck.params.size(), layout.total()));
-    std::copy(ck.params.begin(), ck.params.end(), model->params().begin());
-    model->params_updated();
-    optimizer.state().u = std::move(ck.u);
-    optimizer.state().v = std::move(ck.v);
-    optimizer.state().t = ck.optim_t;
-    loader.restore(ck.loader);
+    for (const auto& w : ck.workers)
+      if (w.params.size() != layout.total())
+        throw DataError(fmt::format("'{}' holds {} parameters; the model has {}", found->path,
+                                    w.params.size(), layout.total()));
+    while (workers.size() < ck.workers.size())
+      workers.push_back(make_worker(static_cast<int>(workers.size())));
+    averager.resize(static_cast<int>(workers.size()));
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      workers[i].x = std::move(ck.workers[i].params);
+      workers[i].opt.state().u = std::move(ck.workers[i].u);
+      workers[i].opt.state().v = std::move(ck.workers[i].v);
+      workers[i].opt.state().t = ck.optim_t;
+      workers[i].loader.restore(ck.workers[i].loader);
+    }
+    if (outer) {
+      outer->reference() = std::move(ck.outer_ref);
+      outer->momentum() = std::move(ck.outer_momentum);
+    }
     tokens_seen = ck.tokens_seen;
     result.start_step = ck.step;
-    log::info("resumed from {} at step {}", found->path, ck.step);
+    log::info("resumed from {} at step {} ({} worker{})", found->path, ck.step, workers.size(),
+              workers.size() == 1 ? "" : "s");
   } else {
-    model::init_params(layout, cfg.model, cfg.train.seed, model->params());
-    model->params_updated();
+    std::vector<float> x0(layout.total());
+    model::init_params(layout, cfg.model, cfg.train.seed, x0);
+    for (auto& w : workers) w.x = x0;  // every worker starts from the same point
+    if (outer) outer->reset(x0);
   }
 
   MetricsWriter metrics(metrics_path(cfg), opts.resume, result.start_step);
   const bool tty = opts.progress == 1 || (opts.progress == -1 && ::isatty(STDERR_FILENO));
   ProgressReporter progress(result.start_step, total, tty, cfg.train.log_every);
   if (!opts.resume) {
-    progress.message(fmt::format(
-        "desloc train: {} parameters ({} backend), B={} T={}, {} steps, {} train / {} val tokens, "
-        "unigram entropy {:.4f} nats",
-        layout.total(), model->backend_name(), B, T, total, dataset.train_tokens,
-        dataset.val_tokens, dataset.unigram_entropy_nats));
+    metrics.write_line(fmt::format(
+        R"({{"type":"run","name":"{}","method":"{}","workers":{},"kx":{},"ku":{},"kv":{},"outer":"{}",)"
+        R"("parameters":{},"batch":{},"seq_len":{},"steps":{},"config_hash":"{:016x}"}})",
+        std::filesystem::path(cfg.train.out_dir).filename().string(), cfg.sync.method,
+        cfg.sync.workers, cfg.sync.kx, cfg.sync.effective_ku(), cfg.sync.effective_kv(),
+        cfg.sync.outer, layout.total(), B, T, total, cfg.hash()));
+    progress.message(
+        fmt::format("desloc train: {} parameters ({} backend), {} worker{} ({}), B={} T={}, {} "
+                    "steps, {} train / {} val "
+                    "tokens, unigram entropy {:.4f} nats",
+                    layout.total(), model->backend_name(), workers.size(),
+                    workers.size() == 1 ? "" : "s", cfg.sync.method, B, T, total,
+                    dataset.train_tokens, dataset.val_tokens, dataset.unigram_entropy_nats));
   }
 
   auto save = [&](std::int64_t step) {
     Checkpoint ck;
     ck.config_hash = cfg.hash();
     ck.step = step;
-    ck.optim_t = optimizer.state().t;
-    ck.loader = loader.state();
+    ck.optim_t = workers[0].opt.state().t;
     ck.tokens_seen = tokens_seen;
-    ck.params.assign(model->params().begin(), model->params().end());
-    ck.u = optimizer.state().u;
-    ck.v = optimizer.state().v;
+    for (auto& w : workers)
+      ck.workers.push_back({w.loader.state(), w.x, w.opt.state().u, w.opt.state().v});
+    if (outer) {
+      ck.outer_ref = outer->reference();
+      ck.outer_momentum = outer->momentum();
+    }
     const std::string path = checkpoint_path(ckpt_dir, step);
     save_checkpoint(path, ck);
     result.last_checkpoint = path;
   };
+  // Validation loss of the workers' mean parameters (the model DES-LOC would ship); for one
+  // worker that is its own x.
   auto run_eval = [&](std::int64_t step) {
     const auto t0 = clock::now();
+    const std::vector<float> mean_x = mean_of(workers, StateKind::kX);
+    std::copy(mean_x.begin(), mean_x.end(), model->params().begin());
+    model->params_updated();
     const float val = evaluate(*model, eval, cfg.train.eval_batches, B, T);
     const double secs = std::chrono::duration<double>(clock::now() - t0).count();
     result.last_val_loss = val;
-    metrics.write_line(fmt::format(R"({{"type":"eval","step":{},"val_loss":{},"eval_s":{}}})", step,
-                                   json_number(val), json_number(secs)));
+    metrics.write_line(
+        fmt::format(R"({{"type":"eval","step":{},"val_loss":{},"eval_s":{},"workers":{}}})", step,
+                    json_number(val), json_number(secs), workers.size()));
     progress.message(fmt::format("step {}/{}: val_loss {:.4f} (unigram entropy {:.4f})", step,
                                  total, val, dataset.unigram_entropy_nats));
+  };
+  // Elastic join: at the first sync boundary from join_step on, new workers start from the
+  // mean of x, u and v over the current workers, i.e. from "the average at the next sync".
+  auto maybe_join = [&](std::int64_t t, const sync::SyncDecision& due) {
+    if (cfg.sync.join_step <= 0 || t < cfg.sync.join_step || !due.any() ||
+        static_cast<int>(workers.size()) >= cfg.sync.join_workers)
+      return;
+    const auto x = mean_of(workers, StateKind::kX);
+    const auto u = mean_of(workers, StateKind::kU);
+    const auto v = mean_of(workers, StateKind::kV);
+    const std::int64_t optim_t = workers[0].opt.state().t;
+    const std::size_t before = workers.size();
+    while (static_cast<int>(workers.size()) < cfg.sync.join_workers) {
+      Worker w = make_worker(static_cast<int>(workers.size()));
+      w.x = x;
+      w.opt.state().u = u;
+      w.opt.state().v = v;
+      w.opt.state().t = optim_t;
+      // Skip the windows this worker would have consumed had it run from the start, so the
+      // data order stays a function of (seed, worker) alone.
+      w.loader.skip(static_cast<std::uint64_t>(t - 1));
+      workers.push_back(std::move(w));
+    }
+    averager.resize(static_cast<int>(workers.size()));
+    metrics.write_line(
+        fmt::format(R"({{"type":"join","step":{},"workers_before":{},"workers_after":{}}})", t - 1,
+                    before, workers.size()));
+    progress.message(fmt::format("step {}: {} workers joined (now {})", t - 1,
+                                 workers.size() - before, workers.size()));
   };
 
   StopSignals signals;
@@ -180,29 +303,68 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
       result.interrupted = true;
       break;
     }
+    const std::int64_t t = step + 1;  // the 1-based number of the step being taken
+    const sync::SyncDecision due = policy.at(t);
+    maybe_join(t, due);
     const auto t0 = clock::now();
-    loader.next(inputs, targets);
-    const float loss = model->forward_backward({inputs, targets, B, T});
-    if (!std::isfinite(loss))
-      throw Error(fmt::format(
-          "loss is not finite ({}) at step {}; lower schedule.lr or enable optim.clip "
-          "(last good checkpoint: {})",
-          loss, step + 1, result.last_checkpoint.empty() ? "none" : result.last_checkpoint));
-    auto grads = model->grads();
-    const float grad_norm = optim::clip_gradient(grads, cfg.clip);
+
+    // 1. Each worker's gradient at its own, not yet averaged, x.
+    double loss_sum = 0.0;
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      Worker& w = workers[i];
+      std::copy(w.x.begin(), w.x.end(), model->params().begin());
+      model->params_updated();
+      w.loader.next(inputs, targets);
+      const float loss = model->forward_backward({inputs, targets, B, T});
+      if (!std::isfinite(loss))
+        throw Error(fmt::format(
+            "loss is not finite ({}) at step {} on worker {}; lower schedule.lr or enable "
+            "optim.clip (last good checkpoint: {})",
+            loss, t, i, result.last_checkpoint.empty() ? "none" : result.last_checkpoint));
+      const auto g = model->grads();
+      std::copy(g.begin(), g.end(), w.g.begin());
+      loss_sum += loss;
+    }
+    // 2. The states due at step t are replaced by their mean (DDP averages the gradient).
+    if (due.grad) averager.average(StateKind::kGrad, spans(workers, StateKind::kGrad));
+    float grad_norm = 0.0f;
+    for (auto& w : workers)
+      grad_norm = optim::clip_gradient(w.g, cfg.clip);  // reported for the last worker
+    if (due.x) {
+      averager.average(StateKind::kX, spans(workers, StateKind::kX));
+      if (outer) {
+        outer->step(workers[0].x);
+        for (std::size_t i = 1; i < workers.size(); ++i) workers[i].x = workers[0].x;
+      }
+    }
+    if (due.u) averager.average(StateKind::kU, spans(workers, StateKind::kU));
+    if (due.v) averager.average(StateKind::kV, spans(workers, StateKind::kV));
+    if (due.reset_uv)
+      for (auto& w : workers) {
+        std::fill(w.opt.state().u.begin(), w.opt.state().u.end(), 0.0f);
+        std::fill(w.opt.state().v.begin(), w.opt.state().v.end(), 0.0f);
+      }
+    // 3. The local update with the gradient from 1.
     const float lr = optim::learning_rate(cfg.schedule, step, total);
-    optimizer.step(model->params(), grads, lr);
-    model->params_updated();
+    for (auto& w : workers) w.opt.step(w.x, w.g, lr);
     ++step;
     tokens_seen += tokens_per_step;
+
     const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
-    const double tps = double(tokens_per_step) / step_s;
+    const double tps = double(tokens_per_step * workers.size()) / step_s;
+    const float loss = static_cast<float>(loss_sum / double(workers.size()));
     result.last_train_loss = loss;
+    const sync::Traffic& traffic = averager.traffic(0);
     metrics.write_line(fmt::format(
         R"({{"type":"train","step":{},"loss":{},"lr":{},"grad_norm":{},"tokens_per_s":{},"step_ms":{},)"
-        R"("tokens":{},"bytes_sent":0,"bytes_by_state":{{"grad":0,"x":0,"u":0,"v":0}}}})",
+        R"("tokens":{},"workers":{},"synced":"{}{}{}{}","bytes_sent":{},)"
+        R"("bytes_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},)"
+        R"("payload_by_state":{{"grad":{},"x":{},"u":{},"v":{}}}}})",
         step, json_number(loss), json_number(lr), json_number(grad_norm), json_number(tps),
-        json_number(step_s * 1e3), tokens_seen));
+        json_number(step_s * 1e3), tokens_seen, workers.size(), due.grad ? "g" : "",
+        due.x ? "x" : "", due.u ? "u" : "", due.v ? "v" : "", traffic.total_wire(), traffic.wire[0],
+        traffic.wire[1], traffic.wire[2], traffic.wire[3], traffic.payload[0], traffic.payload[1],
+        traffic.payload[2], traffic.payload[3]));
     progress.step(step, loss, lr, tps);
 
     const bool last = step == total;
@@ -215,9 +377,12 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
   progress.finish();
 
   result.steps_done = step;
+  result.workers = static_cast<int>(workers.size());
+  result.bytes_sent_per_worker = averager.traffic(0).total_wire();
   const double secs = std::chrono::duration<double>(clock::now() - run_start).count();
   if (step > result.start_step && secs > 0)
-    result.tokens_per_s = double(step - result.start_step) * double(tokens_per_step) / secs;
+    result.tokens_per_s =
+        double(step - result.start_step) * double(tokens_per_step * workers.size()) / secs;
   return result;
 }
 

@@ -7,10 +7,12 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "desloc/train/checkpoint.hpp"
 #include "desloc/train/config.hpp"
 
 namespace desloc::test {
@@ -61,6 +63,27 @@ inline CommandResult run_command(const std::string& cmd) {
   const int status = ::pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// Every worker's x, u, v and loader position are bitwise identical.
+inline void expect_bitwise_equal(const train::Checkpoint& a, const train::Checkpoint& b) {
+  ASSERT_EQ(a.workers.size(), b.workers.size());
+  EXPECT_EQ(a.step, b.step);
+  EXPECT_EQ(a.optim_t, b.optim_t);
+  for (std::size_t i = 0; i < a.workers.size(); ++i) {
+    const auto& wa = a.workers[i];
+    const auto& wb = b.workers[i];
+    ASSERT_EQ(wa.params.size(), wb.params.size());
+    const std::size_t bytes = wa.params.size() * sizeof(float);
+    EXPECT_EQ(0, std::memcmp(wa.params.data(), wb.params.data(), bytes))
+        << "x of worker " << i << " differs";
+    EXPECT_EQ(0, std::memcmp(wa.u.data(), wb.u.data(), bytes)) << "u of worker " << i << " differs";
+    EXPECT_EQ(0, std::memcmp(wa.v.data(), wb.v.data(), bytes)) << "v of worker " << i << " differs";
+    EXPECT_EQ(wa.loader.epoch, wb.loader.epoch);
+    EXPECT_EQ(wa.loader.cursor, wb.loader.cursor);
+  }
+  EXPECT_EQ(a.outer_ref, b.outer_ref);
+  EXPECT_EQ(a.outer_momentum, b.outer_momentum);
 }
 
 inline bool have_prepared_corpus() {

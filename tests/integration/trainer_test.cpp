@@ -67,12 +67,7 @@ TEST_F(Trainer, ResumeIsBitExact) {
         train::load_checkpoint(train::checkpoint_path((straight_dir / "checkpoints").string(), 20));
     const auto b =
         train::load_checkpoint(train::checkpoint_path((resumed_dir / "checkpoints").string(), 20));
-    ASSERT_EQ(a.params.size(), b.params.size());
-    EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float)))
-        << "params differ";
-    EXPECT_EQ(0, std::memcmp(a.u.data(), b.u.data(), a.u.size() * sizeof(float))) << "u differs";
-    EXPECT_EQ(0, std::memcmp(a.v.data(), b.v.data(), a.v.size() * sizeof(float))) << "v differs";
-    EXPECT_EQ(a.loader.cursor, b.loader.cursor);
+    test::expect_bitwise_equal(a, b);
     EXPECT_EQ(a.tokens_seen, b.tokens_seen);
     EXPECT_EQ(straight.last_train_loss, second.last_train_loss);
     // The resumed run's metrics describe one trajectory: 20 train records, no duplicates.

@@ -29,13 +29,19 @@ class CheckpointFile : public ::testing::Test {
     ck.config_hash = 0xfeedbeefcafef00dull;
     ck.step = 42;
     ck.optim_t = 41;
-    ck.loader = {3, 17};
     ck.tokens_seen = 123456;
-    for (int i = 0; i < 1000; ++i) {
-      ck.params.push_back(float(i) * 0.5f);
-      ck.u.push_back(-float(i));
-      ck.v.push_back(float(i * i));
+    for (int w = 0; w < 3; ++w) {
+      train::WorkerState s;
+      s.loader = {3, 17u + std::uint64_t(w)};
+      for (int i = 0; i < 1000; ++i) {
+        s.params.push_back(float(i) * 0.5f + float(w));
+        s.u.push_back(-float(i));
+        s.v.push_back(float(i * i));
+      }
+      ck.workers.push_back(std::move(s));
     }
+    ck.outer_ref = {1.0f, 2.0f};
+    ck.outer_momentum = {-1.0f, 0.5f};
     return ck;
   }
   std::string path(const char* name) const { return (dir_ / name).string(); }
@@ -67,12 +73,17 @@ TEST_F(CheckpointFile, RoundTripIsExact) {
   EXPECT_EQ(back.config_hash, ck.config_hash);
   EXPECT_EQ(back.step, 42);
   EXPECT_EQ(back.optim_t, 41);
-  EXPECT_EQ(back.loader.epoch, 3u);
-  EXPECT_EQ(back.loader.cursor, 17u);
   EXPECT_EQ(back.tokens_seen, 123456u);
-  EXPECT_EQ(back.params, ck.params);
-  EXPECT_EQ(back.u, ck.u);
-  EXPECT_EQ(back.v, ck.v);
+  ASSERT_EQ(back.workers.size(), 3u);
+  for (std::size_t w = 0; w < 3; ++w) {
+    EXPECT_EQ(back.workers[w].loader.epoch, 3u);
+    EXPECT_EQ(back.workers[w].loader.cursor, 17u + w);
+    EXPECT_EQ(back.workers[w].params, ck.workers[w].params);
+    EXPECT_EQ(back.workers[w].u, ck.workers[w].u);
+    EXPECT_EQ(back.workers[w].v, ck.workers[w].v);
+  }
+  EXPECT_EQ(back.outer_ref, ck.outer_ref);
+  EXPECT_EQ(back.outer_momentum, ck.outer_momentum);
   // No temporary files are left behind.
   int files = 0;
   for ([[maybe_unused]] auto& e : fs::directory_iterator(dir_)) ++files;
@@ -89,7 +100,7 @@ TEST_F(CheckpointFile, WrongMagic) {
 
 TEST_F(CheckpointFile, WrongVersion) {
   train::save_checkpoint(path("a.ckpt"), sample());
-  mutate(path("a.ckpt"), [](auto& b) { b[8] = 9; });
+  mutate(path("a.ckpt"), [](auto& b) { b[8] = 9; });  // version field
   EXPECT_NE(expect_data_error(path("a.ckpt")).find("version 9"), std::string::npos);
 }
 

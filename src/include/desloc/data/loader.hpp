@@ -42,6 +42,10 @@ class DataLoader {
   // Fills inputs and targets, each (B, T) row-major; targets are inputs shifted by one.
   void next(std::span<std::int32_t> inputs, std::span<std::int32_t> targets);
 
+  // Advances past `batches` batches without reading them, exactly as that many next() calls
+  // would (a worker that joins late starts where it would be had it run from step 0).
+  void skip(std::uint64_t batches = 1);
+
   // The state to checkpoint: restore(state()) on a loader built with the same arguments
   // reproduces the following batches exactly. restore() throws DataError if the cursor does
   // not fit this loader (saved with other data, B, T or worker count).

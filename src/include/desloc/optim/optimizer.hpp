@@ -36,6 +36,8 @@ struct OptimState {
 class Optimizer {
  public:
   Optimizer(OptimizerConfig cfg, const model::ParamLayout& layout);
+  // For a plain vector of n parameters (toy problems); weight decay applies to none of them.
+  Optimizer(OptimizerConfig cfg, std::size_t n);
 
   // One update of x with gradient g at learning rate lr.
   //   AdamW: u = b1 u + (1-b1) g; v = b2 v + (1-b2) g^2;

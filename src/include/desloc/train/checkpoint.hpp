@@ -1,10 +1,12 @@
-// Training checkpoints: everything needed to continue bit-exactly (params x, optimizer
-// states u and v, step counters, data-loader position) plus the config hash that produced it.
+// Training checkpoints: everything needed to continue bit-exactly (for every worker: params
+// x, optimizer states u and v, data-loader position; the step counters; the outer optimizer's
+// reference and momentum) plus the config hash that produced it.
 //
 // File layout (little-endian):
 //   char[8] magic "DSLCCKP1" | u32 version | u32 reserved | u64 payload bytes | u32 CRC32C(payload)
-//   payload: u64 config_hash | i64 step | i64 optim_t | u64 loader.epoch | u64 loader.cursor
-//            | u64 tokens_seen | u64 n | f32[n] params | f32[n] u | f32[n] v
+//   payload: u64 config_hash | i64 step | i64 optim_t | u64 tokens_seen | u64 n | u32 workers
+//            | workers x { u64 loader.epoch | u64 loader.cursor | f32[n] x | f32[n] u | f32[n] v }
+//            | u64 outer_n | f32[outer_n] outer_ref | f32[outer_n] outer_momentum
 // Written atomically (temporary file, fsync, rename); a reader rejects any mismatch.
 #pragma once
 
@@ -18,15 +20,20 @@
 namespace desloc::train {
 
 inline constexpr char kCheckpointMagic[8] = {'D', 'S', 'L', 'C', 'C', 'K', 'P', '1'};
-inline constexpr std::uint32_t kCheckpointVersion = 1;
+inline constexpr std::uint32_t kCheckpointVersion = 2;
+
+struct WorkerState {
+  data::LoaderState loader;
+  std::vector<float> params, u, v;
+};
 
 struct Checkpoint {
   std::uint64_t config_hash = 0;
-  std::int64_t step = 0;     // optimizer steps completed
-  std::int64_t optim_t = 0;  // the optimizer's own step counter (bias correction, ADOPT)
-  data::LoaderState loader;
-  std::uint64_t tokens_seen = 0;
-  std::vector<float> params, u, v;
+  std::int64_t step = 0;          // optimizer steps completed
+  std::int64_t optim_t = 0;       // the optimizers' step counter (bias correction, ADOPT)
+  std::uint64_t tokens_seen = 0;  // per worker
+  std::vector<WorkerState> workers;
+  std::vector<float> outer_ref, outer_momentum;  // empty unless sync.outer is set
 };
 
 void save_checkpoint(const std::string& path, const Checkpoint& ck);

@@ -9,6 +9,7 @@
 
 #include "desloc/model/gpt_config.hpp"
 #include "desloc/optim/optimizer.hpp"
+#include "desloc/sync/sync_policy.hpp"
 
 namespace desloc::train {
 
@@ -38,6 +39,7 @@ struct JobConfig {
   optim::ScheduleConfig schedule;
   DataConfig data;
   RunConfig train;
+  sync::SyncConfig sync;
   std::string source;  // the file it was read from, for messages
 
   int seq_len() const { return data.seq_len > 0 ? data.seq_len : model.context; }

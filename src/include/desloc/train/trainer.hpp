@@ -1,5 +1,5 @@
-// Single-site training: the loop that drives model, optimizer, data, evaluation,
-// metrics and checkpoints. Multi-site sync plugs in between gradient and update (later).
+// Training: the loop that drives model, optimizer, data, sync, evaluation, metrics and
+// checkpoints, for one worker or M in-process virtual workers.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +20,12 @@ struct TrainResult {
   std::int64_t start_step = 0;
   std::int64_t steps_done = 0;  // optimizer steps completed in total (including before a resume)
   float last_train_loss = 0.0f;
-  float last_val_loss = 0.0f;       // NaN when no evaluation ran
-  double unigram_entropy_nats = 0;  // of the training split, for comparison with val loss
-  double tokens_per_s = 0;          // mean over this run's steps
-  bool interrupted = false;         // stopped by SIGINT/SIGTERM after saving a checkpoint
+  float last_val_loss = 0.0f;               // NaN when no evaluation ran
+  double unigram_entropy_nats = 0;          // of the training split, for comparison with val loss
+  double tokens_per_s = 0;                  // mean over this run's steps
+  int workers = 1;                          // workers at the end of the run
+  std::uint64_t bytes_sent_per_worker = 0;  // ring all-reduce wire bytes of worker 0, this run
+  bool interrupted = false;                 // stopped by SIGINT/SIGTERM after saving a checkpoint
   std::string last_checkpoint;
 };
 

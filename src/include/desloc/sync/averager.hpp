@@ -1,0 +1,52 @@
+// Averager: the mean of a named state buffer over all workers of a job. The in-process
+// virtual-worker averager lives here; the UCX wide-area averager implements the same
+// interface. Byte accounting is part of the contract so every backend reports alike.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "desloc/optim/optimizer.hpp"
+
+namespace desloc::sync {
+
+// Bytes one worker moved, per state kind (indexed by optim::StateKind).
+struct Traffic {
+  std::array<std::uint64_t, 4> payload{};  // bytes of state averaged (4 * elements per average)
+  std::array<std::uint64_t, 4> wire{};     // bytes a ring all-reduce sends: 2(M-1)/M * payload
+  std::uint64_t total_payload() const { return payload[0] + payload[1] + payload[2] + payload[3]; }
+  std::uint64_t total_wire() const { return wire[0] + wire[1] + wire[2] + wire[3]; }
+};
+
+class Averager {
+ public:
+  virtual ~Averager() = default;
+  // Replaces every replica in `local` (the replicas this process holds: M for virtual
+  // workers, 1 for a networked rank) by the mean of that state over all workers of the job.
+  // All replicas must have the same length.
+  virtual void average(optim::StateKind kind, std::span<const std::span<float>> local) = 0;
+  virtual int workers() const = 0;
+  // Traffic of worker w (a local replica index).
+  virtual const Traffic& traffic(int w) const = 0;
+};
+
+// M replicas in one process. Each element is summed in double in worker order and divided
+// once, so the result is deterministic and exact whenever the inputs' sum is representable
+// (closed-form tests rely on that); a single replica is returned unchanged.
+class VirtualAverager final : public Averager {
+ public:
+  explicit VirtualAverager(int workers);
+  void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
+  int workers() const override { return workers_; }
+  const Traffic& traffic(int w) const override { return traffic_.at(static_cast<std::size_t>(w)); }
+  // Workers can be added mid-run (elastic join); traffic of existing workers is kept.
+  void resize(int workers);
+
+ private:
+  int workers_;
+  std::vector<Traffic> traffic_;
+};
+
+}  // namespace desloc::sync

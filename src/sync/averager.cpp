@@ -1,0 +1,51 @@
+// The in-process virtual-worker averager.
+#include "desloc/sync/averager.hpp"
+
+#include <string>
+
+#include "desloc/core/error.hpp"
+
+namespace desloc::sync {
+
+VirtualAverager::VirtualAverager(int workers)
+    : workers_(workers), traffic_(static_cast<std::size_t>(workers)) {
+  if (workers < 1) throw ConfigError("sync.workers must be >= 1, got " + std::to_string(workers));
+}
+
+void VirtualAverager::resize(int workers) {
+  if (workers < 1) throw ConfigError("sync.workers must be >= 1, got " + std::to_string(workers));
+  workers_ = workers;
+  traffic_.resize(static_cast<std::size_t>(workers));
+}
+
+void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<float>> local) {
+  if (static_cast<int>(local.size()) != workers_)
+    throw Error("virtual averager: got " + std::to_string(local.size()) + " replicas of '" +
+                optim::to_string(kind) + "' for " + std::to_string(workers_) + " workers");
+  const std::size_t n = local.empty() ? 0 : local[0].size();
+  for (const auto& r : local)
+    if (r.size() != n)
+      throw Error(std::string("virtual averager: replicas of '") + optim::to_string(kind) +
+                  "' differ in length");
+  const std::size_t M = local.size();
+  if (M > 1) {
+    const double inv = 1.0 / static_cast<double>(M);
+#pragma omp parallel for schedule(static)
+    for (std::size_t i = 0; i < n; ++i) {
+      double s = 0.0;
+      for (std::size_t w = 0; w < M; ++w) s += static_cast<double>(local[w][i]);
+      const auto mean = static_cast<float>(s * inv);
+      for (std::size_t w = 0; w < M; ++w) local[w][i] = mean;
+    }
+  }
+  const auto k = static_cast<std::size_t>(kind);
+  const std::uint64_t payload = n * sizeof(float);
+  // Ring all-reduce (reduce-scatter + all-gather): each worker sends 2(M-1)/M of the payload.
+  const std::uint64_t wire = M > 1 ? payload * 2 * (M - 1) / M : 0;
+  for (std::size_t w = 0; w < M; ++w) {
+    traffic_[w].payload[k] += M > 1 ? payload : 0;
+    traffic_[w].wire[k] += wire;
+  }
+}
+
+}  // namespace desloc::sync
