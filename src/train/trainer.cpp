@@ -24,6 +24,7 @@
 #include "desloc/sync/averager.hpp"
 #include "desloc/sync/outer_optimizer.hpp"
 #include "desloc/sync/sync_policy.hpp"
+#include "desloc/sync/synced_step.hpp"
 #include "desloc/train/checkpoint.hpp"
 #include "train/metrics.hpp"
 #include "train/progress.hpp"
@@ -304,13 +305,11 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
       break;
     }
     const std::int64_t t = step + 1;  // the 1-based number of the step being taken
-    const sync::SyncDecision due = policy.at(t);
-    maybe_join(t, due);
+    maybe_join(t, policy.at(t));
     const auto t0 = clock::now();
 
-    // 1. Each worker's gradient at its own, not yet averaged, x.
     double loss_sum = 0.0;
-    for (std::size_t i = 0; i < workers.size(); ++i) {
+    auto gradient = [&](std::size_t i) {
       Worker& w = workers[i];
       std::copy(w.x.begin(), w.x.end(), model->params().begin());
       model->params_updated();
@@ -324,29 +323,14 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
       const auto g = model->grads();
       std::copy(g.begin(), g.end(), w.g.begin());
       loss_sum += loss;
-    }
-    // 2. The states due at step t are replaced by their mean (DDP averages the gradient).
-    if (due.grad) averager.average(StateKind::kGrad, spans(workers, StateKind::kGrad));
-    float grad_norm = 0.0f;
-    for (auto& w : workers)
-      grad_norm = optim::clip_gradient(w.g, cfg.clip);  // reported for the last worker
-    if (due.x) {
-      averager.average(StateKind::kX, spans(workers, StateKind::kX));
-      if (outer) {
-        outer->step(workers[0].x);
-        for (std::size_t i = 1; i < workers.size(); ++i) workers[i].x = workers[0].x;
-      }
-    }
-    if (due.u) averager.average(StateKind::kU, spans(workers, StateKind::kU));
-    if (due.v) averager.average(StateKind::kV, spans(workers, StateKind::kV));
-    if (due.reset_uv)
-      for (auto& w : workers) {
-        std::fill(w.opt.state().u.begin(), w.opt.state().u.end(), 0.0f);
-        std::fill(w.opt.state().v.begin(), w.opt.state().v.end(), 0.0f);
-      }
-    // 3. The local update with the gradient from 1.
+    };
+    std::vector<sync::Replica> replicas;
+    replicas.reserve(workers.size());
+    for (auto& w : workers) replicas.push_back({w.x, w.g, &w.opt});
     const float lr = optim::learning_rate(cfg.schedule, step, total);
-    for (auto& w : workers) w.opt.step(w.x, w.g, lr);
+    const sync::StepReport report = sync::run_synced_step(
+        t, policy, averager, replicas, gradient, lr, {&cfg.clip, outer ? &*outer : nullptr, false});
+    const float grad_norm = report.grad_norm;
     ++step;
     tokens_seen += tokens_per_step;
 
@@ -361,10 +345,10 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
         R"("bytes_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},)"
         R"("payload_by_state":{{"grad":{},"x":{},"u":{},"v":{}}}}})",
         step, json_number(loss), json_number(lr), json_number(grad_norm), json_number(tps),
-        json_number(step_s * 1e3), tokens_seen, workers.size(), due.grad ? "g" : "",
-        due.x ? "x" : "", due.u ? "u" : "", due.v ? "v" : "", traffic.total_wire(), traffic.wire[0],
-        traffic.wire[1], traffic.wire[2], traffic.wire[3], traffic.payload[0], traffic.payload[1],
-        traffic.payload[2], traffic.payload[3]));
+        json_number(step_s * 1e3), tokens_seen, workers.size(), report.due.grad ? "g" : "",
+        report.due.x ? "x" : "", report.due.u ? "u" : "", report.due.v ? "v" : "",
+        traffic.total_wire(), traffic.wire[0], traffic.wire[1], traffic.wire[2], traffic.wire[3],
+        traffic.payload[0], traffic.payload[1], traffic.payload[2], traffic.payload[3]));
     progress.step(step, loss, lr, tps);
 
     const bool last = step == total;

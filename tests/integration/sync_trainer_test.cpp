@@ -1,0 +1,138 @@
+// The M-worker trainer on the Brown corpus: DES-LOC with equal periods is Local Adam bit for
+// bit, one worker is single-site training bit for bit, phases and byte counts in the metrics
+// follow the config, resume is bit-exact with several workers, and an elastic join works.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <regex>
+
+#include "desloc/sync/sync_policy.hpp"
+#include "desloc/train/checkpoint.hpp"
+#include "desloc/train/trainer.hpp"
+#include "test_env.hpp"
+
+using namespace desloc;
+using desloc::test::fresh_dir;
+
+namespace {
+train::JobConfig job(const std::filesystem::path& out, const std::string& sync_toml,
+                     std::int64_t steps = 12) {
+  std::string text = test::tiny_job_toml(out) + "[sync]\n" + sync_toml;
+  text = std::regex_replace(text, std::regex("steps = 20"), "steps = " + std::to_string(steps));
+  return train::parse_config(text, (out / "job.toml").string());
+}
+train::Checkpoint final_state(const train::JobConfig& cfg) {
+  return train::load_checkpoint(
+      train::checkpoint_path(train::checkpoint_dir(cfg), cfg.train.steps));
+}
+std::vector<std::string> field_per_step(const std::filesystem::path& metrics,
+                                        const std::string& field) {
+  std::ifstream in(metrics);
+  std::string line;
+  std::vector<std::string> out;
+  const std::regex re("\"" + field + "\":\"?([^,\"}]*)");
+  while (std::getline(in, line)) {
+    if (line.find("\"type\":\"train\"") == std::string::npos) continue;
+    std::smatch m;
+    out.push_back(std::regex_search(line, m, re) ? m[1].str() : "<missing>");
+  }
+  return out;
+}
+}  // namespace
+
+class SyncTrainer : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(test::have_prepared_corpus()); }
+};
+
+TEST_F(SyncTrainer, DeslocWithEqualPeriodsIsLocalAdamBitwise) {
+  const auto a =
+      job(fresh_dir("desloc_eq"), "method = \"desloc\"\nworkers = 3\nkx = 4\nku = 4\nkv = 4\n");
+  const auto b = job(fresh_dir("local_adam"), "method = \"local_adam\"\nworkers = 3\nkx = 4\n");
+  train::run_training(a, {.progress = 0});
+  train::run_training(b, {.progress = 0});
+  test::expect_bitwise_equal(final_state(a), final_state(b));
+  // ... and the workers really synchronised: all three replicas hold the same x after t = 12.
+  const auto s = final_state(a);
+  EXPECT_NE(s.workers[0].params, s.workers[1].params)
+      << "x was averaged at t=12, then each worker stepped locally";
+}
+
+TEST_F(SyncTrainer, OneWorkerIsSingleSiteTrainingBitwise) {
+  const auto single = job(fresh_dir("single"), "method = \"none\"\n");
+  const auto desloc = job(fresh_dir("desloc_m1"), "method = \"desloc\"\nworkers = 1\nkx = 2\n");
+  const auto r1 = train::run_training(single, {.progress = 0});
+  const auto r2 = train::run_training(desloc, {.progress = 0});
+  test::expect_bitwise_equal(final_state(single), final_state(desloc));
+  EXPECT_EQ(r1.last_train_loss, r2.last_train_loss);
+  EXPECT_EQ(r1.last_val_loss, r2.last_val_loss);
+  EXPECT_EQ(r2.bytes_sent_per_worker, 0u);
+}
+
+TEST_F(SyncTrainer, PhasesAndBytesInMetricsFollowTheConfig) {
+  const auto dir = fresh_dir("phases");
+  const auto cfg = job(dir,
+                       "method = \"desloc\"\nworkers = 2\nkx = 4\nku = 6\nkv = 8\nphase_x = "
+                       "1\nphase_u = 2\nphase_v = 7\n",
+                       16);
+  train::run_training(cfg, {.progress = 0});
+  const auto synced = field_per_step(dir / "metrics.jsonl", "synced");
+  const sync::SyncPolicy policy(cfg.sync);
+  ASSERT_EQ(synced.size(), 16u);
+  std::uint64_t x = 0, u = 0, v = 0;
+  for (std::int64_t t = 1; t <= 16; ++t) {
+    const auto d = policy.at(t);
+    const std::string expect = std::string(d.x ? "x" : "") + (d.u ? "u" : "") + (d.v ? "v" : "");
+    EXPECT_EQ(synced[static_cast<std::size_t>(t - 1)], expect) << "step " << t;
+    x += d.x;
+    u += d.u;
+    v += d.v;
+  }
+  EXPECT_EQ(x, 4u);  // t = 1, 5, 9, 13
+  EXPECT_EQ(u, 3u);  // t = 2, 8, 14
+  EXPECT_EQ(v, 2u);  // t = 7, 15
+  // Two workers: a ring all-reduce sends 2(M-1)/M = 1 payload per average.
+  const auto state = final_state(cfg);
+  const std::uint64_t model_bytes = state.workers[0].params.size() * sizeof(float);
+  const auto sent = field_per_step(dir / "metrics.jsonl", "bytes_sent");
+  EXPECT_EQ(std::stoull(sent.back()), (x + u + v) * model_bytes);
+}
+
+TEST_F(SyncTrainer, DdpMovesOneModelPerStepAndKeepsReplicasIdentical) {
+  const auto dir = fresh_dir("ddp");
+  const auto cfg = job(dir, "method = \"ddp\"\nworkers = 3\n", 6);
+  const auto r = train::run_training(cfg, {.progress = 0});
+  const auto s = final_state(cfg);
+  EXPECT_EQ(s.workers[0].params, s.workers[1].params);
+  EXPECT_EQ(s.workers[1].params, s.workers[2].params);
+  const std::uint64_t model_bytes = s.workers[0].params.size() * sizeof(float);
+  EXPECT_EQ(r.bytes_sent_per_worker, 6 * (model_bytes * 2 * 2 / 3));  // 2(M-1)/M per average
+}
+
+TEST_F(SyncTrainer, ResumeWithSeveralWorkersIsBitExact) {
+  const std::string sync = "method = \"desloc\"\nworkers = 2\nkx = 3\nouter = \"nesterov\"\n";
+  const auto straight = job(fresh_dir("m_straight"), sync, 14);
+  const auto resumed = job(fresh_dir("m_resumed"), sync, 14);
+  train::run_training(straight, {.progress = 0});
+  train::run_training(resumed, {.stop_after = 7, .progress = 0});
+  train::run_training(resumed, {.resume = true, .progress = 0});
+  test::expect_bitwise_equal(final_state(straight), final_state(resumed));
+  EXPECT_FALSE(final_state(resumed).outer_ref.empty());
+}
+
+TEST_F(SyncTrainer, ElasticJoinStartsNewWorkersFromTheAverage) {
+  const auto dir = fresh_dir("join");
+  const auto cfg =
+      job(dir, "method = \"desloc\"\nworkers = 2\nkx = 4\njoin_step = 6\njoin_workers = 4\n", 10);
+  const auto r = train::run_training(cfg, {.progress = 0});
+  EXPECT_EQ(r.workers, 4);
+  EXPECT_EQ(final_state(cfg).workers.size(), 4u);
+  std::ifstream in(dir / "metrics.jsonl");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The first sync at or after step 6 is the x average at t = 8: the join happens before it.
+  EXPECT_NE(text.find(R"({"type":"join","step":7,"workers_before":2,"workers_after":4})"),
+            std::string::npos)
+      << text;
+  EXPECT_TRUE(std::isfinite(r.last_val_loss));
+}
