@@ -30,11 +30,11 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   ByteWriter payload;
   payload.put<std::uint64_t>(ck.config_hash);
   payload.put<std::int64_t>(ck.step);
-  payload.put<std::int64_t>(ck.optim_t);
   payload.put<std::uint64_t>(ck.tokens_seen);
   payload.put<std::uint64_t>(n);
   payload.put<std::uint32_t>(static_cast<std::uint32_t>(ck.workers.size()));
   for (const auto& w : ck.workers) {
+    payload.put<std::int64_t>(w.optim_t);
     payload.put<std::uint64_t>(w.loader.epoch);
     payload.put<std::uint64_t>(w.loader.cursor);
     payload.put_span<float>(w.params);
@@ -82,18 +82,19 @@ Checkpoint load_checkpoint(const std::string& path) {
   Checkpoint ck;
   ck.config_hash = r.get<std::uint64_t>("config_hash");
   ck.step = r.get<std::int64_t>("step");
-  ck.optim_t = r.get<std::int64_t>("optim_t");
   ck.tokens_seen = r.get<std::uint64_t>("tokens_seen");
   const auto n = r.get<std::uint64_t>("parameter count");
   const auto workers = r.get<std::uint32_t>("worker count");
-  // Each worker needs 16 loader bytes + 3n floats; check before allocating anything.
-  const std::uint64_t per_worker = 16 + n * 3 * sizeof(float);
+  // Each worker needs 24 counter bytes + 3n floats; check before allocating anything.
+  const std::uint64_t per_worker = 24 + n * 3 * sizeof(float);
   if (n > (std::uint64_t(1) << 40) || workers == 0 || per_worker * workers > r.remaining())
     throw DataError(
         fmt::format("'{}' is inconsistent: {} workers x {} parameters need {} bytes, {} remain",
                     path, workers, n, per_worker * workers, r.remaining()));
   ck.workers.resize(workers);
   for (auto& w : ck.workers) {
+    w.optim_t = r.get<std::int64_t>("optim_t");
+    if (w.optim_t < 0) throw DataError("'" + path + "' holds a negative optimizer step counter");
     w.loader.epoch = r.get<std::uint64_t>("loader.epoch");
     w.loader.cursor = r.get<std::uint64_t>("loader.cursor");
     w.params.resize(n);
@@ -112,8 +113,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   ck.outer_momentum.resize(outer_n);
   r.get_span<float>(ck.outer_ref, "outer_ref");
   r.get_span<float>(ck.outer_momentum, "outer_momentum");
-  if (ck.step < 0 || ck.optim_t < 0)
-    throw DataError("'" + path + "' holds a negative step counter");
+  if (ck.step < 0) throw DataError("'" + path + "' holds a negative step counter");
   return ck;
 }
 

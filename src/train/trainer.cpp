@@ -191,7 +191,7 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
       workers[i].x = std::move(ck.workers[i].params);
       workers[i].opt.state().u = std::move(ck.workers[i].u);
       workers[i].opt.state().v = std::move(ck.workers[i].v);
-      workers[i].opt.state().t = ck.optim_t;
+      workers[i].opt.state().t = ck.workers[i].optim_t;
       workers[i].loader.restore(ck.workers[i].loader);
     }
     if (outer) {
@@ -232,10 +232,10 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
     Checkpoint ck;
     ck.config_hash = cfg.hash();
     ck.step = step;
-    ck.optim_t = workers[0].opt.state().t;
     ck.tokens_seen = tokens_seen;
     for (auto& w : workers)
-      ck.workers.push_back({w.loader.state(), w.x, w.opt.state().u, w.opt.state().v});
+      ck.workers.push_back(
+          {w.opt.state().t, w.loader.state(), w.x, w.opt.state().u, w.opt.state().v});
     if (outer) {
       ck.outer_ref = outer->reference();
       ck.outer_momentum = outer->momentum();
@@ -261,15 +261,20 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
                                  total, val, dataset.unigram_entropy_nats));
   };
   // Elastic join: at the first sync boundary from join_step on, new workers start from the
-  // mean of x, u and v over the current workers, i.e. from "the average at the next sync".
+  // average at that sync: the mean x, and the mean u and v when the method averages them
+  // (desloc, local_adam). Under keep-local methods (favg, favg_reset) optimizer state is never
+  // shared, so a newcomer starts Adam afresh (u = v = 0, bias correction from step 1).
   auto maybe_join = [&](std::int64_t t, const sync::SyncDecision& due) {
     if (cfg.sync.join_step <= 0 || t < cfg.sync.join_step || !due.any() ||
         static_cast<int>(workers.size()) >= cfg.sync.join_workers)
       return;
+    const bool share_moments = cfg.sync.method == "desloc" || cfg.sync.method == "local_adam";
     const auto x = mean_of(workers, StateKind::kX);
-    const auto u = mean_of(workers, StateKind::kU);
-    const auto v = mean_of(workers, StateKind::kV);
-    const std::int64_t optim_t = workers[0].opt.state().t;
+    const auto u =
+        share_moments ? mean_of(workers, StateKind::kU) : std::vector<float>(layout.total(), 0.0f);
+    const auto v =
+        share_moments ? mean_of(workers, StateKind::kV) : std::vector<float>(layout.total(), 0.0f);
+    const std::int64_t optim_t = share_moments ? workers[0].opt.state().t : 0;
     const std::size_t before = workers.size();
     while (static_cast<int>(workers.size()) < cfg.sync.join_workers) {
       Worker w = make_worker(static_cast<int>(workers.size()));

@@ -28,10 +28,10 @@ class CheckpointFile : public ::testing::Test {
     train::Checkpoint ck;
     ck.config_hash = 0xfeedbeefcafef00dull;
     ck.step = 42;
-    ck.optim_t = 41;
     ck.tokens_seen = 123456;
     for (int w = 0; w < 3; ++w) {
       train::WorkerState s;
+      s.optim_t = 41 + w;
       s.loader = {3, 17u + std::uint64_t(w)};
       for (int i = 0; i < 1000; ++i) {
         s.params.push_back(float(i) * 0.5f + float(w));
@@ -72,10 +72,10 @@ TEST_F(CheckpointFile, RoundTripIsExact) {
   const auto back = train::load_checkpoint(path("a.ckpt"));
   EXPECT_EQ(back.config_hash, ck.config_hash);
   EXPECT_EQ(back.step, 42);
-  EXPECT_EQ(back.optim_t, 41);
   EXPECT_EQ(back.tokens_seen, 123456u);
   ASSERT_EQ(back.workers.size(), 3u);
   for (std::size_t w = 0; w < 3; ++w) {
+    EXPECT_EQ(back.workers[w].optim_t, 41 + std::int64_t(w));
     EXPECT_EQ(back.workers[w].loader.epoch, 3u);
     EXPECT_EQ(back.workers[w].loader.cursor, 17u + w);
     EXPECT_EQ(back.workers[w].params, ck.workers[w].params);

@@ -4,8 +4,9 @@
 //
 // File layout (little-endian):
 //   char[8] magic "DSLCCKP1" | u32 version | u32 reserved | u64 payload bytes | u32 CRC32C(payload)
-//   payload: u64 config_hash | i64 step | i64 optim_t | u64 tokens_seen | u64 n | u32 workers
-//            | workers x { u64 loader.epoch | u64 loader.cursor | f32[n] x | f32[n] u | f32[n] v }
+//   payload: u64 config_hash | i64 step | u64 tokens_seen | u64 n | u32 workers
+//            | workers x { i64 optim_t | u64 loader.epoch | u64 loader.cursor
+//                          | f32[n] x | f32[n] u | f32[n] v }
 //            | u64 outer_n | f32[outer_n] outer_ref | f32[outer_n] outer_momentum
 // Written atomically (temporary file, fsync, rename); a reader rejects any mismatch.
 #pragma once
@@ -23,6 +24,7 @@ inline constexpr char kCheckpointMagic[8] = {'D', 'S', 'L', 'C', 'C', 'K', 'P', 
 inline constexpr std::uint32_t kCheckpointVersion = 2;
 
 struct WorkerState {
+  std::int64_t optim_t = 0;  // the optimizer's step counter (bias correction, ADOPT warm start)
   data::LoaderState loader;
   std::vector<float> params, u, v;
 };
@@ -30,7 +32,6 @@ struct WorkerState {
 struct Checkpoint {
   std::uint64_t config_hash = 0;
   std::int64_t step = 0;          // optimizer steps completed
-  std::int64_t optim_t = 0;       // the optimizers' step counter (bias correction, ADOPT)
   std::uint64_t tokens_seen = 0;  // per worker
   std::vector<WorkerState> workers;
   std::vector<float> outer_ref, outer_momentum;  // empty unless sync.outer is set
