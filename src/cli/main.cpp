@@ -13,6 +13,7 @@
 #include "desloc/train/config.hpp"
 #include "desloc/train/trainer.hpp"
 #include "desloc/transport/ucx_info.hpp"
+#include "report_command.hpp"
 
 namespace {
 
@@ -41,8 +42,10 @@ int main(int argc, char** argv) {
   CLI::App app{
       "desloc: a multi-site trainer for language models built on DES-LOC (desynced "
       "low-communication "
-      "adaptive optimizers, arXiv 2505.22549).\nThis build trains on one site; multi-site commands "
-      "(launch, coordinator, worker, profile, plan, simulate) are not implemented yet."};
+      "adaptive optimizers, arXiv 2505.22549).\nThis build trains one site or M in-process virtual "
+      "workers (sites); "
+      "the networked commands (launch, coordinator, worker, profile, plan, simulate) are not "
+      "implemented yet."};
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "debug logging");
@@ -69,7 +72,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   // desloc train
-  auto* train = app.add_subcommand("train", "train on one site from a TOML job config");
+  auto* train = app.add_subcommand(
+      "train",
+      "train from a TOML job config (one site, or [sync] workers in-process virtual workers)");
   std::string config_path;
   std::string out_dir;
   desloc::train::TrainOptions topts;
@@ -91,6 +96,8 @@ int main(int argc, char** argv) {
   config->add_flag("--defaults", defaults, "print every key with its default and meaning");
   config->add_option("--check", check_path, "parse and validate a config, print its hash");
 
+  CLI::App* report = desloc::cli::add_report_command(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -109,6 +116,7 @@ int main(int argc, char** argv) {
           info.unigram_entropy_nats);
       return 0;
     }
+    if (*report) return desloc::cli::run_report_command();
     if (*train) {
       if (no_progress) topts.progress = 0;
       return cmd_train(config_path, topts, out_dir);

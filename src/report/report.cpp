@@ -1,0 +1,371 @@
+// `desloc report`: metrics.jsonl -> RunSeries -> summary table and SVG charts -> one HTML page.
+// The page is self-contained (inline CSS and SVG, no scripts or links) so it can be mailed or
+// archived next to the runs and still open years later.
+#include "desloc/report/report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <span>
+
+#include "desloc/core/error.hpp"
+#include "desloc/core/file_io.hpp"
+#include "desloc/report/svg_chart.hpp"
+#include "report/jsonl.hpp"
+
+namespace desloc::report {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+// The val-loss target is the worst run's final val loss times this factor (1.0: every run that
+// was evaluated reaches it, so "bytes to target" is defined for all of them).
+constexpr double kTargetFactor = 1.0;
+// Longer train curves are averaged over equal windows down to about this many points: the
+// chart stays small and per-step noise does not hide the trend.
+constexpr std::size_t kMaxTrainPoints = 800;
+// Header fields shown in the table's "settings" column, in this order.
+constexpr const char* kSettingKeys[] = {"workers", "kx", "ku", "kv", "outer"};
+
+std::int64_t step_of(const JsonValue& record, const std::string& where) {
+  const JsonValue* step = record.find("step");
+  if (step == nullptr || !step->is_number() || !std::isfinite(step->number) || step->number < 0)
+    throw DataError(fmt::format(
+        "{}: a \"{}\" record needs a non-negative numeric \"step\"; was the file written by "
+        "`desloc train`?",
+        where, record.string_or("type", "")));
+  return static_cast<std::int64_t>(step->number);
+}
+
+std::string setting_text(const JsonValue& v) {
+  if (v.is_string()) return v.string;
+  if (v.is_number()) {
+    if (v.number == std::floor(v.number) && std::abs(v.number) < 1e15)
+      return fmt::format("{}", static_cast<long long>(v.number));
+    return fmt::format("{:g}", v.number);
+  }
+  if (v.kind == JsonValue::Kind::kBool) return v.boolean ? "true" : "false";
+  return "";
+}
+
+std::string default_name(const std::string& path) {
+  const std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
+  const std::string dir = p.parent_path().filename().string();
+  return dir.empty() ? p.stem().string() : dir;
+}
+
+bool finite(double v) { return std::isfinite(v); }
+
+std::string fmt_loss(double v) { return finite(v) ? fmt::format("{:.4f}", v) : "\u2014"; }
+
+// Bytes in binary units; the exact count goes in a tooltip.
+std::string fmt_bytes(double b) {
+  if (!finite(b)) return "\u2014";
+  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  double v = b;
+  while (std::abs(v) >= 1024.0 && u < 5) v /= 1024.0, ++u;
+  const std::string shown =
+      u == 0 ? fmt::format("{:.0f} B", v) : fmt::format("{:.2f} {}", v, kUnits[u]);
+  return fmt::format(R"(<span title="{:.0f} bytes">{}</span>)", b, shown);
+}
+
+std::string fmt_rate(double v) {
+  if (!finite(v)) return "\u2014";
+  if (v >= 1e6) return fmt::format("{:.2f} M", v / 1e6);
+  if (v >= 1e4) return fmt::format("{:.1f} k", v / 1e3);
+  return fmt::format("{:.0f}", v);
+}
+
+// Train points averaged over windows of `window` steps (1: unchanged); x = mean step or bytes.
+struct Curve {
+  std::vector<double> step, loss, bytes;
+};
+Curve train_curve(const std::vector<TrainPoint>& train, std::size_t& window) {
+  const auto n = train.size();
+  window = std::max<std::size_t>(1, (n + kMaxTrainPoints - 1) / kMaxTrainPoints);
+  Curve c;
+  for (std::size_t i = 0; i < n; i += window) {
+    const std::size_t end = std::min(n, i + window);
+    double s = 0, l = 0, b = 0;
+    for (std::size_t j = i; j < end; ++j) {
+      s += double(train[j].step);
+      l += train[j].loss;  // a NaN loss makes the window NaN, and the chart skips it
+      b += train[j].bytes_sent;
+    }
+    const double k = double(end - i);
+    c.step.push_back(s / k);
+    c.loss.push_back(l / k);
+    c.bytes.push_back(b / k);
+  }
+  return c;
+}
+
+const char* kCss = R"css(
+body { font-family: Helvetica, Arial, sans-serif; margin: 24px; color: #222; background: #fff; }
+h1 { font-size: 22px; margin: 0 0 4px 0; }
+p.note { color: #555; font-size: 13px; max-width: 1100px; line-height: 1.45; }
+table { border-collapse: collapse; font-size: 13px; margin: 12px 0 20px 0; }
+th, td { border-bottom: 1px solid #ddd; padding: 5px 9px; text-align: right; vertical-align: top; }
+th { background: #f4f4f4; border-bottom: 2px solid #bbb; }
+td.name, th.name, td.text { text-align: left; }
+td.text { white-space: nowrap; }
+td.name { overflow-wrap: anywhere; min-width: 11em; }
+td.path { text-align: left; font-family: monospace; font-size: 11px; color: #666;
+          word-break: break-all; max-width: 280px; }
+span.swatch { display: inline-block; width: 14px; height: 4px; margin: 0 6px 3px 0; }
+span.sub { display: block; color: #777; font-size: 11px; white-space: nowrap; }
+span.none { color: #999; font-style: italic; }
+div.charts { display: flex; flex-wrap: wrap; gap: 16px; }
+figure { margin: 0; border: 1px solid #e4e4e4; padding: 6px; }
+figure svg { max-width: 100%; height: auto; display: block; }
+figcaption { font-size: 12px; color: #555; max-width: 700px; padding: 4px 6px; }
+)css";
+
+}  // namespace
+
+RunSeries load_run(const std::string& jsonl_path) {
+  RunSeries run;
+  run.path = jsonl_path;
+  for (const JsonLine& line : read_jsonl(jsonl_path)) {
+    const std::string where = fmt::format("{}:{}", jsonl_path, line.line);
+    const JsonValue& r = line.value;
+    if (!r.is_object())
+      throw DataError(
+          fmt::format("{}: expected a JSON object per line; was the file written by "
+                      "`desloc train`?",
+                      where));
+    const std::string type = r.string_or("type", "");
+    if (type == "run") {
+      run.name = r.string_or("name", run.name);
+      run.method = r.string_or("method", run.method);
+      std::string settings;
+      for (const char* key : kSettingKeys) {
+        const JsonValue* v = r.find(key);
+        if (v == nullptr) continue;
+        const std::string text = setting_text(*v);
+        if (text.empty() || (std::string_view(key) == "outer" && text == "none")) continue;
+        settings += fmt::format("{}{}={}", settings.empty() ? "" : " ", key, text);
+      }
+      run.settings = settings;
+    } else if (type == "train") {
+      TrainPoint p;
+      p.step = step_of(r, where);
+      p.loss = r.number_or_nan("loss");
+      p.tokens_per_s = r.number_or_nan("tokens_per_s");
+      const double bytes = r.number_or_nan("bytes_sent");
+      p.bytes_sent = finite(bytes) ? bytes : 0.0;  // older files: no accounting = no traffic
+      if (const JsonValue* by = r.find("bytes_by_state"); by != nullptr)
+        for (std::size_t k = 0; k < p.bytes_by_state.size(); ++k) {
+          const double b = by->number_or_nan(kStateNames[k]);
+          p.bytes_by_state[k] = finite(b) ? b : 0.0;
+        }
+      run.train.push_back(p);
+    } else if (type == "eval") {
+      EvalPoint e;
+      e.step = step_of(r, where);
+      e.val_loss = r.number_or_nan("val_loss");
+      run.eval.push_back(e);
+    }  // other record types are for other tools
+  }
+  if (run.name.empty()) run.name = default_name(jsonl_path);
+
+  // Bytes at each eval: from the last train record at or before its step (an eval at step N is
+  // written after train step N).
+  auto by_step = [](const auto& a, const auto& b) { return a.step < b.step; };
+  std::stable_sort(run.train.begin(), run.train.end(), by_step);
+  std::stable_sort(run.eval.begin(), run.eval.end(), by_step);
+  std::size_t t = 0;
+  for (EvalPoint& e : run.eval) {
+    while (t < run.train.size() && run.train[t].step <= e.step) ++t;
+    e.bytes_sent = t == 0 ? 0.0 : run.train[t - 1].bytes_sent;
+  }
+  return run;
+}
+
+double common_val_target(const std::vector<RunSeries>& runs) {
+  double worst = kNaN;
+  for (const RunSeries& r : runs) {
+    if (r.eval.empty() || !finite(r.eval.back().val_loss)) continue;
+    if (!finite(worst) || r.eval.back().val_loss > worst) worst = r.eval.back().val_loss;
+  }
+  return worst * kTargetFactor;
+}
+
+RunSummary summarize(const RunSeries& run, double val_target) {
+  RunSummary s;
+  s.final_train_loss = run.train.empty() ? kNaN : run.train.back().loss;
+  s.steps = run.train.empty() ? 0 : run.train.back().step;
+  if (!run.eval.empty()) s.steps = std::max(s.steps, run.eval.back().step);
+  s.final_val_loss = run.eval.empty() ? kNaN : run.eval.back().val_loss;
+  s.best_val_loss = kNaN;
+  s.bytes_to_target = kNaN;
+  for (const EvalPoint& e : run.eval) {
+    if (!finite(e.val_loss)) continue;
+    if (!finite(s.best_val_loss) || e.val_loss < s.best_val_loss) s.best_val_loss = e.val_loss;
+    if (s.step_to_target < 0 && finite(val_target) && e.val_loss <= val_target) {
+      s.step_to_target = e.step;
+      s.bytes_to_target = e.bytes_sent;
+    }
+  }
+  s.total_bytes = run.train.empty() ? 0.0 : run.train.back().bytes_sent;
+  if (!run.train.empty()) s.bytes_by_state = run.train.back().bytes_by_state;
+  double sum = 0.0;
+  std::size_t n = 0;
+  for (const TrainPoint& p : run.train)
+    if (finite(p.tokens_per_s)) sum += p.tokens_per_s, ++n;
+  s.mean_tokens_per_s = n > 0 ? sum / double(n) : kNaN;
+  return s;
+}
+
+std::string render_report_html(const std::vector<RunSeries>& runs, const std::string& title) {
+  const double target = common_val_target(runs);
+  std::vector<RunSummary> sums;
+  double most_bytes = 0.0;
+  for (const RunSeries& r : runs) {
+    sums.push_back(summarize(r, target));
+    most_bytes = std::max(most_bytes, sums.back().total_bytes);
+  }
+  // Legend labels must tell runs apart even when two share a name.
+  std::vector<std::string> labels;
+  std::map<std::string, int> seen;
+  for (const RunSeries& r : runs) {
+    const int k = ++seen[r.name];
+    labels.push_back(k == 1 ? r.name : fmt::format("{} ({})", r.name, k));
+  }
+
+  std::string h;
+  h += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
+  h += fmt::format("<title>{}</title>\n<style>{}</style>\n</head>\n<body>\n", xml_escape(title),
+                   kCss);
+  h += fmt::format("<h1>{}</h1>\n", xml_escape(title));
+  if (runs.empty()) {
+    h += "<p class=\"note\">No runs were given.</p>\n</body>\n</html>\n";
+    return h;
+  }
+  h += fmt::format(
+      "<p class=\"note\">{} run{}. Bytes are wire bytes sent per worker (a ring all-reduce sends "
+      "2(M&minus;1)/M of the payload). The target validation loss is {}: the worst final "
+      "validation loss among the runs, so every evaluated run reaches it; \"to target\" is the "
+      "first evaluation at or below it.</p>\n",
+      runs.size(), runs.size() == 1 ? "" : "s", fmt_loss(target));
+
+  // The table.
+  h += "<table>\n<tr><th class=\"name\">run</th><th class=\"name\">method</th>"
+       "<th class=\"name\">settings</th><th>steps</th><th>final train loss</th>"
+       "<th>final val loss</th><th>best val loss</th><th>bytes / worker</th>"
+       "<th>share of most</th><th>bytes / worker to target</th><th>step at target</th>"
+       "<th>mean tokens/s</th><th class=\"name\">metrics file</th></tr>\n";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const RunSeries& r = runs[i];
+    const RunSummary& s = sums[i];
+    std::string bytes, share;
+    if (s.total_bytes <= 0.0) {
+      bytes = "<span class=\"none\">no communication</span>";
+      share = "0";
+    } else {
+      bytes = fmt_bytes(s.total_bytes);
+      for (std::size_t k = 0; k < s.bytes_by_state.size(); ++k)  // one line per state kind
+        if (s.bytes_by_state[k] > 0.0)
+          bytes += fmt::format("<span class=\"sub\">{} {}</span>", kStateNames[k],
+                               fmt_bytes(s.bytes_by_state[k]));
+      share = s.total_bytes >= most_bytes ? "1 (most)"
+                                          : fmt::format("1/{:.0f}", most_bytes / s.total_bytes);
+    }
+    h += fmt::format(
+        "<tr><td class=\"name\"><span class=\"swatch\" style=\"background:{}\"></span>{}</td>"
+        "<td class=\"text\">{}</td><td class=\"text\">{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td class=\"path\">{}</td></tr>\n",
+        series_colour(i), xml_escape(labels[i]), r.method.empty() ? "\u2014" : xml_escape(r.method),
+        r.settings.empty() ? "\u2014" : xml_escape(r.settings), s.steps,
+        fmt_loss(s.final_train_loss), fmt_loss(s.final_val_loss), fmt_loss(s.best_val_loss), bytes,
+        share, s.step_to_target < 0 ? "\u2014" : fmt_bytes(s.bytes_to_target),
+        s.step_to_target < 0 ? std::string("\u2014") : fmt::format("{}", s.step_to_target),
+        fmt_rate(s.mean_tokens_per_s), xml_escape(r.path));
+  }
+  h += "</table>\n";
+
+  // The charts: one series per run in every chart, so a run keeps its colour throughout.
+  std::vector<Series> train_step, val_step, val_bytes, train_bytes;
+  std::size_t max_window = 1;
+  bool any_silent = false;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const RunSeries& r = runs[i];
+    std::size_t window = 1;
+    const Curve c = train_curve(r.train, window);
+    max_window = std::max(max_window, window);
+    train_step.push_back({labels[i], c.step, c.loss});
+    Series v{labels[i], {}, {}};
+    for (const EvalPoint& e : r.eval) v.x.push_back(double(e.step)), v.y.push_back(e.val_loss);
+    val_step.push_back(v);
+    if (sums[i].total_bytes <= 0.0) {
+      any_silent = true;
+      const std::string silent = labels[i] + " (no communication)";
+      val_bytes.push_back({silent, {}, {}});
+      train_bytes.push_back({silent, {}, {}});
+      continue;
+    }
+    Series vb{labels[i], {}, {}};
+    for (const EvalPoint& e : r.eval) vb.x.push_back(e.bytes_sent), vb.y.push_back(e.val_loss);
+    val_bytes.push_back(vb);
+    // Steps before the first sync sent nothing; averaging them into a window would invent a
+    // point between 0 and the first sync's bytes on the log axis.
+    std::vector<TrainPoint> sent;
+    std::copy_if(r.train.begin(), r.train.end(), std::back_inserter(sent),
+                 [](const TrainPoint& p) { return p.bytes_sent > 0.0; });
+    std::size_t sent_window = 1;
+    const Curve cb = train_curve(sent, sent_window);
+    train_bytes.push_back({labels[i], cb.bytes, cb.loss});
+  }
+  const std::string smoothing =
+      max_window > 1
+          ? fmt::format(" Train loss is averaged over windows of up to {} steps.", max_window)
+          : std::string();
+  const std::string silent_note =
+      any_silent ? " Runs that sent no bytes cannot appear on a log axis; they are listed in the "
+                   "legend only."
+                 : "";
+  auto figure = [&](const std::vector<Series>& s, const ChartOptions& o, const std::string& cap) {
+    // Inline SVG in HTML needs no namespace declaration; dropping it leaves the page without a
+    // single URL, which makes "self-contained" easy to check.
+    std::string svg = svg_line_chart(s, o);
+    const std::string xmlns = " xmlns=\"http://www.w3.org/2000/svg\"";
+    if (const auto at = svg.find(xmlns); at != std::string::npos) svg.erase(at, xmlns.size());
+    h += "<figure>\n" + svg;
+    h += fmt::format("<figcaption>{}</figcaption>\n</figure>\n", cap);
+  };
+  h += "<div class=\"charts\">\n";
+  figure(train_step, {"Train loss vs step", "step", "train loss (nats)"},
+         "Training loss of each run (mean over its workers)." + smoothing);
+  figure(val_step, {"Validation loss vs step", "step", "validation loss (nats)"},
+         "Validation loss of the workers' mean parameters at each evaluation.");
+  figure(val_bytes,
+         {"Validation loss vs bytes communicated", "bytes sent per worker (log)",
+          "validation loss (nats)", true},
+         "Validation loss against cumulative wire bytes per worker: further left is cheaper "
+         "for the same loss." +
+             silent_note);
+  figure(train_bytes,
+         {"Train loss vs bytes communicated", "bytes sent per worker (log)", "train loss (nats)",
+          true},
+         "Training loss against cumulative wire bytes per worker." + smoothing + silent_note);
+  h += "</div>\n</body>\n</html>\n";
+  return h;
+}
+
+void write_report(const std::vector<std::string>& jsonl_paths, const std::string& out_html,
+                  const std::string& title) {
+  std::vector<RunSeries> runs;
+  runs.reserve(jsonl_paths.size());
+  for (const std::string& p : jsonl_paths) runs.push_back(load_run(p));
+  const std::string html = render_report_html(runs, title);
+  write_file_atomic(out_html,
+                    std::span(reinterpret_cast<const std::uint8_t*>(html.data()), html.size()));
+}
+
+}  // namespace desloc::report
