@@ -126,8 +126,13 @@ float global_norm(std::span<const float> g) {
   constexpr std::size_t kBlock = 1 << 16;
   const std::size_t n = g.size();
   const std::size_t blocks = (n + kBlock - 1) / kBlock;
-  std::vector<double> partial(blocks, 0.0);
   const float* p = g.data();
+  if (blocks <= 1) {
+    double s = 0.0;
+    for (std::size_t i = 0; i < n; ++i) s += double(p[i]) * double(p[i]);
+    return static_cast<float>(std::sqrt(s));
+  }
+  std::vector<double> partial(blocks, 0.0);
 #pragma omp parallel for schedule(static)
   for (std::size_t b = 0; b < blocks; ++b) {
     double s = 0.0;
