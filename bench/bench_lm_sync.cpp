@@ -1,0 +1,229 @@
+// Question: at the same model, data and token budget, how do DDP, Local Adam, DES-LOC,
+// FAVG+OPT and state reset compare in validation loss and in bytes each worker sends, at a
+// small and a large Kx? M in-process virtual workers on the Brown corpus (issue 3).
+//
+// Every method trains the same GPT from the same initialisation on the same per-worker data
+// shards for the same number of steps; only [sync] differs. Before printing figures the bench
+// checks each run's byte count against the closed form of its schedule. It writes one run
+// directory per method (metrics.jsonl) and report.html (`desloc report`) with the curves.
+//
+//   bench_lm_sync [--data data/brown] [--out-dir bench_out/lm_sync] [--steps 3072]
+//                 [--kx 16,256] [--workers 4] [--threads 2]
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "desloc/core/error.hpp"
+#include "desloc/model/param_layout.hpp"
+#include "desloc/report/report.hpp"
+#include "desloc/sync/sync_policy.hpp"
+#include "desloc/train/config.hpp"
+#include "desloc/train/trainer.hpp"
+#include "lm_bench_common.hpp"
+
+namespace {
+namespace fs = std::filesystem;
+using namespace desloc;
+
+struct Options {
+  std::string data = "data/brown";
+  std::string out_dir = "bench_out/lm_sync";
+  std::int64_t steps = 3072;
+  std::vector<std::int64_t> kx = {16, 256};
+  int workers = 4;
+  int threads = 2;
+};
+
+struct Method {
+  std::string label;
+  std::string method;
+  std::int64_t kx = 1;
+};
+
+struct Outcome {
+  Method m;
+  train::TrainResult result;
+  report::RunSeries series;
+  std::uint64_t expected_bytes = 0;
+};
+
+std::vector<std::int64_t> parse_list(const char* s) {
+  std::vector<std::int64_t> out;
+  for (const char* p = s; *p;) {
+    out.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
+    if (*p == ',') ++p;
+  }
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) throw ConfigError("option " + a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--data")
+      o.data = next();
+    else if (a == "--out-dir")
+      o.out_dir = next();
+    else if (a == "--steps")
+      o.steps = std::atoll(next());
+    else if (a == "--kx")
+      o.kx = parse_list(next());
+    else if (a == "--workers")
+      o.workers = std::atoi(next());
+    else if (a == "--threads")
+      o.threads = std::atoi(next());
+    else if (a == "--help" || a == "-h") {
+      std::puts(
+          "bench_lm_sync [--data DIR] [--out-dir DIR] [--steps N] [--kx A,B] [--workers M] "
+          "[--threads T]");
+      std::exit(0);
+    } else {
+      throw ConfigError("unknown option '" + a + "' (see --help)");
+    }
+  }
+  return o;
+}
+
+// Wire bytes per worker that the schedule must produce: one ring all-reduce of the model per
+// due state, 2(M-1)/M of the payload each (rounded per average as the averager counts it).
+std::uint64_t expected_bytes(const sync::SyncConfig& s, std::int64_t steps,
+                             std::uint64_t model_bytes) {
+  const sync::SyncPolicy p(s);
+  const auto M = static_cast<std::uint64_t>(s.workers);
+  const std::uint64_t per_average = M > 1 ? model_bytes * 2 * (M - 1) / M : 0;
+  std::uint64_t n = 0;
+  for (std::int64_t t = 1; t <= steps; ++t) {
+    const auto d = p.at(t);
+    n += std::uint64_t(d.grad) + std::uint64_t(d.x) + std::uint64_t(d.u) + std::uint64_t(d.v);
+  }
+  return n * per_average;
+}
+
+int run(const Options& o) {
+  bench::ensure_brown(o.data);
+  std::vector<Method> methods = {{"ddp", "ddp", 1}};
+  for (std::int64_t k : o.kx) {
+    methods.push_back({fmt::format("local_adam_k{}", k), "local_adam", k});
+    methods.push_back({fmt::format("desloc_k{}", k), "desloc", k});
+    methods.push_back({fmt::format("favg_k{}", k), "favg", k});
+    methods.push_back({fmt::format("reset_k{}", k), "favg_reset", k});
+  }
+  std::printf("bench_lm_sync: M = %d virtual workers, %lld steps, %d thread(s), Kx in {", o.workers,
+              static_cast<long long>(o.steps), o.threads);
+  for (std::size_t i = 0; i < o.kx.size(); ++i)
+    std::printf("%s%lld", i ? ", " : "", static_cast<long long>(o.kx[i]));
+  std::printf("}; DES-LOC uses Ku = 3Kx, Kv = 6Kx\n");
+
+  std::vector<Outcome> outcomes;
+  for (const auto& m : methods) {
+    train::JobConfig cfg = bench::small_lm_job(
+        o.data, o.steps, int(std::max<std::int64_t>(1, o.steps / 24)), o.threads, o.workers);
+    cfg.sync.method = m.method;
+    cfg.sync.kx = m.kx;
+    cfg.train.out_dir = (fs::path(o.out_dir) / m.label).string();
+    fs::remove_all(cfg.train.out_dir);
+    std::printf("  training %-18s ... ", m.label.c_str());
+    std::fflush(stdout);
+    Outcome out{m, train::run_training(cfg, {.progress = 0}), {}, 0};
+    out.series = report::load_run(train::metrics_path(cfg));
+    const std::uint64_t model_bytes = model::ParamLayout(cfg.model).total() * sizeof(float);
+    out.expected_bytes = expected_bytes(cfg.sync, o.steps, model_bytes);
+    std::printf("val %.4f, %s per worker, %.0f tokens/s\n", out.result.last_val_loss,
+                bench::human_bytes(double(out.result.bytes_sent_per_worker)).c_str(),
+                out.result.tokens_per_s);
+    if (out.result.bytes_sent_per_worker != out.expected_bytes)
+      throw Error(
+          fmt::format("validation failed: {} sent {} bytes per worker, its schedule implies {}",
+                      m.label, out.result.bytes_sent_per_worker, out.expected_bytes));
+    outcomes.push_back(std::move(out));
+  }
+  std::printf("validation: every run's bytes per worker equal its schedule's closed form: ok\n\n");
+
+  // Target: the worst final validation loss among the methods expected to converge (DDP, Local
+  // Adam, DES-LOC), so each of those reaches it; heuristics that do not reach it say so.
+  double target = 0.0;
+  for (const auto& oc : outcomes)
+    if (oc.m.method == "ddp" || oc.m.method == "local_adam" || oc.m.method == "desloc")
+      target = std::max(target, double(oc.result.last_val_loss));
+  const double ddp_loss = outcomes[0].result.last_val_loss;
+  const double ddp_bytes = double(outcomes[0].result.bytes_sent_per_worker);
+
+  std::printf("%-18s %5s %9s %11s %13s %10s %16s %8s\n", "method", "Kx", "val loss", "vs DDP",
+              "bytes/worker", "DDP/this", "bytes to target", "at step");
+  std::printf("%s\n", std::string(98, '-').c_str());
+  for (const auto& oc : outcomes) {
+    const auto s = report::summarize(oc.series, target);
+    const double bytes = double(oc.result.bytes_sent_per_worker);
+    const std::string to_target =
+        s.step_to_target < 0 ? "not reached" : bench::human_bytes(s.bytes_to_target);
+    std::printf(
+        "%-18s %5s %9.4f %+10.2f%% %13s %10s %16s %8s\n", oc.m.label.c_str(),
+        oc.m.method == "ddp" ? "-" : std::to_string(oc.m.kx).c_str(), oc.result.last_val_loss,
+        100.0 * (oc.result.last_val_loss - ddp_loss) / ddp_loss, bench::human_bytes(bytes).c_str(),
+        bytes > 0 ? fmt::format("{:.1f}x", ddp_bytes / bytes).c_str() : "-", to_target.c_str(),
+        s.step_to_target < 0 ? "-" : std::to_string(s.step_to_target).c_str());
+  }
+  std::printf(
+      "(target validation loss %.4f = the worst final loss of DDP, Local Adam and DES-LOC)\n\n",
+      target);
+
+  auto find = [&](const std::string& label) -> const Outcome& {
+    for (const auto& oc : outcomes)
+      if (oc.m.label == label) return oc;
+    throw Error("no run " + label);
+  };
+  bool all_ok = true;
+  for (std::int64_t k : o.kx) {
+    const auto& d = find(fmt::format("desloc_k{}", k));
+    const auto& l = find(fmt::format("local_adam_k{}", k));
+    const double loss_diff =
+        (d.result.last_val_loss - l.result.last_val_loss) / l.result.last_val_loss;
+    const double byte_ratio =
+        double(d.result.bytes_sent_per_worker) / double(l.result.bytes_sent_per_worker);
+    const bool ok = std::abs(loss_diff) <= 0.01 && byte_ratio <= 0.5 + 1e-9;
+    all_ok = all_ok && ok;
+    std::printf(
+        "Kx = %-4lld DES-LOC vs Local Adam: val loss %+.2f%% (target within 1%%), bytes %.3fx "
+        "(target 0.5x)"
+        " -> %s\n",
+        static_cast<long long>(k), 100.0 * loss_diff, byte_ratio, ok ? "met" : "NOT met");
+    const double vs_ddp = ddp_bytes / double(d.result.bytes_sent_per_worker);
+    std::printf(
+        "Kx = %-4lld DES-LOC moves %.1fx fewer bytes than DDP%s; val loss gap to DDP %+.2f%%\n",
+        static_cast<long long>(k), vs_ddp,
+        k >= 256 ? (vs_ddp >= 170.0 ? " (target 170x: met)" : " (target 170x: NOT met)") : "",
+        100.0 * (d.result.last_val_loss - ddp_loss) / ddp_loss);
+    if (k >= 256) all_ok = all_ok && vs_ddp >= 170.0;
+  }
+
+  std::vector<std::string> paths;
+  for (const auto& oc : outcomes) paths.push_back(oc.series.path);
+  const std::string html = (fs::path(o.out_dir) / "report.html").string();
+  report::write_report(paths, html,
+                       fmt::format("DES-LOC and baselines: M = {} workers, {} steps, Brown corpus",
+                                   o.workers, o.steps));
+  std::printf("\nreport: %s (or: desloc report %s)\n", html.c_str(), o.out_dir.c_str());
+  return all_ok ? 0 : 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const desloc::Error& e) {
+    std::fprintf(stderr, "bench_lm_sync: %s\n", e.message().c_str());
+    return 1;
+  }
+}
