@@ -41,36 +41,17 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) throw ConfigError("option " + a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--data")
-      o.data = next();
-    else if (a == "--out-dir")
-      o.out_dir = next();
-    else if (a == "--steps")
-      o.steps = std::atoll(next());
-    else if (a == "--join")
-      o.join = std::atoll(next());
-    else if (a == "--kx")
-      o.kx = std::atoll(next());
-    else if (a == "--workers")
-      o.workers = std::atoi(next());
-    else if (a == "--threads")
-      o.threads = std::atoi(next());
-    else if (a == "--help" || a == "-h") {
-      std::puts(
-          "bench_elastic_join [--data DIR] [--out-dir DIR] [--steps N] [--join STEP] [--kx K] "
-          "[--workers M] "
-          "[--threads T]");
-      std::exit(0);
-    } else {
-      throw ConfigError("unknown option '" + a + "' (see --help)");
-    }
-  }
+  bench::Flags(
+      "bench_elastic_join [--data DIR] [--out-dir DIR] [--steps N] [--join STEP] [--kx K] "
+      "[--workers M] [--threads T]")
+      .add("--data", o.data)
+      .add("--out-dir", o.out_dir)
+      .add("--steps", o.steps)
+      .add("--join", o.join)
+      .add("--kx", o.kx)
+      .add("--workers", o.workers)
+      .add("--threads", o.threads)
+      .parse(argc, argv);
   if (o.join <= 0 || o.join >= o.steps) throw ConfigError("--join must lie inside (0, --steps)");
   return o;
 }

@@ -54,44 +54,18 @@ struct Outcome {
   std::uint64_t expected_bytes = 0;
 };
 
-std::vector<std::int64_t> parse_list(const char* s) {
-  std::vector<std::int64_t> out;
-  for (const char* p = s; *p;) {
-    out.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
-    if (*p == ',') ++p;
-  }
-  return out;
-}
-
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) throw ConfigError("option " + a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--data")
-      o.data = next();
-    else if (a == "--out-dir")
-      o.out_dir = next();
-    else if (a == "--steps")
-      o.steps = std::atoll(next());
-    else if (a == "--kx")
-      o.kx = parse_list(next());
-    else if (a == "--workers")
-      o.workers = std::atoi(next());
-    else if (a == "--threads")
-      o.threads = std::atoi(next());
-    else if (a == "--help" || a == "-h") {
-      std::puts(
-          "bench_lm_sync [--data DIR] [--out-dir DIR] [--steps N] [--kx A,B] [--workers M] "
-          "[--threads T]");
-      std::exit(0);
-    } else {
-      throw ConfigError("unknown option '" + a + "' (see --help)");
-    }
-  }
+  bench::Flags(
+      "bench_lm_sync [--data DIR] [--out-dir DIR] [--steps N] [--kx A,B] [--workers M] [--threads "
+      "T]")
+      .add("--data", o.data)
+      .add("--out-dir", o.out_dir)
+      .add("--steps", o.steps)
+      .add("--kx", o.kx)
+      .add("--workers", o.workers)
+      .add("--threads", o.threads)
+      .parse(argc, argv);
   return o;
 }
 

@@ -5,8 +5,7 @@
 #include <vector>
 
 namespace desloc::sync {
-namespace {
-std::vector<std::span<float>> views(std::span<Replica> replicas, optim::StateKind kind) {
+std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::StateKind kind) {
   std::vector<std::span<float>> out;
   out.reserve(replicas.size());
   for (auto& r : replicas) {
@@ -27,7 +26,6 @@ std::vector<std::span<float>> views(std::span<Replica> replicas, optim::StateKin
   }
   return out;
 }
-}  // namespace
 
 StepReport run_synced_step(std::int64_t t, const SyncPolicy& policy, Averager& averager,
                            std::span<Replica> replicas,
@@ -40,17 +38,17 @@ StepReport run_synced_step(std::int64_t t, const SyncPolicy& policy, Averager& a
 
   for (std::size_t w = 0; w < replicas.size(); ++w) grad(w);
 
-  if (due.grad) averager.average(StateKind::kGrad, views(replicas, StateKind::kGrad));
+  if (due.grad) averager.average(StateKind::kGrad, state_views(replicas, StateKind::kGrad));
   if (due.x) {
-    averager.average(StateKind::kX, views(replicas, StateKind::kX));
+    averager.average(StateKind::kX, state_views(replicas, StateKind::kX));
     if (opts.outer != nullptr && !replicas.empty()) {
       opts.outer->step(replicas[0].x);
       for (std::size_t w = 1; w < replicas.size(); ++w)
         std::copy(replicas[0].x.begin(), replicas[0].x.end(), replicas[w].x.begin());
     }
   }
-  if (due.u) averager.average(StateKind::kU, views(replicas, StateKind::kU));
-  if (due.v) averager.average(StateKind::kV, views(replicas, StateKind::kV));
+  if (due.u) averager.average(StateKind::kU, state_views(replicas, StateKind::kU));
+  if (due.v) averager.average(StateKind::kV, state_views(replicas, StateKind::kV));
   if (due.reset_uv) {
     for (auto& r : replicas) {
       auto& s = r.opt->state();

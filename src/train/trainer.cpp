@@ -69,31 +69,17 @@ struct Worker {
   data::DataLoader loader;
 };
 
-std::vector<std::span<float>> spans(std::vector<Worker>& workers, optim::StateKind kind) {
-  std::vector<std::span<float>> out;
+std::vector<sync::Replica> replicas_of(std::vector<Worker>& workers) {
+  std::vector<sync::Replica> out;
   out.reserve(workers.size());
-  for (auto& w : workers) {
-    switch (kind) {
-      case optim::StateKind::kGrad:
-        out.emplace_back(w.g);
-        break;
-      case optim::StateKind::kX:
-        out.emplace_back(w.x);
-        break;
-      case optim::StateKind::kU:
-        out.emplace_back(w.opt.state().u);
-        break;
-      case optim::StateKind::kV:
-        out.emplace_back(w.opt.state().v);
-        break;
-    }
-  }
+  for (auto& w : workers) out.push_back({w.x, w.g, &w.opt});
   return out;
 }
 
 // Mean of one state over the workers, without touching them (evaluation, elastic join).
 std::vector<float> mean_of(std::vector<Worker>& workers, optim::StateKind kind) {
-  auto all = spans(workers, kind);
+  auto replicas = replicas_of(workers);
+  const auto all = sync::state_views(replicas, kind);
   std::vector<float> mean(all[0].begin(), all[0].end());
   if (all.size() > 1) {
     std::vector<std::vector<float>> copies;
@@ -329,9 +315,7 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
       std::copy(g.begin(), g.end(), w.g.begin());
       loss_sum += loss;
     };
-    std::vector<sync::Replica> replicas;
-    replicas.reserve(workers.size());
-    for (auto& w : workers) replicas.push_back({w.x, w.g, &w.opt});
+    std::vector<sync::Replica> replicas = replicas_of(workers);
     const float lr = optim::learning_rate(cfg.schedule, step, total);
     const sync::StepReport report = sync::run_synced_step(
         t, policy, averager, replicas, gradient, lr, {&cfg.clip, outer ? &*outer : nullptr, false});

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <vector>
 
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/averager.hpp"
@@ -35,6 +36,9 @@ struct StepReport {
   SyncDecision due;
   float grad_norm = 0.0f;  // global norm of the last worker's gradient before clipping
 };
+
+// The buffers of one state kind across the replicas, in replica order.
+std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::StateKind kind);
 
 // grad(w) must fill replicas[w].g with worker w's gradient at replicas[w].x.
 StepReport run_synced_step(std::int64_t t, const SyncPolicy& policy, Averager& averager,
