@@ -128,8 +128,9 @@ int run(const Options& o) {
   // Adam, DES-LOC), so each of those reaches it; heuristics that do not reach it say so.
   double target = 0.0;
   for (const auto& oc : outcomes)
-    if (oc.m.method == "ddp" || oc.m.method == "local_adam" || oc.m.method == "desloc")
-      target = std::max(target, double(oc.result.last_val_loss));
+    if (!oc.series.eval.empty() &&
+        (oc.m.method == "ddp" || oc.m.method == "local_adam" || oc.m.method == "desloc"))
+      target = std::max(target, oc.series.eval.back().val_loss);  // as written, so each reaches it
   const double ddp_loss = outcomes[0].result.last_val_loss;
   const double ddp_bytes = double(outcomes[0].result.bytes_sent_per_worker);
 

@@ -203,7 +203,9 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
         R"({{"type":"run","name":"{}","method":"{}","workers":{},"kx":{},"ku":{},"kv":{},"outer":"{}",)"
         R"("parameters":{},"batch":{},"seq_len":{},"steps":{},"config_hash":"{:016x}"}})",
         std::filesystem::path(cfg.train.out_dir).filename().string(), cfg.sync.method,
-        cfg.sync.workers, cfg.sync.kx, cfg.sync.effective_ku(), cfg.sync.effective_kv(),
+        cfg.sync.workers, cfg.sync.averages_params() ? std::to_string(cfg.sync.kx) : "null",
+        cfg.sync.method == "desloc" ? std::to_string(cfg.sync.effective_ku()) : "null",
+        cfg.sync.method == "desloc" ? std::to_string(cfg.sync.effective_kv()) : "null",
         cfg.sync.outer, layout.total(), B, T, total, cfg.hash()));
     progress.message(
         fmt::format("desloc train: {} parameters ({} backend), {} worker{} ({}), B={} T={}, {} "

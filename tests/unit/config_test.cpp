@@ -2,6 +2,7 @@
 // message names file:line:column and the key.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "desloc/core/error.hpp"
@@ -145,4 +146,15 @@ TEST(Config, HashSeparatesTrajectoryFromLogging) {
   auto c = parse_config("[schedule]\nlr = 0.002\n", "c.toml");
   EXPECT_EQ(a.hash(), b.hash());
   EXPECT_NE(a.hash(), c.hash());
+}
+
+TEST(Config, EveryShippedConfigIsValid) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(DESLOC_SOURCE_DIR) + "/configs")) {
+    if (e.path().extension() != ".toml") continue;
+    SCOPED_TRACE(e.path().string());
+    EXPECT_NO_THROW(desloc::train::load_config(e.path().string()));
+    ++n;
+  }
+  EXPECT_GE(n, 2);
 }
