@@ -330,16 +330,21 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
     const float loss = static_cast<float>(loss_sum / double(workers.size()));
     result.last_train_loss = loss;
     const sync::Traffic& traffic = averager.traffic(0);
+    // Every worker's wire total: equal under a ring, except for workers that joined late.
+    std::string by_worker;
+    for (std::size_t i = 0; i < workers.size(); ++i)
+      by_worker +=
+          fmt::format("{}{}", i ? "," : "", averager.traffic(static_cast<int>(i)).total_wire());
     metrics.write_line(fmt::format(
         R"({{"type":"train","step":{},"loss":{},"lr":{},"grad_norm":{},"tokens_per_s":{},"step_ms":{},)"
         R"("tokens":{},"workers":{},"synced":"{}{}{}{}","bytes_sent":{},)"
         R"("bytes_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},)"
-        R"("payload_by_state":{{"grad":{},"x":{},"u":{},"v":{}}}}})",
+        R"("payload_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},"bytes_sent_by_worker":[{}]}})",
         step, json_number(loss), json_number(lr), json_number(grad_norm), json_number(tps),
         json_number(step_s * 1e3), tokens_seen, workers.size(), report.due.grad ? "g" : "",
         report.due.x ? "x" : "", report.due.u ? "u" : "", report.due.v ? "v" : "",
         traffic.total_wire(), traffic.wire[0], traffic.wire[1], traffic.wire[2], traffic.wire[3],
-        traffic.payload[0], traffic.payload[1], traffic.payload[2], traffic.payload[3]));
+        traffic.payload[0], traffic.payload[1], traffic.payload[2], traffic.payload[3], by_worker));
     progress.step(step, loss, lr, tps);
 
     const bool last = step == total;

@@ -135,4 +135,12 @@ TEST_F(SyncTrainer, ElasticJoinStartsNewWorkersFromTheAverage) {
             std::string::npos)
       << text;
   EXPECT_TRUE(std::isfinite(r.last_val_loss));
+  // Per-worker bytes: the newcomers (workers 2, 3) missed the averages before step 8.
+  const std::regex last_record(
+      R"re("step":10,.*"bytes_sent_by_worker":\[(\d+),(\d+),(\d+),(\d+)\])re");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(text, m, last_record)) << text;
+  EXPECT_EQ(m[1].str(), m[2].str());
+  EXPECT_EQ(m[3].str(), m[4].str());
+  EXPECT_GT(std::stoull(m[1].str()), std::stoull(m[3].str()));
 }
