@@ -51,7 +51,10 @@ int main(int argc, char** argv) {
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.set_version_flag("--version", [] {
     return fmt::format("desloc 0.1.0 (UCX {}, CUDA backend {})", desloc::transport::ucx_version(),
-                       desloc::model::backend_available("cuda") ? "available" : "not available");
+                       !desloc::model::backend_compiled("cuda") ? "not built"
+                       : desloc::model::backend_available("cuda")
+                           ? "built, device present"
+                           : "built, no CUDA device visible");
   });
 
   // desloc prepare

@@ -16,6 +16,14 @@ bool backend_available(const std::string& backend) {
   return false;
 }
 
+bool backend_compiled(const std::string& backend) {
+  if (backend == "cpu") return true;
+#ifdef DESLOC_HAVE_CUDA
+  if (backend == "cuda") return true;
+#endif
+  return false;
+}
+
 std::unique_ptr<Model> make_model(const GptConfig& cfg, const BackendOptions& opts) {
   cfg.validate();
   if (opts.backend == "cpu") return make_cpu_gpt(cfg, opts);

@@ -65,5 +65,7 @@ std::unique_ptr<Model> make_model(const GptConfig& cfg, const BackendOptions& op
 
 // True when this build can create the named backend ("cuda" also needs a device).
 bool backend_available(const std::string& backend);
+// True when the backend was compiled into this build, device or not.
+bool backend_compiled(const std::string& backend);
 
 }  // namespace desloc::model
