@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <regex>
+#include <string_view>
 
 #include "desloc/core/error.hpp"
 #include "desloc/core/file_io.hpp"
@@ -124,13 +124,19 @@ std::string checkpoint_path(const std::string& dir, std::int64_t step) {
 std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return std::nullopt;
-  static const std::regex kName(R"(step_(\d+)\.ckpt)");
+  // Names are "step_<digits>.ckpt"; anything else in the directory (temporary files of an
+  // interrupted write, user files) is ignored.
   std::vector<std::pair<std::int64_t, std::string>> found;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, m, kName))
-      found.emplace_back(std::stoll(m[1].str()), entry.path().string());
+    constexpr std::string_view kPrefix = "step_", kSuffix = ".ckpt";
+    if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) continue;
+    const std::string digits =
+        name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+    if (digits.empty() || digits.size() > 18 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    found.emplace_back(std::stoll(digits), entry.path().string());
   }
   std::sort(found.begin(), found.end(), std::greater<>());
   for (const auto& [step, path] : found) {

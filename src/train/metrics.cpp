@@ -3,7 +3,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <vector>
 
 #include "desloc/core/error.hpp"
@@ -11,6 +10,20 @@
 #include "desloc/core/log.hpp"
 
 namespace desloc::train {
+namespace {
+// The "step" field of a record this trainer wrote, or -1 (run headers have none).
+std::int64_t step_of(const std::string& line) {
+  const auto at = line.find("\"step\":");
+  if (at == std::string::npos) return -1;
+  std::int64_t v = 0;
+  bool any = false;
+  for (std::size_t i = at + 7; i < line.size() && line[i] >= '0' && line[i] <= '9'; ++i) {
+    v = v * 10 + (line[i] - '0');
+    any = true;
+  }
+  return any ? v : -1;
+}
+}  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, bool resume, std::int64_t resume_step)
     : path_(path) {
@@ -18,11 +31,9 @@ MetricsWriter::MetricsWriter(const std::string& path, bool resume, std::int64_t 
   if (resume && std::filesystem::exists(path)) {
     std::ifstream in(path);
     std::string line, kept;
-    static const std::regex kStep(R"re("step":\s*(\d+))re");
     std::size_t dropped = 0;
     while (std::getline(in, line)) {
-      std::smatch m;
-      if (std::regex_search(line, m, kStep) && std::stoll(m[1].str()) > resume_step) {
+      if (step_of(line) > resume_step) {
         ++dropped;
         continue;
       }
