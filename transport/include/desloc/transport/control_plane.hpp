@@ -1,0 +1,121 @@
+// The control plane over TCP (Boost.Asio, kept out of this header): the Coordinator runs
+// rendezvous, authentication, membership and heartbeat tracking; each rank's RankClient
+// registers with it and keeps it informed.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "desloc/transport/auth.hpp"
+#include "desloc/transport/wire.hpp"
+
+namespace desloc::transport {
+
+// Version of the control protocol (message meaning), carried in Hello. The frame format has
+// its own kWireVersion.
+inline constexpr std::uint16_t kProtocolVersion = 1;
+
+using Clock = std::chrono::steady_clock;
+
+struct RankId {
+  std::string site;
+  std::uint32_t rank = 0;
+  auto operator<=>(const RankId&) const = default;
+  std::string str() const { return site + "/" + std::to_string(rank); }
+};
+
+struct CoordinatorOptions {
+  std::size_t num_sites = 1;       // S
+  std::size_t ranks_per_site = 1;  // R; ranks are 0..R-1 in every site
+  // Expected site names. When empty, the first S distinct names to register are accepted.
+  std::vector<std::string> site_names;
+  std::optional<JobToken> token;  // required: no unauthenticated peer joins
+  std::uint64_t config_hash = 0;
+  std::uint16_t protocol_version = kProtocolVersion;
+  std::string bind_address = "127.0.0.1";
+  // A connection must finish Challenge -> AuthResponse -> Hello within this.
+  std::chrono::milliseconds handshake_timeout{5000};
+  // A registered rank with no frame for this long is listed by missing().
+  std::chrono::milliseconds heartbeat_timeout{3000};
+  std::size_t max_frame_payload = kDefaultMaxPayloadBytes;
+};
+
+// Accepts ranks until S x R have registered, then broadcasts Membership epoch 1. Runs its
+// io_context on its own thread between start() and stop(); the query functions are safe to
+// call from any thread.
+class Coordinator {
+ public:
+  explicit Coordinator(CoordinatorOptions options);  // ConfigError on a bad world or no token
+  ~Coordinator();                                    // stop(), logging instead of throwing
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Binds and starts serving; port 0 picks an ephemeral port. Returns the bound port.
+  std::uint16_t start(std::uint16_t port = 0);
+  // Closes every connection and joins the thread; rethrows an error the thread captured.
+  void stop();
+
+  std::uint16_t port() const;
+  std::size_t registered() const;
+  // The broadcast membership, once the world is complete.
+  std::optional<Membership> membership() const;
+  // Registered ranks silent for longer than heartbeat_timeout, sorted.
+  std::vector<RankId> missing() const;
+  // Expected ranks that have not registered yet, as "site/rank" or a summary of unseen sites.
+  std::vector<std::string> unregistered() const;
+  // Rethrows (once) an exception that escaped a handler on the coordinator's thread.
+  void rethrow_if_failed();
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+struct RankClientOptions {
+  std::string site;
+  std::uint32_t rank = 0;
+  std::vector<std::uint8_t> worker_address;  // this rank's ucp worker address
+  std::uint64_t config_hash = 0;
+  std::uint16_t protocol_version = kProtocolVersion;
+  std::optional<JobToken> token;  // without one the coordinator will refuse us, by design
+  std::chrono::milliseconds heartbeat_interval{500};
+  std::size_t max_frame_payload = kDefaultMaxPayloadBytes;
+};
+
+// One rank's connection to the coordinator. Owns an io_context thread (started by connect)
+// that reads frames and sends heartbeats; errors on that thread are stored and rethrown by
+// the next call on the owner's thread.
+class RankClient {
+ public:
+  explicit RankClient(RankClientOptions options);
+  ~RankClient();  // close()
+  RankClient(const RankClient&) = delete;
+  RankClient& operator=(const RankClient&) = delete;
+
+  // Connects, answers the challenge and registers. Returns once the coordinator welcomed
+  // us. Throws ConfigError (auth, duplicate, version, config hash, world size) or
+  // PeerFailure with the coordinator's reject reason, TransportError if the coordinator is
+  // unreachable, TimeoutError at the deadline.
+  void connect(const std::string& host, std::uint16_t port, Clock::time_point deadline);
+  // Blocks until the membership arrives. TimeoutError at the deadline names the coordinator
+  // and the ranks it last reported as missing.
+  Membership wait_membership(Clock::time_point deadline);
+
+  // Progress reported in heartbeats.
+  void set_step(std::uint64_t step);
+  // Fault injection for tests: a paused client keeps its connection but goes silent, like a
+  // frozen process.
+  void pause_heartbeats(bool paused);
+  // Drops the connection and joins the thread. Idempotent.
+  void close();
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace desloc::transport

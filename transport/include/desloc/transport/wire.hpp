@@ -1,0 +1,175 @@
+// Control-plane wire format: length-limited, versioned, CRC32C-checked frames and the
+// messages they carry (rendezvous, authentication, membership, heartbeats).
+// Every integer is little-endian on the wire; every decode is bounds-checked.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace desloc::transport {
+
+// Frame header, 16 bytes:
+//   magic u32 | frame version u16 | type u16 | payload length u32 | crc32c u32
+// The CRC covers the first 12 header bytes and then the payload, so a flipped type or
+// length is caught as surely as a flipped payload byte.
+inline constexpr std::uint32_t kWireMagic = 0x50434c44;  // "DLCP" as bytes on the wire
+inline constexpr std::uint16_t kWireVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 16;
+inline constexpr std::size_t kDefaultMaxPayloadBytes = std::size_t{1} << 20;  // 1 MiB
+
+// Field limits, checked on encode and decode. They bound what a hostile peer can make us
+// allocate independently of the frame limit.
+inline constexpr std::size_t kMaxSiteNameBytes = 128;
+inline constexpr std::size_t kMaxReasonBytes = 4096;
+inline constexpr std::size_t kMaxAddressBytes = 64 * 1024;  // UCX worker addresses: ~0.1-4 KiB
+inline constexpr std::size_t kMaxMacBytes = 64;
+inline constexpr std::size_t kNonceBytes = 32;
+
+enum class MessageType : std::uint16_t {
+  kHello = 1,
+  kChallenge = 2,
+  kAuthResponse = 3,
+  kWelcome = 4,
+  kReject = 5,
+  kMembership = 6,
+  kHeartbeat = 7,
+  kStatus = 8,
+};
+std::string_view message_type_name(MessageType type);
+
+struct Frame {
+  MessageType type{};
+  std::vector<std::uint8_t> payload;
+};
+
+// One whole frame (header + payload) ready to write to a socket.
+std::vector<std::uint8_t> encode_frame(MessageType type, std::span<const std::uint8_t> payload);
+
+// Incremental decoder for a byte stream: feed() whatever the socket delivered, then call
+// next() until it returns nullopt. A bad magic, an unsupported version, a length above the
+// limit (checked from the header, before any payload is buffered) or a CRC mismatch throws
+// DataError naming `source` and what was wrong; after that the decoder stays failed, because
+// a byte stream has no way to resynchronise and the connection must be closed.
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::string source, std::size_t max_payload = kDefaultMaxPayloadBytes);
+
+  void feed(std::span<const std::uint8_t> bytes);
+  std::optional<Frame> next();
+  // Bytes received but not yet returned as a frame (a partial frame at end of stream means
+  // the peer stopped mid-frame).
+  std::size_t buffered() const { return buffer_.size() - head_; }
+  std::size_t max_payload() const { return max_payload_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& what);
+
+  std::string source_;
+  std::size_t max_payload_;
+  std::vector<std::uint8_t> buffer_;
+  std::size_t head_ = 0;  // start of the unconsumed bytes in buffer_
+  std::string error_;     // non-empty once the stream is known to be corrupt
+};
+
+// --- Control messages. Each has kType, and encode(msg) / decode<M>(frame) below.
+
+// Rank -> coordinator, after authenticating: who I am and how to reach me over UCX.
+struct Hello {
+  static constexpr MessageType kType = MessageType::kHello;
+  std::uint16_t protocol_version = 0;
+  std::string site;
+  std::uint32_t rank = 0;
+  std::vector<std::uint8_t> worker_address;  // opaque ucp worker address
+  std::uint64_t config_hash = 0;             // fnv1a64 of the job config both sides must share
+  bool operator==(const Hello&) const = default;
+};
+
+// Coordinator -> rank, first frame on every connection.
+struct Challenge {
+  static constexpr MessageType kType = MessageType::kChallenge;
+  std::array<std::uint8_t, kNonceBytes> nonce{};
+  bool operator==(const Challenge&) const = default;
+};
+
+// Rank -> coordinator: HMAC-SHA256(job token, nonce). Empty when the rank has no token, so
+// the coordinator can say "no token" rather than "wrong token".
+struct AuthResponse {
+  static constexpr MessageType kType = MessageType::kAuthResponse;
+  std::vector<std::uint8_t> mac;
+  bool operator==(const AuthResponse&) const = default;
+};
+
+// Coordinator -> rank: registration accepted; the membership follows once the world is full.
+struct Welcome {
+  static constexpr MessageType kType = MessageType::kWelcome;
+  std::string message;
+  bool operator==(const Welcome&) const = default;
+};
+
+// Why a registration was refused; the client maps it to ConfigError or PeerFailure.
+enum class RejectCode : std::uint16_t {
+  kAuth = 1,             // wrong or missing job token
+  kDuplicate = 2,        // (site, rank) already registered
+  kVersion = 3,          // protocol version mismatch
+  kConfigHash = 4,       // config hash mismatch
+  kWorldSize = 5,        // rank or site beyond the expected world
+  kProtocol = 6,         // malformed, oversized or out-of-order frame
+  kHandshakeTimeout = 7  // did not finish the handshake in time
+};
+std::string_view reject_code_name(RejectCode code);
+
+struct Reject {
+  static constexpr MessageType kType = MessageType::kReject;
+  RejectCode code = RejectCode::kProtocol;
+  std::string reason;
+  bool operator==(const Reject&) const = default;
+};
+
+struct MemberEntry {
+  std::string site;
+  std::uint32_t rank = 0;
+  std::vector<std::uint8_t> worker_address;
+  bool operator==(const MemberEntry&) const = default;
+};
+
+// The job's membership at one epoch. Epochs only grow; a later issue bumps them when a site
+// dies or rejoins, so every consumer must compare epochs rather than assume "the" membership.
+struct Membership {
+  static constexpr MessageType kType = MessageType::kMembership;
+  std::uint64_t epoch = 0;
+  std::vector<std::string> sites;         // site table; indices below refer to it
+  std::vector<MemberEntry> members;       // every rank, sorted by (site, rank); site is in `sites`
+  std::vector<std::uint32_t> ring_order;  // WAN ring as indices into `sites`, each once
+  bool operator==(const Membership&) const = default;
+};
+
+// Rank -> coordinator, periodically: liveness plus progress.
+struct Heartbeat {
+  static constexpr MessageType kType = MessageType::kHeartbeat;
+  std::uint64_t epoch = 0;
+  std::uint64_t step = 0;
+  bool operator==(const Heartbeat&) const = default;
+};
+
+// Coordinator -> registered ranks while the world fills up, so a rank that times out can say
+// who it was waiting for.
+struct Status {
+  static constexpr MessageType kType = MessageType::kStatus;
+  std::uint32_t registered = 0;
+  std::uint32_t expected = 0;
+  std::vector<std::string> missing;  // "site/rank" or a summary such as "1 more site"
+  bool operator==(const Status&) const = default;
+};
+
+template <class M>
+std::vector<std::uint8_t> encode(const M& message);  // whole frame
+template <class M>
+M decode(const Frame& frame);  // DataError if the type differs or any field is malformed
+
+}  // namespace desloc::transport

@@ -1,0 +1,866 @@
+// Coordinator and RankClient over Boost.Asio. Each side runs one io_context on one thread, so
+// connection state needs no strand; state that other threads query sits behind a mutex.
+#include "desloc/transport/control_plane.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <atomic>
+#include <utility>  // before Asio: Boost 1.74 awaitable.hpp uses std::exchange unincluded
+
+#include <boost/asio.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "desloc/core/error.hpp"
+#include "desloc/core/log.hpp"
+
+namespace desloc::transport {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using std::chrono::milliseconds;
+
+// How long a closing side waits for the peer's EOF after its last frame, so that frame is
+// read before the kernel would answer unread data with an RST.
+constexpr milliseconds kLingerTime{1000};
+constexpr std::size_t kReadChunkBytes = 4096;
+constexpr std::size_t kMaxListedMissing = 16;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::string endpoint_name(const tcp::socket& s) {
+  boost::system::error_code ec;
+  const auto ep = s.remote_endpoint(ec);
+  if (ec) return "<unknown peer>";
+  return ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+
+bool valid_site_name(const std::string& s) {
+  if (s.empty() || s.size() > kMaxSiteNameBytes) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-' || c == '.';
+  });
+}
+
+// One framed TCP connection: a read loop feeding a FrameDecoder, a write queue (Asio allows
+// one async_write in flight), and a graceful close. Subclasses see frames and the close.
+// Everything runs on the owning io_context's single thread.
+class FramedPeer : public std::enable_shared_from_this<FramedPeer> {
+ public:
+  FramedPeer(tcp::socket socket, std::string name, std::size_t max_payload)
+      : socket_(std::move(socket)),
+        name_(std::move(name)),
+        decoder_(name_, max_payload),
+        linger_(socket_.get_executor()) {}
+  virtual ~FramedPeer() = default;
+
+  tcp::socket& socket() { return socket_; }
+  const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
+  bool closed() const { return closed_; }
+  bool finishing() const { return finishing_; }
+
+  void start_reading() { do_read(); }
+
+  void send(std::vector<std::uint8_t> frame) {
+    if (closed_ || finishing_) return;
+    queue_.push_back(std::move(frame));
+    if (!writing_) do_write();
+  }
+
+  // Flush what is queued, half-close, then wait (bounded) for the peer to close its side.
+  void finish() {
+    if (closed_ || finishing_) return;
+    finishing_ = true;
+    if (!writing_) shutdown_send();
+    linger_.expires_after(kLingerTime);
+    linger_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec) self->close_with("");
+    });
+  }
+
+  void abort(const std::string& reason) { close_with(reason); }
+
+ protected:
+  virtual void on_frame(Frame frame) = 0;
+  virtual void on_protocol_error(const std::string& what) = 0;
+  virtual void on_closed(const std::string& reason) = 0;  // exactly once; "" if we closed it
+
+ private:
+  void do_read() {
+    socket_.async_read_some(
+        asio::buffer(read_buf_),
+        [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
+          self->handle_read(ec, n);
+        });
+  }
+
+  void handle_read(const boost::system::error_code& ec, std::size_t n) {
+    if (closed_) return;
+    if (ec) {
+      if (finishing_) return close_with("");
+      if (ec == asio::error::eof)
+        return close_with(decoder_.buffered() > 0
+                              ? fmt::format("peer closed the connection mid-frame ({} bytes of a "
+                                            "partial frame buffered)",
+                                            decoder_.buffered())
+                              : std::string("peer closed the connection"));
+      return close_with("read failed: " + ec.message());
+    }
+    if (finishing_) return do_read();  // draining until EOF; nothing more is processed
+    try {
+      decoder_.feed({read_buf_.data(), n});
+      while (!closed_ && !finishing_) {
+        auto frame = decoder_.next();
+        if (!frame) break;
+        on_frame(std::move(*frame));
+      }
+    } catch (const Error& e) {
+      on_protocol_error(e.message());
+    } catch (const std::exception& e) {
+      // Anything a hostile frame provokes (even bad_alloc) ends only this connection.
+      on_protocol_error(e.what());
+    }
+    if (!closed_) do_read();
+  }
+
+  void do_write() {
+    writing_ = true;
+    asio::async_write(
+        socket_, asio::buffer(queue_.front()),
+        [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
+          self->writing_ = false;
+          if (self->closed_) return;
+          if (ec) return self->close_with("write failed: " + ec.message());
+          self->queue_.pop_front();
+          if (!self->queue_.empty()) return self->do_write();
+          if (self->finishing_) self->shutdown_send();
+        });
+  }
+
+  void shutdown_send() {
+    boost::system::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  void close_with(const std::string& reason) {
+    if (closed_) return;
+    closed_ = true;
+    linger_.cancel();
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+    queue_.clear();
+    on_closed(reason);
+  }
+
+  tcp::socket socket_;
+  std::string name_;
+  FrameDecoder decoder_;
+  asio::steady_timer linger_;
+  std::array<std::uint8_t, kReadChunkBytes> read_buf_{};
+  std::deque<std::vector<std::uint8_t>> queue_;
+  bool writing_ = false;
+  bool finishing_ = false;
+  bool closed_ = false;
+};
+
+}  // namespace
+
+// ============================================================================ Coordinator
+
+struct Coordinator::Impl {
+  class Session;
+  struct Registration {
+    std::shared_ptr<Session> session;  // null once the connection closed
+    std::string peer;
+    std::vector<std::uint8_t> worker_address;
+    Clock::time_point last_seen;
+    bool reported_missing = false;
+  };
+
+  explicit Impl(CoordinatorOptions o) : options(std::move(o)) {}
+
+  CoordinatorOptions options;
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  asio::steady_timer check_timer{io};
+  std::thread thread;
+  std::atomic<std::uint16_t> bound_port{0};
+
+  mutable std::mutex mu;  // guards the fields below against the query functions
+  std::map<RankId, Registration> registry;
+  std::optional<Membership> membership;
+  std::exception_ptr error;
+
+  // io-thread only
+  std::vector<std::weak_ptr<Session>> sessions;  // every live connection, for stop()
+  std::size_t status_sent_for = 0;               // registry size at the last Status broadcast
+
+  std::size_t world() const { return options.num_sites * options.ranks_per_site; }
+
+  void do_accept();
+  void schedule_check();
+  std::optional<Reject> admit(const Hello& hello, const std::string& peer);
+  void registered(const std::shared_ptr<Session>& s, const RankId& id);
+  void heartbeat(const RankId& id, const Heartbeat& hb);
+  void rank_closed(const RankId& id, const std::string& peer, const std::string& reason);
+  Status status_locked() const;
+  std::vector<std::string> unregistered_locked() const;
+  void run();
+};
+
+class Coordinator::Impl::Session : public FramedPeer {
+ public:
+  Session(tcp::socket socket, std::string name, Impl& coord)
+      : FramedPeer(std::move(socket), std::move(name), coord.options.max_frame_payload),
+        coord_(coord),
+        handshake_timer_(coord.io) {}
+
+  void start() {
+    nonce_ = random_nonce();
+    handshake_timer_.expires_after(coord_.options.handshake_timeout);
+    handshake_timer_.async_wait([self = std::static_pointer_cast<Session>(shared_from_this())](
+                                    const boost::system::error_code& ec) {
+      if (ec || self->closed() || self->state_ == State::kRegistered) return;
+      self->refuse(RejectCode::kHandshakeTimeout,
+                   fmt::format("did not complete the handshake within {} ms; dropping it",
+                               self->coord_.options.handshake_timeout.count()));
+    });
+    send(encode(Challenge{nonce_}));
+    start_reading();
+  }
+
+  void refuse(RejectCode code, const std::string& reason) {
+    if (state_ == State::kRegistered) coord_.rank_closed(id_, name(), "refused: " + reason);
+    log::warn("coordinator: refusing {} ({}): {}", name(), reject_code_name(code), reason);
+    send(encode(Reject{code, reason}));
+    state_ = State::kDone;
+    handshake_timer_.cancel();
+    finish();
+  }
+
+ private:
+  enum class State { kAwaitAuth, kAwaitHello, kRegistered, kDone };
+
+  void on_frame(Frame frame) override {
+    switch (state_) {
+      case State::kAwaitAuth: {
+        const auto resp = decode<AuthResponse>(frame);
+        const auto& token = *coord_.options.token;
+        if (resp.mac.empty())
+          return refuse(RejectCode::kAuth,
+                        "no job token presented; give this rank the job's token (config `token` "
+                        "or token file)");
+        if (!token.verify(nonce_, resp.mac))
+          return refuse(RejectCode::kAuth,
+                        "wrong job token (HMAC-SHA256 response does not match); use the same "
+                        "token as the coordinator");
+        state_ = State::kAwaitHello;
+        return;
+      }
+      case State::kAwaitHello: {
+        const auto hello = decode<Hello>(frame);
+        if (auto reject = coord_.admit(hello, name())) return refuse(reject->code, reject->reason);
+        id_ = RankId{hello.site, hello.rank};
+        set_name(fmt::format("rank {} ({})", id_.str(), endpoint_name(socket())));
+        state_ = State::kRegistered;
+        handshake_timer_.cancel();
+        send(encode(Welcome{fmt::format("registered {}", id_.str())}));
+        coord_.registered(std::static_pointer_cast<Session>(shared_from_this()), id_);
+        return;
+      }
+      case State::kRegistered:
+        if (frame.type == MessageType::kHeartbeat)
+          return coord_.heartbeat(id_, decode<Heartbeat>(frame));
+        throw DataError(
+            fmt::format("unexpected {} frame after registration", message_type_name(frame.type)));
+      case State::kDone:
+        return;
+    }
+  }
+
+  void on_protocol_error(const std::string& what) override {
+    if (state_ == State::kDone) return abort("");
+    refuse(RejectCode::kProtocol, what);
+  }
+
+  void on_closed(const std::string& reason) override {
+    handshake_timer_.cancel();
+    if (state_ == State::kRegistered) {
+      coord_.rank_closed(id_, name(), reason);
+    } else if (!reason.empty()) {
+      log::info("coordinator: {} closed before registering: {}", name(), reason);
+    }
+    state_ = State::kDone;
+  }
+
+  Impl& coord_;
+  asio::steady_timer handshake_timer_;
+  Nonce nonce_{};
+  State state_ = State::kAwaitAuth;
+  RankId id_;
+};
+
+void Coordinator::Impl::do_accept() {
+  acceptor.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted) return;
+    if (ec) {
+      log::warn("coordinator: accept failed: {}; still listening", ec.message());
+    } else {
+      std::string name = "connection " + endpoint_name(socket);
+      auto s = std::make_shared<Session>(std::move(socket), std::move(name), *this);
+      std::erase_if(sessions, [](const auto& w) { return w.expired(); });
+      sessions.push_back(s);
+      s->start();
+    }
+    do_accept();
+  });
+}
+
+std::optional<Reject> Coordinator::Impl::admit(const Hello& h, const std::string& peer) {
+  const RankId id{h.site, h.rank};
+  if (h.protocol_version != options.protocol_version)
+    return Reject{RejectCode::kVersion,
+                  fmt::format("protocol version {} from {} but the coordinator speaks {}; run "
+                              "the same desloc build everywhere",
+                              h.protocol_version, id.str(), options.protocol_version)};
+  if (h.config_hash != options.config_hash)
+    return Reject{RejectCode::kConfigHash,
+                  fmt::format("config hash {:#018x} from {} differs from the coordinator's "
+                              "{:#018x}; every rank must run the same job config",
+                              h.config_hash, id.str(), options.config_hash)};
+  if (!valid_site_name(h.site))
+    return Reject{RejectCode::kWorldSize,
+                  fmt::format("site name '{}' is invalid; use 1-{} characters of [A-Za-z0-9._-]",
+                              h.site.substr(0, 64), kMaxSiteNameBytes)};
+  if (h.rank >= options.ranks_per_site)
+    return Reject{
+        RejectCode::kWorldSize,
+        fmt::format("rank {} of site '{}' is outside 0..{}; the job has {} ranks per site", h.rank,
+                    h.site, options.ranks_per_site - 1, options.ranks_per_site)};
+  std::lock_guard lock(mu);
+  std::set<std::string> sites;
+  for (const auto& [k, v] : registry) sites.insert(k.site);
+  if (!options.site_names.empty() && std::find(options.site_names.begin(), options.site_names.end(),
+                                               h.site) == options.site_names.end())
+    return Reject{RejectCode::kWorldSize,
+                  fmt::format("site '{}' is not one of the job's sites ({})", h.site,
+                              fmt::join(options.site_names, ", "))};
+  if (!sites.contains(h.site) && sites.size() >= options.num_sites)
+    return Reject{RejectCode::kWorldSize,
+                  fmt::format("site '{}' would be site number {} but the job expects {} sites "
+                              "({}); check the world size in the config",
+                              h.site, sites.size() + 1, options.num_sites, fmt::join(sites, ", "))};
+  if (auto it = registry.find(id); it != registry.end())
+    return Reject{RejectCode::kDuplicate,
+                  fmt::format("{} is already registered from {}; each (site, rank) must be "
+                              "unique",
+                              id.str(), it->second.peer)};
+  registry[id] = Registration{nullptr, peer, h.worker_address, Clock::now(), false};
+  return std::nullopt;
+}
+
+void Coordinator::Impl::registered(const std::shared_ptr<Session>& s, const RankId& id) {
+  std::vector<std::shared_ptr<Session>> recipients;
+  std::vector<std::uint8_t> frame;
+  {
+    std::lock_guard lock(mu);
+    auto& reg = registry.at(id);
+    reg.session = s;
+    log::info("coordinator: registered {} from {} ({}/{})", id.str(), reg.peer, registry.size(),
+              world());
+    if (registry.size() < world() || membership) {
+      frame = encode(status_locked());
+      recipients.push_back(s);
+    } else {
+      Membership m;
+      m.epoch = 1;
+      std::set<std::string> sites;
+      for (const auto& [k, v] : registry) sites.insert(k.site);
+      m.sites.assign(sites.begin(), sites.end());  // sorted: the ring order for now
+      for (const auto& [k, v] : registry) m.members.push_back({k.site, k.rank, v.worker_address});
+      for (std::uint32_t i = 0; i < m.sites.size(); ++i) m.ring_order.push_back(i);
+      frame = encode(m);
+      membership = std::move(m);
+      for (const auto& [k, v] : registry)
+        if (v.session) recipients.push_back(v.session);
+      log::info("coordinator: all {} ranks registered; broadcasting membership epoch 1", world());
+    }
+  }
+  for (const auto& r : recipients) r->send(frame);
+}
+
+void Coordinator::Impl::heartbeat(const RankId& id, const Heartbeat& hb) {
+  std::lock_guard lock(mu);
+  auto& reg = registry.at(id);
+  reg.last_seen = Clock::now();
+  if (reg.reported_missing) {
+    log::info("coordinator: {} is heartbeating again (step {})", id.str(), hb.step);
+    reg.reported_missing = false;
+  }
+  if (membership && hb.epoch != 0 && hb.epoch != membership->epoch)
+    log::warn("coordinator: {} reports membership epoch {} but the current one is {}", id.str(),
+              hb.epoch, membership->epoch);
+}
+
+void Coordinator::Impl::rank_closed(const RankId& id, const std::string& peer,
+                                    const std::string& reason) {
+  {
+    std::lock_guard lock(mu);
+    if (auto it = registry.find(id); it != registry.end()) it->second.session.reset();
+  }
+  if (!reason.empty())
+    log::warn("coordinator: {} disconnected: {}; it will be listed missing after {} ms", peer,
+              reason, options.heartbeat_timeout.count());
+}
+
+std::vector<std::string> Coordinator::Impl::unregistered_locked() const {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const auto& [k, v] : registry) seen.insert(k.site);
+  std::vector<std::string> known(seen.begin(), seen.end());
+  for (const auto& s : options.site_names)
+    if (!seen.contains(s)) known.push_back(s);
+  for (const auto& site : known)
+    for (std::uint32_t r = 0; r < options.ranks_per_site; ++r)
+      if (!registry.contains(RankId{site, r})) out.push_back(RankId{site, r}.str());
+  if (known.size() < options.num_sites)
+    out.push_back(fmt::format("{} more site(s) x {} rank(s) not yet seen",
+                              options.num_sites - known.size(), options.ranks_per_site));
+  return out;
+}
+
+Status Coordinator::Impl::status_locked() const {
+  Status st;
+  st.registered = static_cast<std::uint32_t>(registry.size());
+  st.expected = static_cast<std::uint32_t>(world());
+  st.missing = unregistered_locked();
+  if (st.missing.size() > kMaxListedMissing) {
+    const auto more = st.missing.size() - kMaxListedMissing;
+    st.missing.resize(kMaxListedMissing);
+    st.missing.push_back(fmt::format("... and {} more", more));
+  }
+  return st;
+}
+
+void Coordinator::Impl::schedule_check() {
+  const auto period = std::clamp(options.heartbeat_timeout / 4, milliseconds{5}, milliseconds{500});
+  check_timer.expires_after(period);
+  check_timer.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    std::vector<std::shared_ptr<Session>> waiting;
+    std::vector<std::uint8_t> status_frame;
+    {
+      std::lock_guard lock(mu);
+      const auto now = Clock::now();
+      for (auto& [id, reg] : registry) {
+        if (reg.reported_missing || now - reg.last_seen <= options.heartbeat_timeout) continue;
+        reg.reported_missing = true;
+        log::warn("coordinator: {} ({}) silent for {:.1f} s (timeout {} ms); listing it missing",
+                  id.str(), reg.peer, seconds_between(reg.last_seen, now),
+                  options.heartbeat_timeout.count());
+      }
+      // While the world fills up, tell waiting ranks who is still absent, so their timeout
+      // errors can name them. Only on change, to keep this O(ranks) per tick.
+      if (!membership && registry.size() != status_sent_for) {
+        status_sent_for = registry.size();
+        status_frame = encode(status_locked());
+        for (const auto& [id, reg] : registry)
+          if (reg.session) waiting.push_back(reg.session);
+      }
+    }
+    for (const auto& s : waiting) s->send(status_frame);
+    schedule_check();
+  });
+}
+
+void Coordinator::Impl::run() {
+  try {
+    io.run();
+  } catch (...) {
+    // Per-connection failures are handled in the sessions; reaching here is a coordinator
+    // bug or resource exhaustion. Keep it for stop()/rethrow_if_failed() on the owner thread.
+    std::lock_guard lock(mu);
+    error = std::current_exception();
+    log::error("coordinator: its event loop failed and stopped; the owner will rethrow");
+  }
+}
+
+Coordinator::Coordinator(CoordinatorOptions options) {
+  if (options.num_sites == 0 || options.ranks_per_site == 0)
+    throw ConfigError(fmt::format("coordinator: world of {} sites x {} ranks is empty",
+                                  options.num_sites, options.ranks_per_site));
+  if (!options.site_names.empty() && options.site_names.size() != options.num_sites)
+    throw ConfigError(fmt::format("coordinator: {} site names given for {} sites",
+                                  options.site_names.size(), options.num_sites));
+  if (!options.token)
+    throw ConfigError(
+        "coordinator: no job token configured; set `token` or a token file so no "
+        "unauthenticated peer can join");
+  impl_ = std::make_shared<Impl>(std::move(options));
+}
+
+Coordinator::~Coordinator() {
+  try {
+    stop();
+  } catch (const std::exception& e) {
+    log::error("coordinator: error at shutdown: {}", e.what());
+  }
+}
+
+std::uint16_t Coordinator::start(std::uint16_t port) {
+  auto& im = *impl_;
+  if (im.thread.joinable()) throw ConfigError("coordinator: start() called twice");
+  try {
+    const tcp::endpoint ep(asio::ip::make_address(im.options.bind_address), port);
+    im.acceptor.open(ep.protocol());
+    im.acceptor.set_option(tcp::acceptor::reuse_address(true));
+    im.acceptor.bind(ep);
+    im.acceptor.listen();
+    im.bound_port = im.acceptor.local_endpoint().port();
+  } catch (const boost::system::system_error& e) {
+    throw TransportError(
+        fmt::format("coordinator: cannot listen on {}:{}: {}; choose a free port "
+                    "or another bind address",
+                    im.options.bind_address, port, e.code().message()));
+  }
+  im.do_accept();
+  im.schedule_check();
+  im.thread = std::thread([&im] { im.run(); });
+  log::info("coordinator: listening on {}:{} for {} sites x {} ranks", im.options.bind_address,
+            im.bound_port.load(), im.options.num_sites, im.options.ranks_per_site);
+  return im.bound_port;
+}
+
+void Coordinator::stop() {
+  auto& im = *impl_;
+  if (im.thread.joinable()) {
+    im.io.stop();
+    im.thread.join();
+    // The loop is stopped, so touching sockets from this thread is safe. Closing them now
+    // (rather than when the io_context dies) lets clients see EOF right away.
+    boost::system::error_code ignored;
+    im.acceptor.close(ignored);
+    for (auto& w : im.sessions)
+      if (auto s = w.lock()) s->socket().close(ignored);
+    std::lock_guard lock(im.mu);
+    for (auto& [id, reg] : im.registry) reg.session.reset();
+  }
+  rethrow_if_failed();
+}
+
+void Coordinator::rethrow_if_failed() {
+  std::exception_ptr e;
+  {
+    std::lock_guard lock(impl_->mu);
+    std::swap(e, impl_->error);
+  }
+  if (e) std::rethrow_exception(e);
+}
+
+std::uint16_t Coordinator::port() const { return impl_->bound_port; }
+
+std::size_t Coordinator::registered() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->registry.size();
+}
+
+std::optional<Membership> Coordinator::membership() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->membership;
+}
+
+std::vector<RankId> Coordinator::missing() const {
+  std::lock_guard lock(impl_->mu);
+  std::vector<RankId> out;
+  const auto now = Clock::now();
+  for (const auto& [id, reg] : impl_->registry)
+    if (now - reg.last_seen > impl_->options.heartbeat_timeout) out.push_back(id);
+  return out;
+}
+
+std::vector<std::string> Coordinator::unregistered() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->unregistered_locked();
+}
+
+// ============================================================================ RankClient
+
+struct RankClient::Impl {
+  class Connection;
+  enum class Phase { kIdle, kConnecting, kAwaitChallenge, kAwaitWelcome, kRegistered, kMember };
+
+  explicit Impl(RankClientOptions o) : options(std::move(o)) {}
+
+  RankClientOptions options;
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  tcp::resolver resolver{io};
+  asio::steady_timer retry_timer{io};
+  asio::steady_timer heartbeat_timer{io};
+  std::shared_ptr<Connection> conn;
+  std::thread thread;
+  std::string target;  // "HOST:PORT" for messages
+  std::string host;
+  std::uint16_t port = 0;
+  Clock::time_point connect_deadline;
+  std::string last_connect_error;
+  std::atomic<std::uint64_t> step{0};
+  std::atomic<bool> paused{false};
+  std::atomic<bool> closing{false};  // set by close(), read by handlers
+
+  std::mutex mu;
+  std::condition_variable cv;
+  Phase phase = Phase::kIdle;
+  std::optional<Membership> membership;
+  std::optional<Status> status;
+  std::exception_ptr error;
+
+  std::string who() const { return RankId{options.site, options.rank}.str(); }
+  void fail(std::exception_ptr e) {
+    {
+      std::lock_guard lock(mu);
+      if (!error) error = std::move(e);
+    }
+    cv.notify_all();
+  }
+  void set_phase(Phase p) {
+    {
+      std::lock_guard lock(mu);
+      phase = p;
+    }
+    cv.notify_all();
+  }
+  void attempt_connect();
+  void schedule_heartbeat();
+  void on_frame(Frame frame);
+};
+
+class RankClient::Impl::Connection : public FramedPeer {
+ public:
+  Connection(tcp::socket socket, Impl& client)
+      : FramedPeer(std::move(socket), "coordinator " + client.target,
+                   client.options.max_frame_payload),
+        client_(client) {}
+
+ private:
+  void on_frame(Frame frame) override { client_.on_frame(std::move(frame)); }
+  void on_protocol_error(const std::string& what) override {
+    client_.fail(std::make_exception_ptr(PeerFailure(fmt::format(
+        "{}: bad frame from the coordinator {}: {}", client_.who(), client_.target, what))));
+    abort("");
+  }
+  void on_closed(const std::string& reason) override {
+    client_.heartbeat_timer.cancel();
+    if (client_.closing || reason.empty()) return;
+    client_.fail(std::make_exception_ptr(
+        PeerFailure(fmt::format("{}: the coordinator {} closed the connection ({}); check its log",
+                                client_.who(), client_.target, reason))));
+  }
+  Impl& client_;
+};
+
+void RankClient::Impl::attempt_connect() {
+  resolver.async_resolve(
+      host, std::to_string(port),
+      [this](const boost::system::error_code& ec, tcp::resolver::results_type results) {
+        if (closing) return;
+        if (ec) {
+          fail(std::make_exception_ptr(TransportError(fmt::format(
+              "{}: cannot resolve the coordinator address {}: {}", who(), target, ec.message()))));
+          return;
+        }
+        asio::async_connect(conn->socket(), results,
+                            [this](const boost::system::error_code& ec2, const tcp::endpoint&) {
+                              if (closing) return;
+                              if (ec2) {
+                                // The coordinator may simply not be up yet: retry until the
+                                // deadline.
+                                last_connect_error = ec2.message();
+                                if (Clock::now() + milliseconds{100} >= connect_deadline) return;
+                                retry_timer.expires_after(milliseconds{100});
+                                retry_timer.async_wait([this](const boost::system::error_code& e) {
+                                  if (!e && !closing) attempt_connect();
+                                });
+                                return;
+                              }
+                              set_phase(Phase::kAwaitChallenge);
+                              conn->start_reading();
+                            });
+      });
+}
+
+void RankClient::Impl::on_frame(Frame frame) {
+  Phase p;
+  {
+    std::lock_guard lock(mu);
+    p = phase;
+  }
+  switch (frame.type) {
+    case MessageType::kChallenge: {
+      if (p != Phase::kAwaitChallenge) throw DataError("unexpected Challenge");
+      const auto ch = decode<Challenge>(frame);
+      AuthResponse resp;
+      if (options.token) {
+        const auto mac = options.token->respond(ch.nonce);
+        resp.mac.assign(mac.begin(), mac.end());
+      }
+      conn->send(encode(resp));
+      conn->send(encode(Hello{options.protocol_version, options.site, options.rank,
+                              options.worker_address, options.config_hash}));
+      set_phase(Phase::kAwaitWelcome);
+      return;
+    }
+    case MessageType::kWelcome:
+      if (p != Phase::kAwaitWelcome) throw DataError("unexpected Welcome");
+      decode<Welcome>(frame);
+      set_phase(Phase::kRegistered);
+      schedule_heartbeat();
+      return;
+    case MessageType::kReject: {
+      const auto r = decode<Reject>(frame);
+      const auto msg = fmt::format("{}: the coordinator {} refused this rank ({}): {}", who(),
+                                   target, reject_code_name(r.code), r.reason);
+      // A config the user can fix is a ConfigError; a broken or stalled exchange is the peer.
+      if (r.code == RejectCode::kProtocol || r.code == RejectCode::kHandshakeTimeout)
+        fail(std::make_exception_ptr(PeerFailure(msg)));
+      else
+        fail(std::make_exception_ptr(ConfigError(msg)));
+      conn->abort("");
+      return;
+    }
+    case MessageType::kStatus: {
+      auto st = decode<Status>(frame);
+      std::lock_guard lock(mu);
+      status = std::move(st);
+      return;
+    }
+    case MessageType::kMembership: {
+      if (p != Phase::kRegistered && p != Phase::kMember)
+        throw DataError("Membership before registration");
+      auto m = decode<Membership>(frame);
+      {
+        std::lock_guard lock(mu);
+        membership = std::move(m);
+        phase = Phase::kMember;
+      }
+      cv.notify_all();
+      return;
+    }
+    default:
+      throw DataError(
+          fmt::format("unexpected {} frame from the coordinator", message_type_name(frame.type)));
+  }
+}
+
+void RankClient::Impl::schedule_heartbeat() {
+  heartbeat_timer.expires_after(options.heartbeat_interval);
+  heartbeat_timer.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || closing || conn->closed()) return;
+    if (!paused) {
+      std::uint64_t epoch = 0;
+      {
+        std::lock_guard lock(mu);
+        if (membership) epoch = membership->epoch;
+      }
+      conn->send(encode(Heartbeat{epoch, step.load()}));
+    }
+    schedule_heartbeat();
+  });
+}
+
+RankClient::RankClient(RankClientOptions options)
+    : impl_(std::make_shared<Impl>(std::move(options))) {}
+
+RankClient::~RankClient() { close(); }
+
+void RankClient::connect(const std::string& host, std::uint16_t port, Clock::time_point deadline) {
+  auto& im = *impl_;
+  if (im.thread.joinable()) throw ConfigError(im.who() + ": connect() called twice");
+  const auto start = Clock::now();
+  im.host = host;
+  im.port = port;
+  im.target = host + ":" + std::to_string(port);
+  im.connect_deadline = deadline;
+  im.conn = std::make_shared<Impl::Connection>(tcp::socket(im.io), im);
+  im.phase = Impl::Phase::kConnecting;
+  asio::post(im.io, [&im] { im.attempt_connect(); });
+  im.thread = std::thread([&im] {
+    try {
+      im.io.run();
+    } catch (...) {
+      // A handler outside the connection's own error path failed: stop and report it.
+      im.fail(std::current_exception());
+    }
+  });
+
+  std::unique_lock lock(im.mu);
+  const bool done = im.cv.wait_until(
+      lock, deadline, [&] { return im.error || im.phase >= Impl::Phase::kRegistered; });
+  if (im.error) {
+    auto e = im.error;
+    lock.unlock();
+    close();
+    std::rethrow_exception(e);
+  }
+  if (!done) {
+    const char* stage = "connecting to";
+    if (im.phase == Impl::Phase::kAwaitChallenge) stage = "waiting for the challenge from";
+    if (im.phase == Impl::Phase::kAwaitWelcome) stage = "waiting to be welcomed by";
+    lock.unlock();
+    close();
+    throw TimeoutError(fmt::format(
+        "{}: timed out after {:.1f} s {} the coordinator {}{}; check that it is running and "
+        "reachable",
+        im.who(), seconds_between(start, Clock::now()), stage, im.target,
+        im.last_connect_error.empty() ? "" : " (last error: " + im.last_connect_error + ")"));
+  }
+}
+
+Membership RankClient::wait_membership(Clock::time_point deadline) {
+  auto& im = *impl_;
+  const auto start = Clock::now();
+  std::unique_lock lock(im.mu);
+  if (im.phase < Impl::Phase::kRegistered && !im.error)
+    throw ConfigError(im.who() + ": wait_membership() before a successful connect()");
+  im.cv.wait_until(lock, deadline, [&] { return im.membership || im.error; });
+  if (im.membership) return *im.membership;
+  if (im.error) std::rethrow_exception(im.error);
+  std::string detail = "; the coordinator has not reported who is missing";
+  if (im.status)
+    detail = fmt::format("; it last reported {} of {} ranks registered, still missing: {}",
+                         im.status->registered, im.status->expected,
+                         fmt::join(im.status->missing, ", "));
+  throw TimeoutError(
+      fmt::format("{}: timed out after {:.1f} s waiting for the membership from "
+                  "the coordinator {}{}",
+                  im.who(), seconds_between(start, Clock::now()), im.target, detail));
+}
+
+void RankClient::set_step(std::uint64_t step) { impl_->step = step; }
+
+void RankClient::pause_heartbeats(bool paused) { impl_->paused = paused; }
+
+void RankClient::close() {
+  auto& im = *impl_;
+  if (!im.thread.joinable()) return;
+  im.closing = true;  // read by handlers only after io.stop() below has them finished
+  im.io.stop();
+  im.thread.join();
+  // The loop is stopped, so these are safe here; the coordinator sees EOF at once.
+  boost::system::error_code ignored;
+  if (im.conn) im.conn->socket().close(ignored);
+}
+
+}  // namespace desloc::transport
