@@ -1,0 +1,391 @@
+// UCX Collective over real transports (tcp on loopback, shared memory) with ranks as threads:
+// world sizes 1, 2, 3, 5; empty, tiny, unaligned and multi-chunk buffers; closed-form results;
+// byte accounting; deadlines. Every test runs under a watchdog that aborts instead of hanging.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <latch>
+#include <mutex>
+#include <numeric>
+#include <ostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "desloc/core/error.hpp"
+#include "desloc/transport/ucx_collective.hpp"
+
+namespace desloc::transport {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr auto kWatchdog = 30s;
+
+struct Transport {
+  const char* name;
+  UcxOptions ucx;
+};
+
+// Names the parameter in gtest output instead of dumping its bytes.
+void PrintTo(const Transport& t, std::ostream* os) { *os << t.name; }
+
+Transport tcp_loopback() {
+  UcxOptions o;
+  o.tls = "tcp";
+  o.net_devices = "lo";
+  return {"tcp", o};
+}
+
+Transport shared_memory() {
+  UcxOptions o;
+  o.tls = "sm";  // posix, sysv, cma: every rank is a thread of this process
+  o.net_devices = "";
+  o.peer_failure_detection = false;  // UCX 1.13 shm: "no peer failure handler"
+  return {"sm", o};
+}
+
+// Aborts the whole test binary if the guarded scope outlives its deadline: a hang becomes a
+// failure with a message instead of a stuck CI job.
+class Watchdog {
+ public:
+  explicit Watchdog(std::string what, std::chrono::seconds limit = kWatchdog)
+      : thread_([this, what = std::move(what), limit] {
+          std::unique_lock lock(mutex_);
+          if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
+            std::fprintf(stderr, "WATCHDOG: '%s' exceeded %lld s; aborting\n", what.c_str(),
+                         static_cast<long long>(limit.count()));
+            std::abort();
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// Runs body(collective, rank) on `size` threads, each with its own UCX context and worker;
+// exceptions are captured per rank and the first is rethrown after all threads joined.
+void run_ranks(int size, const UcxOptions& ucx, const CollectiveOptions& options,
+               const std::function<void(Collective&, int)>& body) {
+  Watchdog watchdog("run_ranks size " + std::to_string(size));
+  InMemoryAddressBook book;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto c = make_ucx_collective(r, size, book, options, ucx);
+        body(*c, r);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d failed: %s\n", r, e.what());
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// Whether this transport works here at all: a 2-rank barrier with a short deadline.
+std::string probe(const Transport& t) {
+  CollectiveOptions o;
+  o.deadline = 5s;
+  try {
+    run_ranks(2, t.ucx, o, [](Collective& c, int) { c.barrier(); });
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+const std::string& probe_cached(const Transport& t) {
+  static std::mutex mutex;
+  static std::vector<std::pair<std::string, std::string>> cache;
+  std::lock_guard lock(mutex);
+  for (auto& [name, result] : cache) {
+    if (name == t.name) return result;
+  }
+  cache.emplace_back(t.name, probe(t));
+  return cache.back().second;
+}
+
+// rank r contributes i * (r + 1); the sum is i * n(n+1)/2, exact in float while < 2^24.
+void fill(std::span<float> data, int rank) {
+  for (std::size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<float>(i) * static_cast<float>(rank + 1);
+}
+void expect_sum(std::span<const float> data, int size, int rank, std::size_t length) {
+  const float factor = static_cast<float>(size * (size + 1) / 2);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    if (data[i] != static_cast<float>(i) * factor && bad++ < 3) {
+      ADD_FAILURE() << "rank " << rank << " length " << length << " element " << i << ": got "
+                    << data[i] << ", want " << static_cast<float>(i) * factor;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "rank " << rank << " length " << length;
+}
+
+class UcxCollectiveTest : public ::testing::TestWithParam<std::tuple<Transport, int>> {
+ protected:
+  void SetUp() override {
+    const Transport& t = std::get<0>(GetParam());
+    const std::string& failure = probe_cached(t);
+    if (!failure.empty())
+      GTEST_SKIP() << "UCX transport '" << t.name << "' unusable here: " << failure;
+  }
+  const UcxOptions& ucx() const { return std::get<0>(GetParam()).ucx; }
+  int world() const { return std::get<1>(GetParam()); }
+};
+
+TEST_P(UcxCollectiveTest, AllReduceSumClosedForm) {
+  CollectiveOptions options;
+  options.chunk_bytes = 64 << 10;
+  const std::vector<std::size_t> lengths = {0, 1, 7, 1000, 1 << 20};
+  run_ranks(world(), ucx(), options, [&](Collective& c, int rank) {
+    ASSERT_EQ(c.rank(), rank);
+    ASSERT_EQ(c.size(), world());
+    for (std::size_t length : lengths) {
+      std::vector<float> data(length);
+      fill(data, rank);
+      c.reset_bytes();
+      c.all_reduce_sum(data);
+      expect_sum(data, world(), rank, length);
+      // Ring all-reduce: each rank sends 2(n-1) of n segments; segments differ by at most one
+      // element, so allow two floats of rounding per step.
+      const OpBytes& b = c.bytes()[CollectiveOp::kAllReduce];
+      const double n = world();
+      const double ideal = 2.0 * (n - 1) / n * static_cast<double>(length * sizeof(float));
+      EXPECT_NEAR(static_cast<double>(b.sent), ideal, 2.0 * (n - 1) * sizeof(float))
+          << "length " << length;
+      EXPECT_NEAR(static_cast<double>(b.received), ideal, 2.0 * (n - 1) * sizeof(float))
+          << "length " << length;
+      EXPECT_EQ(b.calls, 1u);
+    }
+  });
+}
+
+TEST_P(UcxCollectiveTest, SmallChunksAndWindowWrap) {
+  CollectiveOptions options;
+  options.chunk_bytes = 14;  // rounds down to 3 floats: many chunks, ragged last chunk
+  options.max_inflight_chunks = 2;
+  run_ranks(world(), ucx(), options, [&](Collective& c, int rank) {
+    for (std::size_t length : {std::size_t{5}, std::size_t{1001}}) {
+      std::vector<float> data(length);
+      fill(data, rank);
+      c.all_reduce_sum(data);
+      expect_sum(data, world(), rank, length);
+    }
+  });
+}
+
+TEST_P(UcxCollectiveTest, BackToBackMixedOperations) {
+  CollectiveOptions options;
+  options.chunk_bytes = 256;
+  run_ranks(world(), ucx(), options, [&](Collective& c, int rank) {
+    const int n = world();
+    for (int iter = 0; iter < 20; ++iter) {
+      const std::size_t length = static_cast<std::size_t>(3 + 37 * iter);
+      std::vector<float> data(length);
+      for (std::size_t i = 0; i < length; ++i)
+        data[i] = static_cast<float>((i + static_cast<std::size_t>(iter)) % 17) *
+                  static_cast<float>(rank + 1);
+      c.all_reduce_sum(data);
+      for (std::size_t i = 0; i < length; ++i) {
+        ASSERT_EQ(data[i], static_cast<float>((i + static_cast<std::size_t>(iter)) % 17) *
+                               static_cast<float>(n * (n + 1) / 2))
+            << "iter " << iter << " element " << i;
+      }
+      const int root = iter % n;
+      std::vector<float> b(length + static_cast<std::size_t>(iter),
+                           rank == root ? static_cast<float>(iter + 1) : -1.0f);
+      c.broadcast(std::span<float>(b), root);
+      ASSERT_TRUE(std::all_of(b.begin(), b.end(),
+                              [&](float v) { return v == static_cast<float>(iter + 1); }))
+          << "broadcast iter " << iter;
+      const std::size_t block = static_cast<std::size_t>(iter % 4);  // includes empty blocks
+      std::vector<float> mine(block, static_cast<float>(rank * 100 + iter));
+      std::vector<float> all(block * static_cast<std::size_t>(n), -1.0f);
+      c.all_gather(std::span<const float>(mine), std::span<float>(all));
+      for (int r = 0; r < n; ++r) {
+        for (std::size_t j = 0; j < block; ++j) {
+          ASSERT_EQ(all[static_cast<std::size_t>(r) * block + j],
+                    static_cast<float>(r * 100 + iter))
+              << "all_gather iter " << iter;
+        }
+      }
+      c.barrier();
+    }
+    EXPECT_EQ(c.bytes()[CollectiveOp::kAllReduce].calls, 20u);
+    EXPECT_EQ(c.bytes()[CollectiveOp::kBarrier].calls, 20u);
+  });
+}
+
+TEST_P(UcxCollectiveTest, BroadcastFromEveryRootAndLargeAllGather) {
+  CollectiveOptions options;
+  options.chunk_bytes = 4096;
+  run_ranks(world(), ucx(), options, [&](Collective& c, int rank) {
+    const int n = world();
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::byte> data(10'007);
+      for (std::size_t i = 0; i < data.size(); ++i)
+        data[i] =
+            rank == root
+                ? std::byte(static_cast<unsigned char>(i * 31 + static_cast<std::size_t>(root)))
+                : std::byte{0};
+      c.broadcast(data, root);
+      for (std::size_t i = 0; i < data.size(); ++i) {
+        ASSERT_EQ(data[i],
+                  std::byte(static_cast<unsigned char>(i * 31 + static_cast<std::size_t>(root))))
+            << "root " << root << " byte " << i;
+      }
+    }
+    std::vector<std::byte> mine(70'001, std::byte(static_cast<unsigned char>(rank + 1)));
+    std::vector<std::byte> all(mine.size() * static_cast<std::size_t>(n));
+    c.all_gather(mine, all);
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(all[static_cast<std::size_t>(r) * mine.size() + 12345],
+                std::byte(static_cast<unsigned char>(r + 1)));
+    }
+    EXPECT_EQ(c.bytes()[CollectiveOp::kAllGather].sent,
+              static_cast<std::uint64_t>(n - 1) * mine.size());
+  });
+}
+
+TEST_P(UcxCollectiveTest, BarrierWaitsForEveryRank) {
+  std::atomic<int> arrived{0};
+  run_ranks(world(), ucx(), {}, [&](Collective& c, int rank) {
+    for (int round = 1; round <= 3; ++round) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10 * ((rank + round) % world())));
+      arrived.fetch_add(1);
+      c.barrier();
+      EXPECT_GE(arrived.load(), round * world())
+          << "rank " << rank << " left barrier " << round << " early";
+      c.barrier();  // nobody starts the next round before everyone checked this one
+    }
+  });
+}
+
+// One rank builds its collective but never joins the all-reduce: every other rank must throw
+// TimeoutError naming it within the deadline, and nothing hangs.
+TEST_P(UcxCollectiveTest, MissingRankTimesOutNamingIt) {
+  if (world() < 2) GTEST_SKIP() << "needs a peer";
+  const int missing = 1;
+  CollectiveOptions options;
+  options.deadline = 2s;
+  std::latch others_done(world() - 1);
+  run_ranks(world(), ucx(), options, [&](Collective& c, int rank) {
+    if (rank == missing) {
+      others_done.wait();
+      return;
+    }
+    // Counts down however this rank leaves, so the missing rank never waits forever.
+    struct Done {
+      std::latch& latch;
+      ~Done() { latch.count_down(); }
+    } done{others_done};
+    std::vector<float> data(1000, 1.0f);
+    const auto start = Clock::now();
+    try {
+      c.all_reduce_sum(data);
+      ADD_FAILURE() << "rank " << rank << ": all_reduce finished without rank " << missing;
+    } catch (const TimeoutError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("stall starts at rank " + std::to_string(missing)), std::string::npos)
+          << what;
+    }
+    const auto elapsed = Clock::now() - start;
+    EXPECT_LT(elapsed, options.deadline + 1500ms) << "rank " << rank;
+    EXPECT_GE(elapsed, options.deadline - 50ms) << "rank " << rank;
+    // The group is now unusable, and says so instead of hanging.
+    EXPECT_THROW(c.barrier(), TransportError);
+  });
+}
+
+// Not a benchmark: prints algbw/busbw (nccl-tests definitions) for a 16 MiB all-reduce.
+TEST_P(UcxCollectiveTest, LogBusBandwidth16MiB) {
+  if (world() != 2 && world() != 3) GTEST_SKIP() << "measured at world sizes 2 and 3 only";
+  CollectiveOptions options;
+  options.chunk_bytes = 1 << 20;
+  constexpr std::size_t kFloats = (16u << 20) / sizeof(float);
+  std::vector<double> seconds;
+  run_ranks(world(), ucx(), options, [&](Collective& c, int rank) {
+    std::vector<float> data(kFloats);
+    fill(data, rank);
+    c.all_reduce_sum(data);  // warm-up, and the correctness check
+    expect_sum(data, world(), rank, kFloats);
+    for (int rep = 0; rep < 5; ++rep) {
+      c.barrier();
+      const auto start = Clock::now();
+      c.all_reduce_sum(data);
+      c.barrier();
+      if (rank == 0) seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+  });
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds[seconds.size() / 2];
+  const double algbw = static_cast<double>(kFloats * sizeof(float)) / median / 1e9;
+  const double n = world();
+  std::printf(
+      "[ucx %s n=%d] all_reduce 16 MiB: median %.2f ms (min %.2f, max %.2f), algbw %.2f GB/s, "
+      "busbw %.2f GB/s\n",
+      std::get<0>(GetParam()).name, world(), median * 1e3, seconds.front() * 1e3,
+      seconds.back() * 1e3, algbw, algbw * 2 * (n - 1) / n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxCollectiveTest,
+                         ::testing::Combine(::testing::Values(tcp_loopback(), shared_memory()),
+                                            ::testing::Values(1, 2, 3, 5)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).name) + "_n" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+TEST(UcxCollective, RejectsBadArguments) {
+  InMemoryAddressBook book;
+  EXPECT_THROW(make_ucx_collective(2, 2, book), Error);
+  auto solo = make_ucx_collective(0, 1, book);
+  std::vector<float> mine(3, 1.0f), wrong(5);
+  EXPECT_THROW(solo->all_gather(std::span<const float>(mine), std::span<float>(wrong)), Error);
+  std::vector<float> data(4, 2.0f);
+  EXPECT_THROW(solo->broadcast(std::span<float>(data), 1), Error);
+}
+
+TEST(UcxCollective, MissingAddressTimesOut) {
+  Watchdog watchdog("MissingAddressTimesOut");
+  InMemoryAddressBook book;
+  CollectiveOptions options;
+  options.deadline = 300ms;
+  try {
+    make_ucx_collective(0, 2, book, options, tcp_loopback().ucx);
+    FAIL() << "expected TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace desloc::transport

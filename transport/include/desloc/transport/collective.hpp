@@ -1,0 +1,100 @@
+// Collective: all-reduce, all-gather, broadcast and barrier over a fixed group of ranks, with
+// per-operation byte accounting. Backends (UCX today, NCCL later) sit behind this interface and
+// are created by their factory (e.g. ucx_collective.hpp).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace desloc::transport {
+
+enum class CollectiveOp : std::uint8_t { kAllReduce = 0, kAllGather, kBroadcast, kBarrier };
+inline constexpr std::size_t kCollectiveOpCount = 4;
+
+constexpr std::string_view op_name(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::kAllReduce:
+      return "all_reduce";
+    case CollectiveOp::kAllGather:
+      return "all_gather";
+    case CollectiveOp::kBroadcast:
+      return "broadcast";
+    case CollectiveOp::kBarrier:
+      return "barrier";
+  }
+  return "unknown";
+}
+
+// Payload bytes this rank handed to / took from the transport (protocol headers excluded).
+struct OpBytes {
+  std::uint64_t sent = 0;      // bytes
+  std::uint64_t received = 0;  // bytes
+  std::uint64_t calls = 0;     // completed operations
+};
+
+struct ByteCounters {
+  std::array<OpBytes, kCollectiveOpCount> by_op{};
+
+  OpBytes& operator[](CollectiveOp op) { return by_op[static_cast<std::size_t>(op)]; }
+  const OpBytes& operator[](CollectiveOp op) const { return by_op[static_cast<std::size_t>(op)]; }
+  OpBytes total() const {
+    OpBytes t;
+    for (const OpBytes& b : by_op) {
+      t.sent += b.sent;
+      t.received += b.received;
+      t.calls += b.calls;
+    }
+    return t;
+  }
+};
+
+struct CollectiveOptions {
+  // Every operation must finish within this time of its start, or it throws TimeoutError
+  // naming the awaited peer. The group is unusable afterwards (rebuild it in a new epoch).
+  std::chrono::milliseconds deadline{60'000};
+  // Pipelining unit on the wire, in bytes (rounded down to whole elements). Larger chunks cost
+  // fewer messages; smaller ones overlap reduction and transfer earlier. The WAN averager sets
+  // this per link from the planner.
+  std::size_t chunk_bytes = 1 << 20;
+  // Receive chunks posted ahead of the one being reduced. Bounds the all-reduce's scratch
+  // memory to max_inflight_chunks * chunk_bytes.
+  std::size_t max_inflight_chunks = 8;
+};
+
+// A fixed group of size() ranks; this process is rank(). Every rank must call the same
+// operations in the same order with the same lengths (ranks are matched by call order). All
+// calls block until this rank's part is complete. Not thread-safe: one caller thread per object.
+class Collective {
+ public:
+  virtual ~Collective() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place: data[i] = sum over ranks of data[i], summed in a fixed order per element (so the
+  // result is bitwise identical on every rank). Empty spans and spans shorter than size() are
+  // allowed.
+  virtual void all_reduce_sum(std::span<float> data) = 0;
+  // all[r * mine.size() .. (r+1) * mine.size()) = rank r's `mine`; all.size() == size() *
+  // mine.size().
+  virtual void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) = 0;
+  // Copies root's data into every rank's data (same length on every rank).
+  virtual void broadcast(std::span<std::byte> data, int root) = 0;
+  // Returns once every rank has entered the barrier.
+  virtual void barrier() = 0;
+
+  virtual const ByteCounters& bytes() const = 0;
+  virtual void reset_bytes() = 0;
+
+  // Typed conveniences for the common float case.
+  void all_gather(std::span<const float> mine, std::span<float> all) {
+    all_gather(std::as_bytes(mine), std::as_writable_bytes(all));
+  }
+  void broadcast(std::span<float> data, int root) { broadcast(std::as_writable_bytes(data), root); }
+};
+
+}  // namespace desloc::transport

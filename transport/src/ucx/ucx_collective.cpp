@@ -1,0 +1,534 @@
+// UcxCollective: ring all-reduce (reduce-scatter + all-gather), all-gather, broadcast and barrier
+// over UCP tag matching, chunked and pipelined; plus make_ucx_collective.
+#include "desloc/transport/ucx_collective.hpp"
+
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "desloc/core/error.hpp"
+#include "desloc/core/log.hpp"
+#include "ucx_context.hpp"
+#include "ucx_endpoint.hpp"
+#include "ucx_status.hpp"
+#include "ucx_worker.hpp"
+
+namespace desloc::transport::ucx {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Tag (64 bits) = op kind (4) | op sequence (28) | ring step (12) | chunk index (20). Every rank
+// receives only from its ring predecessor, so the tag needs no source field.
+constexpr int kChunkBits = 20;
+constexpr int kStepBits = 12;
+constexpr int kSeqBits = 28;
+constexpr std::size_t kMaxChunks = std::size_t{1} << kChunkBits;
+constexpr int kMaxSteps = 1 << kStepBits;
+constexpr ucp_tag_t kFullTagMask = ~ucp_tag_t{0};
+
+ucp_tag_t make_tag(CollectiveOp op, std::uint32_t seq, int step, std::size_t chunk) {
+  return (static_cast<ucp_tag_t>(op) << (kSeqBits + kStepBits + kChunkBits)) |
+         (static_cast<ucp_tag_t>(seq & ((1u << kSeqBits) - 1)) << (kStepBits + kChunkBits)) |
+         (static_cast<ucp_tag_t>(step) << kChunkBits) | static_cast<ucp_tag_t>(chunk);
+}
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+// Element range [offset, offset + count) of segment `index` when `count` elements are split
+// into `parts` near-equal contiguous segments (the first count % parts get one extra).
+struct Range {
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+Range segment(std::size_t count, int parts, int index) {
+  const std::size_t base = count / static_cast<std::size_t>(parts);
+  const std::size_t extra = count % static_cast<std::size_t>(parts);
+  const auto i = static_cast<std::size_t>(index);
+  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+}
+
+// One posted send or receive. UCX's completion callback writes status/length here and frees
+// its request; nothing is thrown from the callback.
+struct Transfer {
+  void* request = nullptr;  // UCX request while in flight
+  ucs_status_t status = UCS_INPROGRESS;
+  bool is_recv = false;
+  ucp_tag_recv_info_t info{};  // recv: the matched message's length and tag
+  bool pending() const { return status == UCS_INPROGRESS; }
+};
+
+void on_send_done(void* request, ucs_status_t status, void* user_data) {
+  auto* t = static_cast<Transfer*>(user_data);
+  t->status = status;
+  t->request = nullptr;
+  ucp_request_free(request);
+}
+
+void on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                  void* user_data) {
+  auto* t = static_cast<Transfer*>(user_data);
+  if (info != nullptr) t->info = *info;
+  t->status = status;
+  t->request = nullptr;
+  ucp_request_free(request);
+}
+
+// A received chunk: where it lands, whether it is summed in (via scratch) or stored, whether
+// it travels on to the successor at step + 1, and which earlier send of ours must finish
+// before its bytes may be overwritten.
+struct RecvUnit {
+  int step = 0;
+  std::size_t chunk = 0;
+  std::byte* dst = nullptr;
+  std::size_t bytes = 0;
+  bool reduce = false;
+  bool forward = false;
+  int guard_send_step = -1;  // wait for our send (guard_send_step, chunk) before posting
+};
+
+struct SendUnit {
+  int step = 0;
+  std::size_t chunk = 0;
+  const std::byte* src = nullptr;
+  std::size_t bytes = 0;
+};
+
+struct OpState {
+  CollectiveOp op{};
+  std::uint32_t seq = 0;
+  Clock::time_point start;
+  Clock::time_point deadline;
+  int root = -1;  // broadcast only
+};
+
+class UcxCollective final : public Collective {
+ public:
+  UcxCollective(int rank, int size, AddressExchange& exchange, const CollectiveOptions& options,
+                const UcxOptions& ucx)
+      : rank_(rank), size_(size), options_(options) {
+    chunk_bytes_ =
+        std::max<std::size_t>(sizeof(float), options.chunk_bytes / sizeof(float) * sizeof(float));
+    window_ = std::max<std::size_t>(1, options.max_inflight_chunks);
+    if (size_ == 1) return;
+    context_.emplace(ucx);
+    worker_.emplace(*context_, ucx.spin_iterations);
+    exchange.publish(rank_, worker_->address());
+    const int right = mod(rank_ + 1, size_);
+    const WorkerAddress peer = exchange.lookup(right, Clock::now() + options_.deadline);
+    right_.emplace(*worker_, peer, right, ucx.peer_failure_detection);
+  }
+
+  ~UcxCollective() override {
+    if (right_) right_->close(/*force=*/!broken_.empty() || right_->error() != UCS_OK);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const ByteCounters& bytes() const override { return counters_; }
+  void reset_bytes() override { counters_ = {}; }
+
+  void all_reduce_sum(std::span<float> data) override {
+    OpState op = begin(CollectiveOp::kAllReduce);
+    guarded(op, [&] {
+      if (size_ == 1 || data.empty()) return;
+      const int n = size_;
+      const std::size_t chunk_elems = chunk_bytes_ / sizeof(float);
+      auto* base = reinterpret_cast<std::byte*>(data.data());
+      check_chunks(op, (segment(data.size(), n, 0).count + chunk_elems - 1) / chunk_elems);
+      // Step g < n-1 (reduce-scatter) sends segment r-g and sums segment r-g-1 into place;
+      // step g = n-1+t (all-gather) sends segment r+1-t and stores segment r-t. After step n-2
+      // this rank holds the full sum of segment r+1.
+      auto recv_segment = [&](int g) {
+        return g < n - 1 ? mod(rank_ - g - 1, n) : mod(rank_ - (g - (n - 1)), n);
+      };
+      std::vector<SendUnit> first;
+      const Range mine = segment(data.size(), n, rank_);
+      for (std::size_t c = 0; c * chunk_elems < mine.count; ++c) {
+        const std::size_t off = mine.offset + c * chunk_elems;
+        first.push_back({0, c, base + off * sizeof(float),
+                         std::min(chunk_elems, mine.count - c * chunk_elems) * sizeof(float)});
+      }
+      std::vector<RecvUnit> units;
+      for (int g = 0; g < 2 * (n - 1); ++g) {
+        const Range seg = segment(data.size(), n, recv_segment(g));
+        for (std::size_t c = 0; c * chunk_elems < seg.count; ++c) {
+          const std::size_t off = seg.offset + c * chunk_elems;
+          RecvUnit u;
+          u.step = g;
+          u.chunk = c;
+          u.dst = base + off * sizeof(float);
+          u.bytes = std::min(chunk_elems, seg.count - c * chunk_elems) * sizeof(float);
+          u.reduce = g < n - 1;
+          u.forward = g + 1 < 2 * (n - 1);
+          // All-gather step t overwrites the segment this rank sent at reduce-scatter step t.
+          u.guard_send_step = g < n - 1 ? -1 : g - (n - 1);
+          units.push_back(u);
+        }
+      }
+      run_ring(op, first, units);
+    });
+  }
+
+  void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) override {
+    const std::size_t block = mine.size();
+    if (all.size() != block * static_cast<std::size_t>(size_)) {
+      throw Error("all_gather: output holds " + std::to_string(all.size()) + " bytes but " +
+                  std::to_string(size_) + " ranks x " + std::to_string(block) +
+                  " bytes are gathered; size the output as size() * mine.size()");
+    }
+    OpState op = begin(CollectiveOp::kAllGather);
+    guarded(op, [&] {
+      std::byte* my_block = all.data() + static_cast<std::size_t>(rank_) * block;
+      if (block != 0 && my_block != mine.data()) std::memmove(my_block, mine.data(), block);
+      if (size_ == 1 || block == 0) return;
+      gather_blocks(op, all, block);
+    });
+  }
+
+  void broadcast(std::span<std::byte> data, int root) override {
+    if (root < 0 || root >= size_) {
+      throw Error("broadcast: root " + std::to_string(root) + " is not a rank of this " +
+                  std::to_string(size_) + "-rank group");
+    }
+    OpState op = begin(CollectiveOp::kBroadcast);
+    op.root = root;
+    guarded(op, [&] {
+      if (size_ == 1 || data.empty()) return;
+      // The payload travels root -> root+1 -> ... -> root-1, chunk by chunk.
+      const int position = mod(rank_ - root, size_);
+      std::vector<SendUnit> first;
+      std::vector<RecvUnit> units;
+      for (std::size_t c = 0; c * chunk_bytes_ < data.size(); ++c) {
+        std::byte* p = data.data() + c * chunk_bytes_;
+        const std::size_t bytes = std::min(chunk_bytes_, data.size() - c * chunk_bytes_);
+        if (position == 0) {
+          first.push_back({0, c, p, bytes});
+        } else {
+          RecvUnit u;
+          u.step = position - 1;
+          u.chunk = c;
+          u.dst = p;
+          u.bytes = bytes;
+          u.forward = position < size_ - 1;
+          units.push_back(u);
+        }
+      }
+      check_chunks(op, (data.size() + chunk_bytes_ - 1) / chunk_bytes_);
+      run_ring(op, first, units);
+    });
+  }
+
+  void barrier() override {
+    OpState op = begin(CollectiveOp::kBarrier);
+    guarded(op, [&] {
+      if (size_ == 1) return;
+      // An all-gather of one byte per rank: rank r finishes only after rank r-(n-1)'s token has
+      // passed through every rank, i.e. after all ranks entered.
+      std::vector<std::byte> tokens(static_cast<std::size_t>(size_));
+      gather_blocks(op, tokens, 1);
+    });
+  }
+
+ private:
+  OpState begin(CollectiveOp op) {
+    if (!broken_.empty()) {
+      throw TransportError("rank " + std::to_string(rank_) + ": " + std::string(op_name(op)) +
+                           " refused: this group failed earlier (" + broken_ +
+                           "); rebuild it in a new membership epoch");
+    }
+    transfers_.clear();  // everything from the previous operation has completed
+    OpState s;
+    s.op = op;
+    s.seq = seq_++;
+    s.start = Clock::now();
+    s.deadline = s.start + options_.deadline;
+    return s;
+  }
+
+  template <class Body>
+  void guarded(const OpState& op, Body&& body) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      abort_inflight(e.what());
+      throw;
+    }
+    ++counters_[op.op].calls;
+  }
+
+  void check_chunks(const OpState& op, std::size_t chunks) const {
+    if (chunks > kMaxChunks) {
+      throw Error(std::string(op_name(op.op)) + ": " + std::to_string(chunks) +
+                  " chunks per segment exceed the tag's " + std::to_string(kMaxChunks) +
+                  "; raise chunk_bytes");
+    }
+  }
+
+  // Ring all-gather of `block`-byte blocks already placed at all[rank * block].
+  void gather_blocks(const OpState& op, std::span<std::byte> all, std::size_t block) {
+    const int n = size_;
+    std::vector<SendUnit> first;
+    std::vector<RecvUnit> units;
+    std::byte* mine = all.data() + static_cast<std::size_t>(rank_) * block;
+    for (std::size_t c = 0; c * chunk_bytes_ < block; ++c) {
+      first.push_back(
+          {0, c, mine + c * chunk_bytes_, std::min(chunk_bytes_, block - c * chunk_bytes_)});
+    }
+    // Step s stores block r-s-1 and passes it on at step s+1 (until it has visited n-1 ranks).
+    for (int s = 0; s < n - 1; ++s) {
+      std::byte* dst = all.data() + static_cast<std::size_t>(mod(rank_ - s - 1, n)) * block;
+      for (std::size_t c = 0; c * chunk_bytes_ < block; ++c) {
+        RecvUnit u;
+        u.step = s;
+        u.chunk = c;
+        u.dst = dst + c * chunk_bytes_;
+        u.bytes = std::min(chunk_bytes_, block - c * chunk_bytes_);
+        u.forward = s + 1 < n - 1;
+        units.push_back(u);
+      }
+    }
+    check_chunks(op, (block + chunk_bytes_ - 1) / chunk_bytes_);
+    run_ring(op, first, units);
+  }
+
+  // The pipeline shared by every ring operation: post `first` sends, keep up to window_
+  // receives posted ahead, and as each receive lands (in order) sum or store it, then forward
+  // it to the successor at the next step. Finishes when every send has completed.
+  void run_ring(const OpState& op, const std::vector<SendUnit>& first,
+                const std::vector<RecvUnit>& units) {
+    if (static_cast<int>(units.size() > 0 ? units.back().step + 2 : 1) > kMaxSteps) {
+      throw Error(std::string(op_name(op.op)) + ": too many ring steps for the tag layout");
+    }
+    std::map<std::pair<int, std::size_t>, Transfer*> sends;
+    for (const SendUnit& s : first)
+      sends[{s.step, s.chunk}] = &post_send(op, s.src, s.bytes, s.step, s.chunk);
+
+    const bool any_reduce =
+        std::any_of(units.begin(), units.end(), [](const RecvUnit& u) { return u.reduce; });
+    if (any_reduce && scratch_.size() < window_ * chunk_bytes_ / sizeof(float)) {
+      scratch_.resize(window_ * chunk_bytes_ / sizeof(float));
+    }
+    std::vector<Transfer*> recvs(units.size(), nullptr);
+    std::size_t posted = 0;
+    // A unit whose guard send is still in flight is not posted yet, so that receives for the
+    // earlier units keep flowing; it is waited for only when the loop reaches it.
+    auto guard_of = [&](const RecvUnit& u) -> Transfer* {
+      if (u.guard_send_step < 0) return nullptr;
+      auto it = sends.find({u.guard_send_step, u.chunk});
+      return it == sends.end() ? nullptr : it->second;
+    };
+    auto post_one = [&] {
+      const RecvUnit& u = units[posted];
+      void* dst = u.reduce ? static_cast<void*>(scratch_.data() +
+                                                (posted % window_) * (chunk_bytes_ / sizeof(float)))
+                           : static_cast<void*>(u.dst);
+      recvs[posted] = &post_recv(op, dst, u.bytes, u.step, u.chunk);
+      ++posted;
+    };
+    auto post_ready = [&](std::size_t limit) {
+      limit = std::min(limit, units.size());
+      while (posted < limit) {
+        const Transfer* guard = guard_of(units[posted]);
+        if (guard != nullptr && guard->pending()) break;
+        post_one();
+      }
+    };
+    post_ready(window_);
+
+    for (std::size_t k = 0; k < units.size(); ++k) {
+      const RecvUnit& u = units[k];
+      if (posted == k) {
+        if (Transfer* guard = guard_of(u)) wait_send(op, *guard, u.guard_send_step, u.chunk);
+        post_one();
+      }
+      wait_recv(op, *recvs[k], u);
+      if (u.reduce) {
+        auto* dst = reinterpret_cast<float*>(u.dst);
+        const float* src = scratch_.data() + (k % window_) * (chunk_bytes_ / sizeof(float));
+        const std::size_t count = u.bytes / sizeof(float);
+        for (std::size_t i = 0; i < count; ++i) dst[i] += src[i];
+      }
+      if (u.forward)
+        sends[{u.step + 1, u.chunk}] = &post_send(op, u.dst, u.bytes, u.step + 1, u.chunk);
+      post_ready(k + 1 + window_);
+    }
+    for (auto& [key, t] : sends) wait_send(op, *t, key.first, key.second);
+  }
+
+  Transfer& post_send(const OpState& op, const void* src, std::size_t bytes, int step,
+                      std::size_t chunk) {
+    Transfer& t = transfers_.emplace_back();
+    ucp_request_param_t params{};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    params.cb.send = &on_send_done;
+    params.user_data = &t;
+    ucs_status_ptr_t r =
+        ucp_tag_send_nbx(right_->get(), src, bytes, make_tag(op.op, op.seq, step, chunk), &params);
+    counters_[op.op].sent += bytes;
+    if (r == nullptr) {
+      t.status = UCS_OK;
+    } else if (UCS_PTR_IS_ERR(r)) {
+      t.status = UCS_PTR_STATUS(r);
+      DESLOC_UCX_CHECK(t.status, describe(op, "sending to", right_->peer_rank(), step, chunk));
+    } else {
+      t.request = r;
+    }
+    return t;
+  }
+
+  Transfer& post_recv(const OpState& op, void* dst, std::size_t bytes, int step,
+                      std::size_t chunk) {
+    Transfer& t = transfers_.emplace_back();
+    t.is_recv = true;
+    ucp_request_param_t params{};
+    // No immediate completion: UCX 1.13 does not report the length of a message matched at
+    // once from the unexpected queue, and the length check needs it. The callback always does.
+    params.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    params.cb.recv = &on_recv_done;
+    params.user_data = &t;
+    ucs_status_ptr_t r = ucp_tag_recv_nbx(
+        worker_->get(), dst, bytes, make_tag(op.op, op.seq, step, chunk), kFullTagMask, &params);
+    if (UCS_PTR_IS_ERR(r)) {
+      t.status = UCS_PTR_STATUS(r);
+      DESLOC_UCX_CHECK(t.status, describe(op, "receiving from", left(), step, chunk));
+    } else {
+      t.request = r;
+    }
+    return t;
+  }
+
+  void wait_recv(const OpState& op, Transfer& t, const RecvUnit& u) {
+    wait(op, t);
+    if (t.pending()) {
+      throw TimeoutError(describe(op, "waiting for", left(), u.step, u.chunk) +
+                         " (ring predecessor)" + stall_hint(op, u.step) +
+                         ": check that it is alive and calls the same "
+                         "collectives in the same order");
+    }
+    if (t.status == UCS_ERR_MESSAGE_TRUNCATED) {
+      throw PeerFailure(describe(op, "receiving from", left(), u.step, u.chunk) +
+                        ": it sent more than the expected " + std::to_string(u.bytes) +
+                        " bytes; the ranks disagree on the buffer length");
+    }
+    DESLOC_UCX_CHECK(t.status, describe(op, "receiving from", left(), u.step, u.chunk));
+    if (t.info.length != u.bytes) {
+      throw PeerFailure(describe(op, "receiving from", left(), u.step, u.chunk) + ": got " +
+                        std::to_string(t.info.length) + " bytes, expected " +
+                        std::to_string(u.bytes) + "; the ranks disagree on the buffer length");
+    }
+    counters_[op.op].received += t.info.length;
+  }
+
+  void wait_send(const OpState& op, Transfer& t, int step, std::size_t chunk) {
+    wait(op, t);
+    if (t.pending()) {
+      throw TimeoutError(describe(op, "waiting for", right_->peer_rank(), step, chunk) +
+                         " (ring successor) to take its data: check that it is alive and calls the "
+                         "same collectives in the same order");
+    }
+    DESLOC_UCX_CHECK(t.status, describe(op, "sending to", right_->peer_rank(), step, chunk));
+  }
+
+  // Progresses until t completes, the deadline passes, or (for a send) UCX reports the
+  // successor failed. A receive comes from the predecessor, so the successor's failure is no
+  // reason to stop waiting for it: the successor may simply have finished and left.
+  void wait(const OpState& op, Transfer& t) {
+    auto successor_failed = [&] { return !t.is_recv && right_->error() != UCS_OK; };
+    worker_->wait_until([&] { return !t.pending() || successor_failed(); }, op.deadline);
+    if (t.pending() && successor_failed()) {
+      throw PeerFailure("rank " + std::to_string(rank_) + ": " + std::string(op_name(op.op)) +
+                        " #" + std::to_string(op.seq) + ": the connection to rank " +
+                        std::to_string(right_->peer_rank()) + " (ring successor) failed: " +
+                        status_text(right_->error()) + "; that rank has probably exited");
+    }
+  }
+
+  std::string describe(const OpState& op, const char* verb, int peer, int step,
+                       std::size_t chunk) const {
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - op.start);
+    return "rank " + std::to_string(rank_) + ": " + std::string(op_name(op.op)) + " #" +
+           std::to_string(op.seq) + " gave up after " + std::to_string(waited.count()) + " ms " +
+           verb + " rank " + std::to_string(peer) + ", ring step " + std::to_string(step) +
+           " chunk " + std::to_string(chunk);
+  }
+
+  // In a ring stage every rank sends its own first chunk unconditionally, so a rank stuck at
+  // step s heard everything up to s-1 and the chain breaks s+1 hops upstream.
+  std::string stall_hint(const OpState& op, int step) const {
+    if (op.op == CollectiveOp::kBroadcast) {
+      return "; the payload comes from root rank " + std::to_string(op.root);
+    }
+    if (step >= size_ - 1) return {};
+    return "; the stall starts at rank " + std::to_string(mod(rank_ - 1 - step, size_)) +
+           ", which has not sent its first chunk";
+  }
+
+  int left() const { return mod(rank_ - 1, size_); }
+
+  // After a failure: cancel our receives, force-close the endpoint (failing its sends), and let
+  // UCX finish those requests so no callback outlives the buffers. The group stays unusable.
+  void abort_inflight(const std::string& reason) noexcept {
+    broken_ = reason.empty() ? std::string("unknown failure") : reason;
+    if (!worker_) return;
+    for (Transfer& t : transfers_) {
+      if (t.pending() && t.is_recv && t.request != nullptr)
+        ucp_request_cancel(worker_->get(), t.request);
+    }
+    if (right_) right_->close(/*force=*/true, std::chrono::milliseconds(1000));
+    try {
+      const bool drained = worker_->wait_until(
+          [&] {
+            return std::none_of(transfers_.begin(), transfers_.end(),
+                                [](const Transfer& t) { return t.pending(); });
+          },
+          Clock::now() + std::chrono::milliseconds(1000));
+      if (!drained)
+        log::warn("rank {}: some UCX requests were still pending after aborting", rank_);
+    } catch (const std::exception& e) {
+      log::warn("rank {}: draining UCX requests after a failure: {}", rank_, e.what());
+    }
+  }
+
+  int rank_;
+  int size_;
+  CollectiveOptions options_;
+  std::size_t chunk_bytes_ = 0;
+  std::size_t window_ = 1;
+  std::uint32_t seq_ = 0;
+  ByteCounters counters_;
+  std::string broken_;  // why the group became unusable; empty while healthy
+  std::vector<float> scratch_;
+  // Declaration order is teardown order in reverse: endpoint, worker, context, then the
+  // transfer records UCX callbacks may still write to while the worker is destroyed.
+  std::deque<Transfer> transfers_;
+  std::optional<UcxContext> context_;
+  std::optional<UcxWorker> worker_;
+  std::optional<UcxEndpoint> right_;
+};
+
+}  // namespace
+}  // namespace desloc::transport::ucx
+
+namespace desloc::transport {
+
+std::unique_ptr<Collective> make_ucx_collective(int rank, int size, AddressExchange& exchange,
+                                                const CollectiveOptions& options,
+                                                const UcxOptions& ucx) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw Error("make_ucx_collective: rank " + std::to_string(rank) +
+                " is outside a group of size " + std::to_string(size));
+  }
+  return std::make_unique<ucx::UcxCollective>(rank, size, exchange, options, ucx);
+}
+
+}  // namespace desloc::transport

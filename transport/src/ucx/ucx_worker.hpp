@@ -1,0 +1,66 @@
+// UcxWorker: RAII owner of a single-threaded ucp_worker whose waits sleep on the worker's event
+// fd (ucp_worker_arm + poll) after a short spin, so an idle transfer does not burn a core.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+
+#include "desloc/transport/ucx_collective.hpp"
+#include "ucx_context.hpp"
+
+namespace desloc::transport::ucx {
+
+class UcxWorker {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  UcxWorker(const UcxContext& context, int spin_iterations);
+  ~UcxWorker();
+  UcxWorker(UcxWorker&& other) noexcept;
+  UcxWorker& operator=(UcxWorker&& other) noexcept;
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  ucp_worker_h get() const { return worker_; }
+  WorkerAddress address() const;
+
+  unsigned progress() { return ucp_worker_progress(worker_); }
+
+  // Progresses until done() holds (true) or the deadline passes (false). Between bursts of
+  // work it spins spin_iterations idle rounds, then sleeps on the event fd.
+  template <class Done>
+  bool wait_until(Done&& done, Clock::time_point deadline) {
+    int idle = 0;
+    for (;;) {
+      if (done()) return true;
+      const unsigned events = progress();
+      if (done()) return true;
+      if (events != 0) {
+        idle = 0;
+        if (Clock::now() >= deadline) return false;
+        continue;
+      }
+      if (idle++ < spin_iterations_) continue;
+      idle = 0;
+      if (Clock::now() >= deadline) return false;
+      sleep_for_events(deadline);
+    }
+  }
+
+  // Arms the worker and sleeps on its event fd until an event or the deadline (capped at
+  // kMaxSleep as a guard against a transport that never signals). Returns at once if UCX
+  // still has events queued.
+  void sleep_for_events(Clock::time_point deadline);
+
+  static constexpr std::chrono::milliseconds kMaxSleep{100};
+
+ private:
+  void destroy() noexcept;
+
+  ucp_worker_h worker_ = nullptr;
+  int event_fd_ = -1;
+  int spin_iterations_ = 0;
+};
+
+}  // namespace desloc::transport::ucx
