@@ -274,7 +274,7 @@ TEST_F(ControlPlane, StalledHandshakeIsDroppedAtItsDeadline) {
   ASSERT_GE(fd, 0);
   const auto t0 = Clock::now();
   expect_dropped_with(fd, RejectCode::kHandshakeTimeout, "200 ms");
-  EXPECT_LT(Clock::now() - t0, 2s);
+  EXPECT_LT(Clock::now() - t0, 6s);
   ::close(fd);
 }
 
@@ -302,8 +302,8 @@ TEST_F(ControlPlane, SilentRankIsListedMissingWithinTheTimeout) {
   const auto waited = Clock::now() - t0;
   ASSERT_EQ(missing.size(), 1u);
   EXPECT_EQ(missing[0], (RankId{"east", 1}));
-  EXPECT_GE(waited, 200ms);   // not before the timeout (minus one heartbeat interval)...
-  EXPECT_LT(waited, 1500ms);  // ...and soon after it (slack for a loaded CI machine)
+  EXPECT_GE(waited, 200ms);  // not before the timeout (minus one heartbeat interval)...
+  EXPECT_LT(waited, 5s);     // ...and soon after it (slack for a loaded CI machine)
 
   b.pause_heartbeats(false);  // it comes back
   std::this_thread::sleep_for(200ms);
@@ -322,7 +322,7 @@ TEST_F(ControlPlane, WaitingForAnAbsentRankTimesOutNamingCoordinatorAndRank) {
   } catch (const TimeoutError& e) {
     const auto waited = Clock::now() - t0;
     EXPECT_GE(waited, 450ms);
-    EXPECT_LT(waited, 1500ms);
+    EXPECT_LT(waited, 5s);
     const std::string msg = e.message();
     EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << msg;
     EXPECT_NE(msg.find("1 of 2 ranks registered"), std::string::npos) << msg;
@@ -345,7 +345,7 @@ TEST_F(ControlPlane, UnreachableCoordinatorTimesOut) {
     a.connect("127.0.0.1", port, in(400ms));
     FAIL();
   } catch (const TimeoutError& e) {
-    EXPECT_LT(Clock::now() - t0, 2s);
+    EXPECT_LT(Clock::now() - t0, 6s);
     EXPECT_NE(e.message().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
         << e.message();
   }
