@@ -1,0 +1,446 @@
+#!/usr/bin/env bash
+# netbed: many shaped "sites" on one machine. One network namespace per site, all joined by a
+# bridge namespace, with per-destination bandwidth shaping on each site's egress (htb + u32, or
+# tbf for a single link). Design and measured goodput: docs/netbed.md.
+set -Eeuo pipefail
+
+readonly kPrefix=nb                 # every namespace is nb-<bed>-..., every device nb-<bed>-...
+readonly kDefaultSubnet=10.77.0     # a /24 that exists only inside the bed's namespaces
+readonly kHtbQuantum=60000          # bytes; DESIGN.md "Facts measured on this machine kind"
+readonly kBurst=64k                 # bytes (tc "k" = 1024 bytes)
+readonly kTbfLatency=100ms          # tbf queue bound at the configured rate
+readonly kMaxSites=99               # device names carry the site index in two digits
+
+prog=$(basename "$0")
+
+usage() {
+  cat <<EOF
+usage:
+  $prog up     --name BED --sites A,B[,C...] [--rate A-B=100mbit,A>C=1gbit,...]
+               [--default-rate 1gbit] [--shaper htb|tbf] [--subnet 10.77.0.0/24]
+  $prog down   --name BED
+  $prog status [--name BED]
+  $prog env    --name BED --site A
+  $prog exec   --name BED --site A -- CMD [ARGS...]
+
+  BED    1-8 chars [a-z0-9], starting with a letter (names nb-BED-*, fits IFNAMSIZ 15).
+  SITE   1-16 chars [A-Za-z0-9_], starting with a letter; at most $kMaxSites sites.
+  --rate A-B=R shapes both directions of the pair, A>B=R only A to B. Pairs left out get
+         --default-rate (default 1gbit). R is a tc rate: <number>(bit|kbit|mbit|gbit).
+  --shaper htb (default): one htb class per destination, u32 filter on the destination IP.
+           tbf: one token bucket per site egress; needs every site's destinations at one rate
+           (e.g. two sites: a single link).
+Runs as root. 'up' removes everything it made if it fails; 'down' is idempotent and also
+terminates processes still running inside the bed's namespaces.
+EOF
+}
+
+die() { echo "$prog: error: $*" >&2; exit 1; }
+say() { echo "$prog: $*" >&2; }
+
+# ---- names ----------------------------------------------------------------------------------
+ns_bridge() { echo "$kPrefix-$1-bridge"; }       # $1 = bed
+ns_site() { echo "$kPrefix-$1-s-$2"; }           # $1 = bed, $2 = site
+dev_site() { echo "$kPrefix-$1-s$2"; }           # site end of the veth; $2 = site index
+dev_bridge() { echo "$kPrefix-$1-b$2"; }         # bridge end of the veth
+
+valid_bed() { [[ $1 =~ ^[a-z][a-z0-9]{0,7}$ ]]; }
+valid_site() { [[ $1 =~ ^[A-Za-z][A-Za-z0-9_]{0,15}$ ]]; }
+valid_rate() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$ ]]; }
+
+# tc rate -> bit/s (integer), for the tbf check and for status.
+rate_bits() {
+  local r=$1 num unit
+  [[ $r =~ ^([0-9]+(\.[0-9]+)?)([a-z]+)$ ]] || die "bad rate '$r'"
+  num=${BASH_REMATCH[1]}; unit=${BASH_REMATCH[3]}
+  case $unit in
+    bit) awk -v n="$num" 'BEGIN { printf "%.0f", n }' ;;
+    kbit) awk -v n="$num" 'BEGIN { printf "%.0f", n * 1e3 }' ;;
+    mbit) awk -v n="$num" 'BEGIN { printf "%.0f", n * 1e6 }' ;;
+    gbit) awk -v n="$num" 'BEGIN { printf "%.0f", n * 1e9 }' ;;
+    *) die "bad rate unit in '$r'" ;;
+  esac
+}
+
+require_root() {
+  [[ $(id -u) -eq 0 ]] || die "must run as root (network namespaces and tc need CAP_NET_ADMIN); uid is $(id -u)"
+}
+
+require_netns() {
+  command -v ip >/dev/null 2>&1 || die "'ip' (iproute2) not found; install iproute2"
+  ip netns list >/dev/null 2>&1 || die "'ip netns' is unavailable here (no network namespace support?)"
+}
+
+bed_namespaces() {  # every namespace of bed $1, one per line
+  ip netns list 2>/dev/null | awk '{ print $1 }' | grep -E "^$kPrefix-$1-(bridge|s-.+)$" || true
+}
+
+# Sites of bed $1 as "index site address device" lines, sorted by index; read from the live
+# namespaces so there is no state file to go stale.
+bed_sites() {
+  local bed=$1 ns site dev addr
+  while read -r ns; do
+    [[ $ns == "$kPrefix-$bed-s-"* ]] || continue
+    site=${ns#"$kPrefix-$bed-s-"}
+    read -r dev addr < <(ip -n "$ns" -o -4 addr show 2>/dev/null |
+      awk -v p="$kPrefix-$bed-s" 'index($2, p) == 1 { sub(/\/.*/, "", $4); print $2, $4; exit }') || true
+    [[ -n ${dev:-} ]] || continue
+    echo "${dev#"$kPrefix-$bed-s"} $site ${addr:-?} $dev"
+    dev=; addr=
+  done < <(bed_namespaces "$bed") | sort -n
+}
+
+# ---- up -------------------------------------------------------------------------------------
+up_done=0
+up_bed=
+up_cleanup() {
+  local rc=$?
+  if [[ $up_done -ne 1 && -n $up_bed ]]; then
+    say "'up' failed (exit $rc); removing everything bed '$up_bed' made"
+    do_down "$up_bed" >/dev/null 2>&1 || true
+    if [[ -n $(bed_namespaces "$up_bed") ]]; then
+      say "warning: could not remove all of bed '$up_bed'; run: $prog down --name $up_bed"
+    fi
+  fi
+  exit "$rc"
+}
+
+fail_point() {  # test hook: NETBED_FAIL_AT=<point> makes 'up' fail there (tests/netbed/)
+  if [[ ${NETBED_FAIL_AT:-} == "$1" ]]; then
+    say "NETBED_FAIL_AT=$1: failing on purpose"
+    return 1
+  fi
+}
+
+cmd_up() {
+  local bed='' sites_csv='' rates_csv='' default_rate=1gbit shaper=htb subnet=$kDefaultSubnet
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --name) bed=${2:-}; shift 2 ;;
+      --sites) sites_csv=${2:-}; shift 2 ;;
+      --rate) rates_csv=${2:-}; shift 2 ;;
+      --default-rate) default_rate=${2:-}; shift 2 ;;
+      --shaper) shaper=${2:-}; shift 2 ;;
+      --subnet)
+        subnet=${2:-}
+        [[ $subnet =~ ^(10\.[0-9]{1,3}\.[0-9]{1,3}|192\.168\.[0-9]{1,3}|172\.(1[6-9]|2[0-9]|3[01])\.[0-9]{1,3})(\.0/24)?$ ]] ||
+          die "--subnet must be a private /24 such as 10.77.0.0/24, got '$subnet'"
+        subnet=${BASH_REMATCH[1]}; shift 2 ;;
+      *) die "up: unknown argument '$1' (see $prog --help)" ;;
+    esac
+  done
+
+  # Validate everything before touching the system.
+  valid_bed "$bed" || die "up: --name must be 1-8 chars [a-z0-9] starting with a letter, got '$bed'"
+  [[ -n $sites_csv ]] || die "up: --sites is required"
+  valid_rate "$default_rate" || die "up: bad --default-rate '$default_rate' (want e.g. 100mbit, 1gbit)"
+  [[ $shaper == htb || $shaper == tbf ]] || die "up: --shaper must be htb or tbf, got '$shaper'"
+
+  local -a sites
+  local -A index=()
+  IFS=, read -r -a sites <<<"$sites_csv"
+  [[ ${#sites[@]} -ge 2 ]] || die "up: need at least 2 sites, got '$sites_csv'"
+  [[ ${#sites[@]} -le $kMaxSites ]] || die "up: at most $kMaxSites sites"
+  local i=0 s
+  for s in "${sites[@]}"; do
+    valid_site "$s" || die "up: bad site name '$s' (1-16 chars [A-Za-z0-9_], starting with a letter)"
+    [[ -z ${index[$s]:-} ]] || die "up: site '$s' listed twice"
+    i=$((i + 1)); index[$s]=$i
+  done
+
+  # rate[src>dst] for every ordered pair: explicit entries first, then the default.
+  local -A rate=() explicit=()
+  local item lhs r a b
+  if [[ -n $rates_csv ]]; then
+    IFS=, read -r -a items <<<"$rates_csv"
+    for item in "${items[@]}"; do
+      [[ $item =~ ^([^=]+)=(.*)$ ]] || die "up: bad --rate entry '$item' (want A-B=100mbit or A>B=100mbit)"
+      lhs=${BASH_REMATCH[1]}; r=${BASH_REMATCH[2]}
+      valid_rate "$r" || die "up: bad rate '$r' in '$item' (want <number>(bit|kbit|mbit|gbit), e.g. 300mbit)"
+      if [[ $lhs =~ ^([^->]+)([->])([^->]+)$ ]]; then
+        a=${BASH_REMATCH[1]}; b=${BASH_REMATCH[3]}
+      else
+        die "up: bad pair '$lhs' in '$item' (want A-B or A>B)"
+      fi
+      [[ -n ${index[$a]:-} ]] || die "up: unknown site '$a' in '$item' (sites: $sites_csv)"
+      [[ -n ${index[$b]:-} ]] || die "up: unknown site '$b' in '$item' (sites: $sites_csv)"
+      [[ $a != "$b" ]] || die "up: '$item' links a site to itself"
+      [[ -z ${explicit[$a>$b]:-} ]] || die "up: rate for $a>$b given twice"
+      rate[$a>$b]=$r; explicit[$a>$b]=1
+      if [[ ${BASH_REMATCH[2]} == - ]]; then
+        [[ -z ${explicit[$b>$a]:-} ]] || die "up: rate for $b>$a given twice"
+        rate[$b>$a]=$r; explicit[$b>$a]=1
+      fi
+    done
+  fi
+  for a in "${sites[@]}"; do
+    for b in "${sites[@]}"; do
+      [[ $a == "$b" ]] && continue
+      [[ -n ${rate[$a>$b]:-} ]] || rate[$a>$b]=$default_rate
+    done
+  done
+  if [[ $shaper == tbf ]]; then
+    local first
+    for a in "${sites[@]}"; do
+      first=
+      for b in "${sites[@]}"; do
+        [[ $a == "$b" ]] && continue
+        r=$(rate_bits "${rate[$a>$b]}")
+        [[ -z $first || $first == "$r" ]] ||
+          die "up: --shaper tbf shapes a site's whole egress, but $a has different rates per destination; use --shaper htb"
+        first=$r
+      done
+    done
+  fi
+
+  require_root
+  require_netns
+  command -v tc >/dev/null 2>&1 || die "'tc' (iproute2) not found; install iproute2"
+  [[ -z $(bed_namespaces "$bed") ]] || die "up: bed '$bed' already exists; run: $prog down --name $bed"
+
+  # From here on, anything that fails removes the whole bed.
+  up_bed=$bed
+  trap up_cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  trap 'say "failed (line $LINENO): $BASH_COMMAND"' ERR
+
+  local br s_ns dev bdev j
+  br=$(ns_bridge "$bed")
+  ip netns add "$br"
+  ip -n "$br" link set lo up
+  ip -n "$br" link add br0 type bridge
+  ip -n "$br" link set br0 up
+
+  for s in "${sites[@]}"; do
+    i=${index[$s]}
+    s_ns=$(ns_site "$bed" "$s"); dev=$(dev_site "$bed" "$i"); bdev=$(dev_bridge "$bed" "$i")
+    ip netns add "$s_ns"
+    ip -n "$s_ns" link set lo up
+    # IPv6 off: no DAD or router solicitations on the shaped links, only the traffic under test.
+    ip netns exec "$s_ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+    ip link add name "$dev" netns "$s_ns" type veth peer name "$bdev" netns "$br"
+    ip -n "$br" link set "$bdev" master br0 up
+    ip -n "$s_ns" addr add "$subnet.$i/24" dev "$dev"
+    ip -n "$s_ns" link set "$dev" alias "netbed $bed site $s"
+    ip -n "$s_ns" link set "$dev" up
+  done
+  fail_point after-veth
+
+  for a in "${sites[@]}"; do
+    i=${index[$a]}
+    s_ns=$(ns_site "$bed" "$a"); dev=$(dev_site "$bed" "$i")
+    if [[ $shaper == tbf ]]; then
+      for b in "${sites[@]}"; do
+        if [[ $a != "$b" ]]; then r=${rate[$a>$b]}; fi
+      done
+      tc -n "$s_ns" qdisc add dev "$dev" root handle 1: tbf rate "$r" burst "$kBurst" latency "$kTbfLatency"
+      continue
+    fi
+    # Unclassified traffic (ARP) goes to 1:ffff at the default rate; 1:<hex j> carries a->j.
+    tc -n "$s_ns" qdisc add dev "$dev" root handle 1: htb default ffff
+    tc -n "$s_ns" class add dev "$dev" parent 1: classid 1:ffff htb rate "$default_rate" ceil "$default_rate" \
+      burst "$kBurst" cburst "$kBurst" quantum "$kHtbQuantum"
+    for b in "${sites[@]}"; do
+      [[ $a == "$b" ]] && continue
+      j=${index[$b]}
+      r=${rate[$a>$b]}
+      tc -n "$s_ns" class add dev "$dev" parent 1: classid "1:$(printf %x "$j")" htb rate "$r" ceil "$r" \
+        burst "$kBurst" cburst "$kBurst" quantum "$kHtbQuantum"
+      tc -n "$s_ns" filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
+        match ip dst "$subnet.$j/32" flowid "1:$(printf %x "$j")"
+    done
+  done
+  fail_point after-shaping
+
+  up_done=1
+  trap - EXIT INT TERM ERR
+
+  echo "netbed '$bed': ${#sites[@]} sites on $subnet.0/24, shaper $shaper, bridge namespace $br"
+  printf '%-16s %-24s %-15s %-15s %s\n' SITE NAMESPACE DEVICE ADDRESS "EGRESS RATE TO"
+  for a in "${sites[@]}"; do
+    i=${index[$a]}
+    local to=""
+    for b in "${sites[@]}"; do
+      if [[ $a != "$b" ]]; then to+="$b=${rate[$a>$b]} "; fi
+    done
+    printf '%-16s %-24s %-15s %-15s %s\n' "$a" "$(ns_site "$bed" "$a")" "$(dev_site "$bed" "$i")" "$subnet.$i" "$to"
+  done
+}
+
+# ---- down -----------------------------------------------------------------------------------
+do_down() {
+  local bed=$1 ns pid pids=() link
+  local -a nss
+  mapfile -t nss < <(bed_namespaces "$bed")
+  # Processes still inside the bed would keep its namespaces (and veths) alive after
+  # 'ip netns del'; terminate them first, by pid.
+  for ns in "${nss[@]}"; do
+    while read -r pid; do [[ -n $pid ]] && pids+=("$pid"); done < <(ip netns pids "$ns" 2>/dev/null || true)
+  done
+  if [[ ${#pids[@]} -gt 0 ]]; then
+    say "terminating ${#pids[@]} process(es) still in bed '$bed': ${pids[*]}"
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      kill -0 "${pids[@]}" 2>/dev/null || break
+      sleep 0.2
+    done
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+  fi
+  # A namespace whose last process just died can still be pinned for a moment by that
+  # process's mount namespace ('ip netns exec' makes one), so deletion is retried briefly.
+  local try
+  for ns in "${nss[@]}"; do
+    for try in $(seq 25); do
+      ip netns del "$ns" 2>/dev/null || true
+      [[ ! -e /run/netns/$ns ]] && break
+      sleep 0.2
+    done
+    [[ ! -e /run/netns/$ns ]] || say "warning: could not delete namespace $ns (tried $try times)"
+  done
+  # Devices are created inside the namespaces, but sweep the root namespace in case a
+  # half-finished 'ip link add' left one there.
+  while read -r link; do
+    if [[ -n $link ]]; then ip link del "$link" 2>/dev/null || true; fi
+  done < <(ip -o link show 2>/dev/null | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }' | grep -E "^$kPrefix-$bed-[sb][0-9]+$" || true)
+  if [[ ${#nss[@]} -gt 0 ]]; then
+    echo "netbed '$bed': removed ${#nss[@]} namespace(s)"
+  else
+    echo "netbed '$bed': nothing to remove"
+  fi
+}
+
+cmd_down() {
+  local bed=
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --name) bed=${2:-}; shift 2 ;;
+      *) die "down: unknown argument '$1'" ;;
+    esac
+  done
+  valid_bed "$bed" || die "down: --name must be 1-8 chars [a-z0-9] starting with a letter, got '$bed'"
+  require_root
+  require_netns
+  do_down "$bed"
+  [[ -z $(bed_namespaces "$bed") ]] || die "down: namespaces of bed '$bed' remain: $(bed_namespaces "$bed" | tr '\n' ' ')"
+}
+
+# ---- status / env / exec --------------------------------------------------------------------
+cmd_status() {
+  local bed=
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --name) bed=${2:-}; shift 2 ;;
+      *) die "status: unknown argument '$1'" ;;
+    esac
+  done
+  require_root
+  require_netns
+  if [[ -z $bed ]]; then
+    local beds
+    beds=$(ip netns list 2>/dev/null | awk '{ print $1 }' | sed -nE "s/^$kPrefix-([a-z][a-z0-9]{0,7})-bridge$/\1/p")
+    [[ -n $beds ]] || { echo "no netbed beds"; return 0; }
+    local b; for b in $beds; do cmd_status --name "$b"; echo; done
+    return 0
+  fi
+  valid_bed "$bed" || die "status: bad --name '$bed'"
+  if [[ -z $(bed_namespaces "$bed") ]]; then
+    echo "netbed '$bed': nothing exists"
+    return 1
+  fi
+  echo "netbed '$bed': namespaces $(bed_namespaces "$bed" | tr '\n' ' ')"
+  local idx site addr dev ns shaping cls kind minor r
+  local -A site_of=()
+  while read -r idx site addr dev; do site_of[$idx]=$site; done < <(bed_sites "$bed")
+  printf '%-16s %-15s %-15s %s\n' SITE DEVICE ADDRESS "EGRESS SHAPING (from tc)"
+  while read -r idx site addr dev; do
+    ns=$(ns_site "$bed" "$site")
+    shaping=""
+    while read -r kind cls r; do
+      if [[ $kind == tbf ]]; then
+        shaping+="tbf $r (all destinations) "
+      elif [[ $cls == 1:ffff ]]; then
+        shaping+="other=$r "
+      else
+        minor=$((16#${cls#1:}))
+        shaping+="${site_of[$minor]:-1:$minor}=$r "
+      fi
+    done < <({ tc -n "$ns" class show dev "$dev"; tc -n "$ns" qdisc show dev "$dev" root; } 2>/dev/null |
+      awk '{ for (i = 1; i < NF; i++) if ($i == "rate") { print $2, $3, $(i + 1); break } }' |
+      awk '$1 == "htb" || $1 == "tbf"')
+    printf '%-16s %-15s %-15s %s\n' "$site" "$dev" "$addr" "${shaping:-none}"
+  done < <(bed_sites "$bed")
+}
+
+site_env() {  # prints KEY=VALUE lines for site $2 of bed $1
+  local bed=$1 want=$2 idx site addr dev found='' all=''
+  while read -r idx site addr dev; do
+    all+="${all:+,}$site=$addr"
+    if [[ $site == "$want" ]]; then found="$addr $dev"; fi
+    : "$idx"
+  done < <(bed_sites "$bed")
+  [[ -n $found ]] || die "no site '$want' in bed '$bed' (sites: ${all:-none}; is it up?)"
+  read -r addr dev <<<"$found"
+  cat <<EOF
+NETBED_NAME=$bed
+NETBED_SITE=$want
+NETBED_NETNS=$(ns_site "$bed" "$want")
+NETBED_SITES=$all
+DESLOC_SITE_ADDR=$addr
+UCX_TLS=tcp
+UCX_NET_DEVICES=$dev
+GLOO_SOCKET_IFNAME=$dev
+OMPI_MCA_btl_tcp_if_include=$dev
+EOF
+}
+
+parse_site_args() {  # sets bed, site; leaves the rest in rest[]
+  bed=; site=; rest=()
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --name) bed=${2:-}; shift 2 ;;
+      --site) site=${2:-}; shift 2 ;;
+      --) shift; rest=("$@"); break ;;
+      *) die "unknown argument '$1' (command goes after --)" ;;
+    esac
+  done
+  valid_bed "$bed" || die "bad or missing --name '$bed'"
+  valid_site "$site" || die "bad or missing --site '$site'"
+}
+
+cmd_env() {
+  local bed site; local -a rest
+  parse_site_args "$@"
+  [[ ${#rest[@]} -eq 0 ]] || die "env: unexpected arguments: ${rest[*]}"
+  require_root
+  require_netns
+  site_env "$bed" "$site"
+}
+
+cmd_exec() {
+  local bed site; local -a rest
+  parse_site_args "$@"
+  [[ ${#rest[@]} -gt 0 ]] || die "exec: missing command after --"
+  require_root
+  require_netns
+  local -a envs
+  mapfile -t envs < <(site_env "$bed" "$site")
+  [[ ${#envs[@]} -gt 0 ]] || exit 1
+  exec ip netns exec "$(ns_site "$bed" "$site")" env "${envs[@]}" "${rest[@]}"
+}
+
+main() {
+  [[ $# -gt 0 ]] || { usage >&2; exit 2; }
+  local cmd=$1; shift
+  case $cmd in
+    up) cmd_up "$@" ;;
+    down) cmd_down "$@" ;;
+    status) cmd_status "$@" ;;
+    env) cmd_env "$@" ;;
+    exec) cmd_exec "$@" ;;
+    -h|--help|help) usage ;;
+    *) usage >&2; die "unknown command '$cmd'" ;;
+  esac
+}
+
+main "$@"
