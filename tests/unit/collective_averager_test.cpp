@@ -1,0 +1,130 @@
+// The networked averager (CollectiveAverager over UCX, ranks as threads on tcp loopback)
+// against the in-process VirtualAverager: the same means for closed-form inputs, and traffic
+// equal to what the collective sent (2(n-1)/n of the payload for the ring).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <thread>
+#include <vector>
+
+#include "desloc/core/error.hpp"
+#include "desloc/sync/averager.hpp"
+#include "desloc/sync/collective_averager.hpp"
+#include "desloc/transport/ucx_collective.hpp"
+
+using namespace desloc;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Aborts the process instead of letting a broken transport hang the suite.
+class Watchdog {
+ public:
+  explicit Watchdog(std::chrono::seconds limit) {
+    thread_ = std::thread([this, limit] {
+      const auto end = std::chrono::steady_clock::now() + limit;
+      while (!done_.load() && std::chrono::steady_clock::now() < end)
+        std::this_thread::sleep_for(10ms);
+      if (!done_.load()) {
+        std::fprintf(stderr,
+                     "WATCHDOG: collective averager test exceeded its deadline; aborting\n");
+        std::abort();
+      }
+    });
+  }
+  ~Watchdog() {
+    done_.store(true);
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+// Replica w, element i holds i + w (+ 10 * state): the mean is exact in float.
+std::vector<float> replica(int w, std::size_t n, int state) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = float(i) + float(w) + 10.0f * float(state);
+  return v;
+}
+
+}  // namespace
+
+class CollectiveAveragerTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectiveAveragerTest, MatchesTheVirtualAveragerOverUcx) {
+  const int M = GetParam();
+  constexpr std::size_t kN = 10'007;  // unaligned, several chunks at 8 KiB
+  const optim::StateKind kinds[] = {optim::StateKind::kX, optim::StateKind::kU,
+                                    optim::StateKind::kV};
+
+  // Reference: M replicas in one process.
+  std::vector<std::vector<std::vector<float>>> expect(3);
+  sync::VirtualAverager virt(M);
+  for (int s = 0; s < 3; ++s) {
+    for (int w = 0; w < M; ++w) expect[s].push_back(replica(w, kN, s));
+    std::vector<std::span<float>> views(expect[s].begin(), expect[s].end());
+    virt.average(kinds[s], views);
+  }
+
+  Watchdog watchdog(60s);
+  transport::InMemoryAddressBook book;
+  transport::CollectiveOptions options;
+  options.deadline = 20s;
+  options.chunk_bytes = 8 << 10;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(M));
+  std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(M));
+  std::vector<sync::Traffic> traffic(static_cast<std::size_t>(M));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < M; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        auto group = transport::make_ucx_collective(r, M, book, options);
+        sync::CollectiveAverager avg(*group);
+        EXPECT_EQ(avg.workers(), M);
+        for (int s = 0; s < 3; ++s) {
+          std::vector<float> mine = replica(r, kN, s);
+          std::span<float> one(mine);
+          avg.average(kinds[s], std::span<const std::span<float>>(&one, 1));
+          got[r].push_back(std::move(mine));
+        }
+        traffic[r] = avg.traffic(0);
+        EXPECT_THROW(avg.traffic(1), Error);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+
+  for (int r = 0; r < M; ++r) {
+    for (int s = 0; s < 3; ++s)
+      ASSERT_EQ(got[r][s], expect[s][r]) << "rank " << r << " state " << s;
+    const std::uint64_t payload = M > 1 ? kN * sizeof(float) : 0;
+    for (int s = 0; s < 3; ++s) {
+      const auto k = static_cast<std::size_t>(kinds[s]);
+      EXPECT_EQ(traffic[r].payload[k], payload);
+      // The ring sends 2(M-1)/M of the payload; chunking rounds each step to whole floats.
+      const double ideal = double(payload) * 2.0 * (M - 1) / M;
+      EXPECT_NEAR(double(traffic[r].wire[k]), ideal, 2.0 * 2 * M * sizeof(float)) << "rank " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectiveAveragerTest, ::testing::Values(1, 2, 3, 5));
+
+TEST(CollectiveAverager, RefusesSeveralLocalReplicas) {
+  transport::InMemoryAddressBook book;
+  auto group = transport::make_ucx_collective(0, 1, book);
+  sync::CollectiveAverager avg(*group);
+  std::vector<float> a(3), b(3);
+  std::vector<std::span<float>> two{a, b};
+  EXPECT_THROW(avg.average(optim::StateKind::kX, two), Error);
+}
