@@ -2,6 +2,7 @@
 // over UCP tag matching, chunked and pipelined; plus make_ucx_collective.
 #include "desloc/transport/ucx_collective.hpp"
 
+#include <fmt/format.h>
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
@@ -15,6 +16,8 @@
 
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
+#include "desloc/transport/chunk_header.hpp"
+#include "desloc/transport/ring_order.hpp"
 #include "ucx_context.hpp"
 #include "ucx_endpoint.hpp"
 #include "ucx_status.hpp"
@@ -42,17 +45,10 @@ ucp_tag_t make_tag(CollectiveOp op, std::uint32_t seq, int step, std::size_t chu
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
-// Element range [offset, offset + count) of segment `index` when `count` elements are split
-// into `parts` near-equal contiguous segments (the first count % parts get one extra).
-struct Range {
-  std::size_t offset = 0;
-  std::size_t count = 0;
-};
-Range segment(std::size_t count, int parts, int index) {
-  const std::size_t base = count / static_cast<std::size_t>(parts);
-  const std::size_t extra = count % static_cast<std::size_t>(parts);
-  const auto i = static_cast<std::size_t>(index);
-  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+constexpr std::size_t kHeaderBytes = sizeof(ChunkHeader);
+
+std::uint32_t payload_crc(const std::byte* p, std::size_t n) {
+  return transport::payload_crc({p, n});
 }
 
 // One posted send or receive. UCX's completion callback writes status/length here and frees
@@ -61,7 +57,8 @@ struct Transfer {
   void* request = nullptr;  // UCX request while in flight
   ucs_status_t status = UCS_INPROGRESS;
   bool is_recv = false;
-  ucp_tag_recv_info_t info{};  // recv: the matched message's length and tag
+  std::vector<std::byte> staging;  // header + payload, with chunk headers
+  ucp_tag_recv_info_t info{};      // recv: the matched message's length and tag
   bool pending() const { return status == UCS_INPROGRESS; }
 };
 
@@ -69,6 +66,7 @@ void on_send_done(void* request, ucs_status_t status, void* user_data) {
   auto* t = static_cast<Transfer*>(user_data);
   t->status = status;
   t->request = nullptr;
+  std::vector<std::byte>().swap(t->staging);  // sent: the copy is no longer needed
   ucp_request_free(request);
 }
 
@@ -106,24 +104,37 @@ struct OpState {
   std::uint32_t seq = 0;
   Clock::time_point start;
   Clock::time_point deadline;
-  int root = -1;  // broadcast only
+  int root = -1;                    // broadcast only
+  const std::byte* base = nullptr;  // the operation's buffer, for chunk offsets
+  OpLabel label;
+};
+
+// A context and worker waiting for their group (open_ucx_port).
+class UcxPortImpl final : public UcxPort {
+ public:
+  explicit UcxPortImpl(const UcxOptions& ucx)
+      : ucx_(ucx), context_(ucx), worker_(context_, ucx.spin_iterations) {}
+  WorkerAddress address() const override { return worker_.address(); }
+
+  UcxOptions ucx_;
+  UcxContext context_;
+  UcxWorker worker_;
 };
 
 class UcxCollective final : public Collective {
  public:
-  UcxCollective(int rank, int size, AddressExchange& exchange, const CollectiveOptions& options,
-                const UcxOptions& ucx)
+  // `port` is null when size == 1.
+  UcxCollective(int rank, int size, std::unique_ptr<UcxPortImpl> port,
+                const WorkerAddress& successor, const CollectiveOptions& options)
       : rank_(rank), size_(size), options_(options) {
     chunk_bytes_ =
         std::max<std::size_t>(sizeof(float), options.chunk_bytes / sizeof(float) * sizeof(float));
     window_ = std::max<std::size_t>(1, options.max_inflight_chunks);
     if (size_ == 1) return;
-    context_.emplace(ucx);
-    worker_.emplace(*context_, ucx.spin_iterations);
-    exchange.publish(rank_, worker_->address());
-    const int right = mod(rank_ + 1, size_);
-    const WorkerAddress peer = exchange.lookup(right, Clock::now() + options_.deadline);
-    right_.emplace(*worker_, peer, right, ucx.peer_failure_detection);
+    const bool detect = port->ucx_.peer_failure_detection;
+    context_.emplace(std::move(port->context_));
+    worker_.emplace(std::move(port->worker_));
+    right_.emplace(*worker_, successor, mod(rank_ + 1, size_), detect);
   }
 
   ~UcxCollective() override {
@@ -134,9 +145,11 @@ class UcxCollective final : public Collective {
   int size() const override { return size_; }
   const ByteCounters& bytes() const override { return counters_; }
   void reset_bytes() override { counters_ = {}; }
+  void set_label(const OpLabel& label) override { label_ = label; }
 
   void all_reduce_sum(std::span<float> data) override {
     OpState op = begin(CollectiveOp::kAllReduce);
+    op.base = reinterpret_cast<const std::byte*>(data.data());
     guarded(op, [&] {
       if (size_ == 1 || data.empty()) return;
       const int n = size_;
@@ -185,6 +198,7 @@ class UcxCollective final : public Collective {
                   " bytes are gathered; size the output as size() * mine.size()");
     }
     OpState op = begin(CollectiveOp::kAllGather);
+    op.base = all.data();
     guarded(op, [&] {
       std::byte* my_block = all.data() + static_cast<std::size_t>(rank_) * block;
       if (block != 0 && my_block != mine.data()) std::memmove(my_block, mine.data(), block);
@@ -200,6 +214,7 @@ class UcxCollective final : public Collective {
     }
     OpState op = begin(CollectiveOp::kBroadcast);
     op.root = root;
+    op.base = data.data();
     guarded(op, [&] {
       if (size_ == 1 || data.empty()) return;
       // The payload travels root -> root+1 -> ... -> root-1, chunk by chunk.
@@ -233,6 +248,7 @@ class UcxCollective final : public Collective {
       // An all-gather of one byte per rank: rank r finishes only after rank r-(n-1)'s token has
       // passed through every rank, i.e. after all ranks entered.
       std::vector<std::byte> tokens(static_cast<std::size_t>(size_));
+      op.base = tokens.data();
       gather_blocks(op, tokens, 1);
     });
   }
@@ -250,6 +266,7 @@ class UcxCollective final : public Collective {
     s.seq = seq_++;
     s.start = Clock::now();
     s.deadline = s.start + options_.deadline;
+    s.label = label_;
     return s;
   }
 
@@ -273,7 +290,7 @@ class UcxCollective final : public Collective {
   }
 
   // Ring all-gather of `block`-byte blocks already placed at all[rank * block].
-  void gather_blocks(const OpState& op, std::span<std::byte> all, std::size_t block) {
+  void gather_blocks(OpState& op, std::span<std::byte> all, std::size_t block) {
     const int n = size_;
     std::vector<SendUnit> first;
     std::vector<RecvUnit> units;
@@ -313,7 +330,8 @@ class UcxCollective final : public Collective {
 
     const bool any_reduce =
         std::any_of(units.begin(), units.end(), [](const RecvUnit& u) { return u.reduce; });
-    if (any_reduce && scratch_.size() < window_ * chunk_bytes_ / sizeof(float)) {
+    if (any_reduce && !options_.chunk_headers &&
+        scratch_.size() < window_ * chunk_bytes_ / sizeof(float)) {
       scratch_.resize(window_ * chunk_bytes_ / sizeof(float));
     }
     std::vector<Transfer*> recvs(units.size(), nullptr);
@@ -349,13 +367,19 @@ class UcxCollective final : public Collective {
         if (Transfer* guard = guard_of(u)) wait_send(op, *guard, u.guard_send_step, u.chunk);
         post_one();
       }
-      wait_recv(op, *recvs[k], u);
+      // With chunk headers the payload sits verified in the transfer's staging buffer.
+      const std::byte* payload = wait_recv(op, *recvs[k], u);
       if (u.reduce) {
         auto* dst = reinterpret_cast<float*>(u.dst);
-        const float* src = scratch_.data() + (k % window_) * (chunk_bytes_ / sizeof(float));
+        const float* src = payload != nullptr
+                               ? reinterpret_cast<const float*>(payload)
+                               : scratch_.data() + (k % window_) * (chunk_bytes_ / sizeof(float));
         const std::size_t count = u.bytes / sizeof(float);
         for (std::size_t i = 0; i < count; ++i) dst[i] += src[i];
+      } else if (payload != nullptr && u.bytes != 0) {
+        std::memcpy(u.dst, payload, u.bytes);
       }
+      if (payload != nullptr) std::vector<std::byte>().swap(recvs[k]->staging);
       if (u.forward)
         sends[{u.step + 1, u.chunk}] = &post_send(op, u.dst, u.bytes, u.step + 1, u.chunk);
       post_ready(k + 1 + window_);
@@ -370,11 +394,23 @@ class UcxCollective final : public Collective {
     params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     params.cb.send = &on_send_done;
     params.user_data = &t;
-    ucs_status_ptr_t r =
-        ucp_tag_send_nbx(right_->get(), src, bytes, make_tag(op.op, op.seq, step, chunk), &params);
+    const void* wire = src;
+    std::size_t wire_bytes = bytes;
+    if (options_.chunk_headers) {
+      ChunkHeader h = header_for(op, step, static_cast<const std::byte*>(src), bytes);
+      h.crc = payload_crc(static_cast<const std::byte*>(src), bytes);
+      t.staging.resize(kHeaderBytes + bytes);
+      std::memcpy(t.staging.data(), &h, kHeaderBytes);
+      if (bytes != 0) std::memcpy(t.staging.data() + kHeaderBytes, src, bytes);
+      wire = t.staging.data();
+      wire_bytes = t.staging.size();
+    }
+    ucs_status_ptr_t r = ucp_tag_send_nbx(right_->get(), wire, wire_bytes,
+                                          make_tag(op.op, op.seq, step, chunk), &params);
     counters_[op.op].sent += bytes;
     if (r == nullptr) {
       t.status = UCS_OK;
+      std::vector<std::byte>().swap(t.staging);
     } else if (UCS_PTR_IS_ERR(r)) {
       t.status = UCS_PTR_STATUS(r);
       DESLOC_UCX_CHECK(t.status, describe(op, "sending to", right_->peer_rank(), step, chunk));
@@ -395,6 +431,11 @@ class UcxCollective final : public Collective {
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     params.cb.recv = &on_recv_done;
     params.user_data = &t;
+    if (options_.chunk_headers) {
+      t.staging.resize(kHeaderBytes + bytes);
+      dst = t.staging.data();
+      bytes = t.staging.size();
+    }
     ucs_status_ptr_t r = ucp_tag_recv_nbx(
         worker_->get(), dst, bytes, make_tag(op.op, op.seq, step, chunk), kFullTagMask, &params);
     if (UCS_PTR_IS_ERR(r)) {
@@ -406,7 +447,8 @@ class UcxCollective final : public Collective {
     return t;
   }
 
-  void wait_recv(const OpState& op, Transfer& t, const RecvUnit& u) {
+  // Returns the verified payload inside t.staging with chunk headers, nullptr without.
+  const std::byte* wait_recv(const OpState& op, Transfer& t, const RecvUnit& u) {
     wait(op, t);
     if (t.pending()) {
       throw TimeoutError(describe(op, "waiting for", left(), u.step, u.chunk) +
@@ -420,12 +462,43 @@ class UcxCollective final : public Collective {
                         " bytes; the ranks disagree on the buffer length");
     }
     DESLOC_UCX_CHECK(t.status, describe(op, "receiving from", left(), u.step, u.chunk));
-    if (t.info.length != u.bytes) {
+    const std::size_t expected = u.bytes + (options_.chunk_headers ? kHeaderBytes : 0);
+    if (t.info.length != expected) {
       throw PeerFailure(describe(op, "receiving from", left(), u.step, u.chunk) + ": got " +
                         std::to_string(t.info.length) + " bytes, expected " +
-                        std::to_string(u.bytes) + "; the ranks disagree on the buffer length");
+                        std::to_string(expected) + "; the ranks disagree on the buffer length");
     }
-    counters_[op.op].received += t.info.length;
+    counters_[op.op].received += u.bytes;
+    if (!options_.chunk_headers) return nullptr;
+    return verify_chunk(op, t, u);
+  }
+
+  ChunkHeader header_for(const OpState& op, int ring_step, const std::byte* payload,
+                         std::size_t bytes) const {
+    ChunkHeader h;
+    h.op = static_cast<std::uint8_t>(op.op);
+    h.state = op.label.state;
+    h.ring_step = static_cast<std::uint16_t>(ring_step);
+    h.epoch = options_.epoch;
+    h.step = op.label.step;
+    h.shard = op.label.shard;
+    h.length = static_cast<std::uint32_t>(bytes);
+    h.offset = static_cast<std::uint64_t>(payload - op.base);
+    h.seq = op.seq;
+    return h;
+  }
+
+  // Checks every header field against what this rank expects at this point of the ring, and
+  // the payload against its CRC32C. Nothing of a chunk that fails is used.
+  const std::byte* verify_chunk(const OpState& op, const Transfer& t, const RecvUnit& u) const {
+    ChunkHeader got;
+    std::memcpy(&got, t.staging.data(), kHeaderBytes);
+    const ChunkHeader want = header_for(op, u.step, u.dst, u.bytes);
+    const std::byte* payload = t.staging.data() + kHeaderBytes;
+    const std::string bad = check_chunk(want, got, {payload, u.bytes});
+    if (!bad.empty())
+      throw PeerFailure(describe(op, "receiving from", left(), u.step, u.chunk) + ": " + bad);
+    return payload;
   }
 
   void wait_send(const OpState& op, Transfer& t, int step, std::size_t chunk) {
@@ -446,8 +519,8 @@ class UcxCollective final : public Collective {
     worker_->wait_until([&] { return !t.pending() || successor_failed(); }, op.deadline);
     if (t.pending() && successor_failed()) {
       throw PeerFailure("rank " + std::to_string(rank_) + ": " + std::string(op_name(op.op)) +
-                        " #" + std::to_string(op.seq) + ": the connection to rank " +
-                        std::to_string(right_->peer_rank()) + " (ring successor) failed: " +
+                        " #" + std::to_string(op.seq) + ": the connection to " +
+                        peer_name(right_->peer_rank()) + " (ring successor) failed: " +
                         status_text(right_->error()) + "; that rank has probably exited");
     }
   }
@@ -458,22 +531,29 @@ class UcxCollective final : public Collective {
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - op.start);
     return "rank " + std::to_string(rank_) + ": " + std::string(op_name(op.op)) + " #" +
            std::to_string(op.seq) + " gave up after " + std::to_string(waited.count()) + " ms " +
-           verb + " rank " + std::to_string(peer) + ", ring step " + std::to_string(step) +
-           " chunk " + std::to_string(chunk);
+           verb + " " + peer_name(peer) + ", ring step " + std::to_string(step) + " chunk " +
+           std::to_string(chunk);
   }
 
   // In a ring stage every rank sends its own first chunk unconditionally, so a rank stuck at
   // step s heard everything up to s-1 and the chain breaks s+1 hops upstream.
   std::string stall_hint(const OpState& op, int step) const {
     if (op.op == CollectiveOp::kBroadcast) {
-      return "; the payload comes from root rank " + std::to_string(op.root);
+      return "; the payload comes from root " + peer_name(op.root);
     }
     if (step >= size_ - 1) return {};
-    return "; the stall starts at rank " + std::to_string(mod(rank_ - 1 - step, size_)) +
+    return "; the stall starts at " + peer_name(mod(rank_ - 1 - step, size_)) +
            ", which has not sent its first chunk";
   }
 
   int left() const { return mod(rank_ - 1, size_); }
+
+  std::string peer_name(int peer) const {
+    const auto i = static_cast<std::size_t>(peer);
+    if (i < options_.peer_names.size() && !options_.peer_names[i].empty())
+      return "rank " + std::to_string(peer) + " (" + options_.peer_names[i] + ")";
+    return "rank " + std::to_string(peer);
+  }
 
   // After a failure: cancel our receives, force-close the endpoint (failing its sends), and let
   // UCX finish those requests so no callback outlives the buffers. The group stays unusable.
@@ -505,6 +585,7 @@ class UcxCollective final : public Collective {
   std::size_t chunk_bytes_ = 0;
   std::size_t window_ = 1;
   std::uint32_t seq_ = 0;
+  OpLabel label_;
   ByteCounters counters_;
   std::string broken_;  // why the group became unusable; empty while healthy
   std::vector<float> scratch_;
@@ -528,7 +609,33 @@ std::unique_ptr<Collective> make_ucx_collective(int rank, int size, AddressExcha
     throw Error("make_ucx_collective: rank " + std::to_string(rank) +
                 " is outside a group of size " + std::to_string(size));
   }
-  return std::make_unique<ucx::UcxCollective>(rank, size, exchange, options, ucx);
+  if (size == 1)
+    return std::make_unique<ucx::UcxCollective>(0, 1, nullptr, WorkerAddress{}, options);
+  auto port = std::make_unique<ucx::UcxPortImpl>(ucx);
+  exchange.publish(rank, port->address());
+  const WorkerAddress successor =
+      exchange.lookup((rank + 1) % size, std::chrono::steady_clock::now() + options.deadline);
+  return std::make_unique<ucx::UcxCollective>(rank, size, std::move(port), successor, options);
+}
+
+std::unique_ptr<UcxPort> open_ucx_port(const UcxOptions& ucx) {
+  return std::make_unique<ucx::UcxPortImpl>(ucx);
+}
+
+std::unique_ptr<Collective> connect_ucx_collective(std::unique_ptr<UcxPort> port, int rank,
+                                                   int size, const WorkerAddress& successor,
+                                                   const CollectiveOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw Error("connect_ucx_collective: rank " + std::to_string(rank) +
+                " is outside a group of size " + std::to_string(size));
+  if (size == 1)
+    return std::make_unique<ucx::UcxCollective>(0, 1, nullptr, WorkerAddress{}, options);
+  auto* impl = dynamic_cast<ucx::UcxPortImpl*>(port.get());
+  if (impl == nullptr)
+    throw Error("connect_ucx_collective: the port was not opened by open_ucx_port");
+  port.release();
+  return std::make_unique<ucx::UcxCollective>(rank, size, std::unique_ptr<ucx::UcxPortImpl>(impl),
+                                              successor, options);
 }
 
 }  // namespace desloc::transport

@@ -8,7 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace desloc::transport {
 
@@ -63,6 +65,24 @@ struct CollectiveOptions {
   // Receive chunks posted ahead of the one being reduced. Bounds the all-reduce's scratch
   // memory to max_inflight_chunks * chunk_bytes.
   std::size_t max_inflight_chunks = 8;
+  // Names of the group's ranks for error messages, indexed by group rank (e.g. "east/0"); a
+  // rank without a name is printed as "rank k".
+  std::vector<std::string> peer_names;
+  // Wide-area integrity: every chunk travels behind a ChunkHeader (epoch, step, state, shard,
+  // offset, length, CRC32C of the payload), and the receiver checks all of it before the bytes
+  // are summed or stored. A mismatch throws PeerFailure with that context; nothing is averaged
+  // in silently. Costs one copy and one CRC32C per chunk on each side.
+  bool chunk_headers = false;
+  // The membership epoch the group was built in; carried in chunk headers.
+  std::uint64_t epoch = 0;
+};
+
+// What the next operations are about, carried in chunk headers and checked on receipt: the
+// training step, the state kind (optim::StateKind as a byte; 255 = none) and the shard.
+struct OpLabel {
+  std::int64_t step = -1;
+  std::uint8_t state = 255;
+  std::uint32_t shard = 0;
 };
 
 // A fixed group of size() ranks; this process is rank(). Every rank must call the same
@@ -89,6 +109,10 @@ class Collective {
 
   virtual const ByteCounters& bytes() const = 0;
   virtual void reset_bytes() = 0;
+
+  // Labels the operations that follow (until the next call). Backends without chunk headers
+  // ignore it.
+  virtual void set_label(const OpLabel& label) { (void)label; }
 
   // Typed conveniences for the common float case.
   void all_gather(std::span<const float> mine, std::span<float> all) {

@@ -60,6 +60,22 @@ struct UcxOptions {
   bool peer_failure_detection = true;
 };
 
+// A UCX context and worker opened before the group is known, so that its address can travel
+// through the control plane's rendezvous; connect_ucx_collective turns it into a group member
+// once the membership (every peer's address) has arrived.
+class UcxPort {
+ public:
+  virtual ~UcxPort() = default;
+  virtual WorkerAddress address() const = 0;
+};
+std::unique_ptr<UcxPort> open_ucx_port(const UcxOptions& ucx = {});
+
+// Rank `rank` of a `size`-rank group over an open port, with an endpoint to its ring
+// successor, whose address is `successor` ((rank + 1) % size). size == 1 ignores both.
+std::unique_ptr<Collective> connect_ucx_collective(std::unique_ptr<UcxPort> port, int rank,
+                                                   int size, const WorkerAddress& successor,
+                                                   const CollectiveOptions& options = {});
+
 // Creates rank `rank` of a `size`-rank group: its own UCX context and worker, its address
 // published to `exchange`, and an endpoint to its ring successor (rank + 1) % size. The ring
 // order is the rank order; a caller with a planned ring order numbers its ranks accordingly.

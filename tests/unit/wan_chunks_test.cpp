@@ -1,0 +1,219 @@
+// The wide-area path's arithmetic and integrity: UCX ring all-reduce equals
+// ring_sum_reference bit for bit (so a multi-process run can match the in-process one), the
+// two-phase open/connect API, and chunk headers (a step, state or epoch mismatch and a
+// corrupted payload are errors naming the context, never averaged in).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <latch>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "desloc/core/error.hpp"
+#include "desloc/transport/chunk_header.hpp"
+#include "desloc/transport/ring_order.hpp"
+#include "desloc/transport/ucx_collective.hpp"
+
+namespace desloc::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+UcxOptions tcp() {
+  UcxOptions o;
+  o.tls = "tcp";
+  o.net_devices = "lo";
+  return o;
+}
+
+// Ranks as threads, created with the two-phase API a `desloc worker` uses: open the port,
+// publish its address, then connect to the successor's.
+void run_ranks(int size, const CollectiveOptions& options,
+               const std::function<void(Collective&, int)>& body) {
+  InMemoryAddressBook book;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
+  std::vector<std::thread> threads;
+  // Every rank keeps its worker until all are done, as long-lived processes do: a rank that
+  // finished an empty operation must not vanish while its predecessor still connects to it.
+  std::latch done(size);
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Collective> c;
+      try {
+        auto port = open_ucx_port(tcp());
+        book.publish(r, port->address());
+        const auto successor = book.lookup((r + 1) % size, std::chrono::steady_clock::now() + 10s);
+        c = connect_ucx_collective(std::move(port), r, size, successor, options);
+        body(*c, r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+      done.arrive_and_wait();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+std::vector<float> random_floats(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen) * std::ldexp(1.0f, static_cast<int>(gen() % 20) - 10);
+  return v;
+}
+
+class RingOrder : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(RingOrder, UcxAllReduceEqualsTheReferenceBitForBit) {
+  const auto [n, headers] = GetParam();
+  CollectiveOptions options;
+  options.chunk_bytes = 256;  // many chunks per segment
+  options.chunk_headers = headers;
+  options.deadline = 20s;
+  for (std::size_t len :
+       {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{4099}}) {
+    std::vector<std::vector<float>> inputs;
+    for (int r = 0; r < n; ++r)
+      inputs.push_back(random_floats(len, 100u * unsigned(len) + unsigned(r)));
+    std::vector<std::span<const float>> views(inputs.begin(), inputs.end());
+    std::vector<float> want(len);
+    ring_sum_reference(views, want);
+    // The reference is not the naive sum: otherwise this test could not tell orders apart.
+    if (len == 4099 && n >= 3) {
+      std::size_t differs = 0;
+      for (std::size_t i = 0; i < len; ++i) {
+        float naive = 0;
+        for (int r = 0; r < n; ++r) naive += inputs[std::size_t(r)][i];
+        differs += naive != want[i];
+      }
+      EXPECT_GT(differs, 0u) << "inputs too benign to distinguish summation orders";
+    }
+    std::vector<std::vector<float>> got = inputs;
+    run_ranks(n, options, [&](Collective& c, int r) {
+      c.set_label({5, 1, 0});
+      c.all_reduce_sum(got[std::size_t(r)]);
+    });
+    for (int r = 0; r < n; ++r)
+      ASSERT_EQ(0, std::memcmp(got[std::size_t(r)].data(), want.data(), len * sizeof(float)))
+          << "rank " << r << " of " << n << ", length " << len;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, RingOrder,
+                         ::testing::Combine(::testing::Values(2, 3, 5), ::testing::Bool()),
+                         [](const auto& info) {
+                           return "n" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_headers" : "_raw");
+                         });
+
+TEST(RingOrder, BlocksCoverTheBufferInOrder) {
+  for (std::size_t count : {0u, 1u, 5u, 8u, 9u, 1001u})
+    for (int parts : {1, 2, 3, 4, 7}) {
+      std::size_t next = 0;
+      for (int p = 0; p < parts; ++p) {
+        const Range b = block(count, parts, p);
+        EXPECT_EQ(b.offset, std::min(next, count));
+        next = b.offset + b.count;
+        EXPECT_LE(b.count, block(count, parts, 0).count);
+      }
+      EXPECT_EQ(next, count) << count << " / " << parts;
+    }
+}
+
+TEST(ChunkHeaders, MismatchedStepIsAnErrorNamingBothSteps) {
+  CollectiveOptions options;
+  options.chunk_headers = true;
+  options.deadline = 5s;
+  options.deadline = 2s;
+  options.peer_names = {"west/0", "east/0", "north/0"};
+  std::vector<std::string> errors(3);
+  try {
+    run_ranks(3, options, [&](Collective& c, int r) {
+      c.set_label({r == 1 ? 11 : 10, 2, 0});
+      std::vector<float> data(100, 1.0f);
+      try {
+        c.all_reduce_sum(data);
+      } catch (const std::exception& e) {
+        errors[std::size_t(r)] = e.what();
+        throw;
+      }
+    });
+    FAIL() << "a step mismatch went unnoticed";
+  } catch (const PeerFailure&) {
+  } catch (const TimeoutError&) {
+  }
+  // Rank 1 hears step 10 from west/0; rank 2 hears step 11 from east/0 unless rank 1's abort
+  // cancelled that send first. Either way a receiver names the disagreement and its sender.
+  const bool at1 = errors[1].find("step 10 (expected 11)") != std::string::npos &&
+                   errors[1].find("west/0") != std::string::npos;
+  const bool at2 = errors[2].find("step 11 (expected 10)") != std::string::npos &&
+                   errors[2].find("east/0") != std::string::npos;
+  EXPECT_TRUE(at1 || at2) << "rank 1: " << errors[1] << "\nrank 2: " << errors[2];
+  EXPECT_NE((at1 ? errors[1] : errors[2]).find("nothing was averaged in"), std::string::npos);
+}
+
+TEST(ChunkHeaders, MismatchedEpochIsAnError) {
+  std::vector<std::string> errors(2);
+  InMemoryAddressBook book;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CollectiveOptions options;
+        options.chunk_headers = true;
+        options.deadline = 5s;
+        options.epoch = r == 0 ? 1 : 2;
+        auto c = make_ucx_collective(r, 2, book, options, tcp());
+        std::vector<float> data(10, 1.0f);
+        c->all_reduce_sum(data);
+      } catch (const std::exception& e) {
+        errors[std::size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_NE(errors[0].find("epoch 2 (expected 1)"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("epoch 1 (expected 2)"), std::string::npos) << errors[1];
+}
+
+TEST(ChunkHeaders, CheckNamesEveryDisagreementAndCatchesCorruption) {
+  std::vector<float> payload = random_floats(64, 7);
+  const std::span<const std::byte> bytes = std::as_bytes(std::span<const float>(payload));
+  ChunkHeader want;
+  want.epoch = 3;
+  want.step = 120;
+  want.state = 1;
+  want.shard = 2;
+  want.length = static_cast<std::uint32_t>(bytes.size());
+  want.offset = 4096;
+  ChunkHeader got = want;
+  got.crc = payload_crc(bytes);
+  EXPECT_EQ(check_chunk(want, got, bytes), "");
+
+  ChunkHeader shifted = got;
+  shifted.offset = 8192;
+  shifted.shard = 1;
+  const std::string msg = check_chunk(want, shifted, bytes);
+  EXPECT_NE(msg.find("shard 1 (expected 2)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offset 8192 (expected 4096)"), std::string::npos) << msg;
+
+  std::vector<float> corrupted = payload;
+  std::uint32_t word;
+  std::memcpy(&word, &corrupted[17], 4);
+  word ^= 1u << 9;  // one flipped bit
+  std::memcpy(&corrupted[17], &word, 4);
+  const std::string crc = check_chunk(want, got, std::as_bytes(std::span<const float>(corrupted)));
+  EXPECT_NE(crc.find("CRC32C mismatch"), std::string::npos) << crc;
+  EXPECT_NE(crc.find("step 120 state 1 shard 2"), std::string::npos) << crc;
+}
+
+}  // namespace
+}  // namespace desloc::transport
