@@ -187,6 +187,7 @@ struct Coordinator::Impl {
     std::vector<std::uint8_t> worker_address;
     Clock::time_point last_seen;
     bool reported_missing = false;
+    std::uint64_t step = 0;  // from the latest heartbeat
   };
 
   explicit Impl(CoordinatorOptions o) : options(std::move(o)) {}
@@ -386,9 +387,15 @@ void Coordinator::Impl::registered(const std::shared_ptr<Session>& s, const Rank
     } else {
       Membership m;
       m.epoch = 1;
-      std::set<std::string> sites;
-      for (const auto& [k, v] : registry) sites.insert(k.site);
-      m.sites.assign(sites.begin(), sites.end());  // sorted: the ring order for now
+      // The ring follows the configured site order (the planner's choice); without one, the
+      // names sorted.
+      if (!options.site_names.empty()) {
+        m.sites = options.site_names;
+      } else {
+        std::set<std::string> sites;
+        for (const auto& [k, v] : registry) sites.insert(k.site);
+        m.sites.assign(sites.begin(), sites.end());
+      }
       for (const auto& [k, v] : registry) m.members.push_back({k.site, k.rank, v.worker_address});
       for (std::uint32_t i = 0; i < m.sites.size(); ++i) m.ring_order.push_back(i);
       frame = encode(m);
@@ -405,6 +412,7 @@ void Coordinator::Impl::heartbeat(const RankId& id, const Heartbeat& hb) {
   std::lock_guard lock(mu);
   auto& reg = registry.at(id);
   reg.last_seen = Clock::now();
+  reg.step = hb.step;
   if (reg.reported_missing) {
     log::info("coordinator: {} is heartbeating again (step {})", id.str(), hb.step);
     reg.reported_missing = false;
@@ -579,6 +587,16 @@ std::size_t Coordinator::registered() const {
 std::optional<Membership> Coordinator::membership() const {
   std::lock_guard lock(impl_->mu);
   return impl_->membership;
+}
+
+std::vector<RankProgress> Coordinator::progress() const {
+  std::lock_guard lock(impl_->mu);
+  std::vector<RankProgress> out;
+  const auto now = Clock::now();
+  for (const auto& [id, reg] : impl_->registry)
+    out.push_back({id, reg.step, reg.session != nullptr,
+                   std::chrono::duration_cast<std::chrono::milliseconds>(now - reg.last_seen)});
+  return out;
 }
 
 std::vector<RankId> Coordinator::missing() const {

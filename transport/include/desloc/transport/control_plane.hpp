@@ -44,6 +44,13 @@ struct CoordinatorOptions {
   std::size_t max_frame_payload = kDefaultMaxPayloadBytes;
 };
 
+struct RankProgress {
+  RankId id;
+  std::uint64_t step = 0;               // the last step the rank reported in a heartbeat
+  bool connected = false;               // its control connection is open
+  std::chrono::milliseconds silent{0};  // since its last frame
+};
+
 // Accepts ranks until S x R have registered, then broadcasts Membership epoch 1. Runs its
 // io_context on its own thread between start() and stop(); the query functions are safe to
 // call from any thread.
@@ -63,6 +70,8 @@ class Coordinator {
   std::size_t registered() const;
   // The broadcast membership, once the world is complete.
   std::optional<Membership> membership() const;
+  // Every registered rank's last reported step and liveness, sorted by (site, rank).
+  std::vector<RankProgress> progress() const;
   // Registered ranks silent for longer than heartbeat_timeout, sorted.
   std::vector<RankId> missing() const;
   // Expected ranks that have not registered yet, as "site/rank" or a summary of unseen sites.
