@@ -1,15 +1,22 @@
 // The in-process virtual-worker averager.
 #include "desloc/sync/averager.hpp"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "desloc/core/error.hpp"
+#include "desloc/transport/ring_order.hpp"
 
 namespace desloc::sync {
 
-VirtualAverager::VirtualAverager(int workers)
-    : workers_(workers), traffic_(static_cast<std::size_t>(workers)) {
+VirtualAverager::VirtualAverager(int workers, SumOrder order, int shards)
+    : workers_(workers),
+      order_(order),
+      shards_(shards),
+      traffic_(static_cast<std::size_t>(workers)) {
   if (workers < 1) throw ConfigError("sync.workers must be >= 1, got " + std::to_string(workers));
+  if (shards < 1) throw ConfigError("ranks per site must be >= 1, got " + std::to_string(shards));
 }
 
 void VirtualAverager::resize(int workers) {
@@ -28,7 +35,20 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
       throw Error(std::string("virtual averager: replicas of '") + optim::to_string(kind) +
                   "' differ in length");
   const std::size_t M = local.size();
-  if (M > 1) {
+  if (M > 1 && order_ == SumOrder::kRing) {
+    std::vector<float> sum;
+    std::vector<std::span<const float>> parts(M);
+    for (int r = 0; r < shards_; ++r) {
+      const transport::Range b = transport::block(n, shards_, r);
+      for (std::size_t w = 0; w < M; ++w) parts[w] = local[w].subspan(b.offset, b.count);
+      sum.resize(b.count);
+      transport::ring_sum_reference(parts, sum);
+      const auto m = static_cast<float>(M);
+      for (float& x : sum) x /= m;
+      for (std::size_t w = 0; w < M; ++w)
+        std::copy(sum.begin(), sum.end(), local[w].begin() + static_cast<std::ptrdiff_t>(b.offset));
+    }
+  } else if (M > 1) {
     const double inv = 1.0 / static_cast<double>(M);
 #pragma omp parallel for schedule(static)
     for (std::size_t i = 0; i < n; ++i) {

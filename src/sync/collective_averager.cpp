@@ -1,32 +1,59 @@
-// The networked averager: all-reduce, then scale.
+// The networked averager: WAN all-reduce of this rank's shard, scale, intra-site all-gather.
 #include "desloc/sync/collective_averager.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "desloc/core/error.hpp"
+#include "desloc/transport/ring_order.hpp"
 
 namespace desloc::sync {
 
+CollectiveAverager::CollectiveAverager(transport::Collective& wan, transport::Collective* site)
+    : wan_(wan), site_(site != nullptr && site->size() > 1 ? site : nullptr) {}
+
 void CollectiveAverager::average(optim::StateKind kind, std::span<const std::span<float>> local) {
+  using transport::CollectiveOp;
   if (local.size() != 1)
-    throw Error("collective averager: rank " + std::to_string(group_.rank()) + " got " +
+    throw Error("collective averager: WAN rank " + std::to_string(wan_.rank()) + " got " +
                 std::to_string(local.size()) + " replicas of '" + optim::to_string(kind) +
                 "'; a networked rank holds exactly one");
   const std::span<float> data = local[0];
-  const int n = group_.size();
-  if (n == 1) return;
-  const std::uint64_t sent_before = group_.bytes()[transport::CollectiveOp::kAllReduce].sent;
-  group_.all_reduce_sum(data);
-  const auto size = static_cast<float>(n);
-  for (float& x : data) x /= size;  // a division, not a reciprocal: correctly rounded
+  const int sites = wan_.size();
+  if (sites == 1) return;
+  const int ranks = site_ != nullptr ? site_->size() : 1;
+  const int r = site_ != nullptr ? site_->rank() : 0;
+  const transport::Range mine = transport::block(data.size(), ranks, r);
+  const std::span<float> shard = data.subspan(mine.offset, mine.count);
+
   const auto k = static_cast<std::size_t>(kind);
+  const std::uint64_t wan_before = wan_.bytes()[CollectiveOp::kAllReduce].sent;
+  wan_.set_label({step_, static_cast<std::uint8_t>(kind), static_cast<std::uint32_t>(r)});
+  wan_.all_reduce_sum(shard);
+  const auto size = static_cast<float>(sites);
+  for (float& x : shard) x /= size;  // a division, not a reciprocal: correctly rounded
+  traffic_.wire[k] += wan_.bytes()[CollectiveOp::kAllReduce].sent - wan_before;
+
+  if (site_ != nullptr) {
+    // Equal blocks for the all-gather: the last shards may be shorter, so pad into place.
+    const std::size_t blk = transport::block(data.size(), ranks, 0).count;
+    gathered_.assign(blk * static_cast<std::size_t>(ranks), 0.0f);
+    std::copy(shard.begin(), shard.end(), gathered_.begin() + static_cast<std::ptrdiff_t>(r * blk));
+    const std::uint64_t site_before = site_->bytes()[CollectiveOp::kAllGather].sent;
+    site_->all_gather(std::span<const float>(gathered_).subspan(r * blk, blk), gathered_);
+    traffic_.site_wire[k] += site_->bytes()[CollectiveOp::kAllGather].sent - site_before;
+    for (int q = 0; q < ranks; ++q) {
+      const transport::Range b = transport::block(data.size(), ranks, q);
+      std::copy_n(gathered_.begin() + static_cast<std::ptrdiff_t>(q * blk), b.count,
+                  data.begin() + static_cast<std::ptrdiff_t>(b.offset));
+    }
+  }
   traffic_.payload[k] += data.size() * sizeof(float);
-  traffic_.wire[k] += group_.bytes()[transport::CollectiveOp::kAllReduce].sent - sent_before;
 }
 
 const Traffic& CollectiveAverager::traffic(int w) const {
   if (w != 0)
-    throw Error("collective averager: rank " + std::to_string(group_.rank()) +
+    throw Error("collective averager: WAN rank " + std::to_string(wan_.rank()) +
                 " only knows its own traffic (worker 0 of its local replicas), not worker " +
                 std::to_string(w));
   return traffic_;

@@ -36,6 +36,7 @@ StepReport run_synced_step(std::int64_t t, const SyncPolicy& policy, Averager& a
   report.due = policy.at(t);
   const SyncDecision& due = report.due;
 
+  averager.begin_step(t);
   for (std::size_t w = 0; w < replicas.size(); ++w) grad(w);
 
   if (due.grad) averager.average(StateKind::kGrad, state_views(replicas, StateKind::kGrad));

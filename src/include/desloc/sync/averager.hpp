@@ -15,7 +15,11 @@ namespace desloc::sync {
 // Bytes one worker moved, per state kind (indexed by optim::StateKind).
 struct Traffic {
   std::array<std::uint64_t, 4> payload{};  // bytes of state averaged (4 * elements per average)
-  std::array<std::uint64_t, 4> wire{};     // bytes a ring all-reduce sends: 2(M-1)/M * payload
+  // Wide-area bytes sent: for virtual workers what a ring all-reduce sends, 2(M-1)/M *
+  // payload; for a networked rank what its WAN group actually sent for its shard.
+  std::array<std::uint64_t, 4> wire{};
+  // Intra-site bytes the sharded averager's all-gather sent (0 with one rank per site).
+  std::array<std::uint64_t, 4> site_wire{};
   std::uint64_t total_payload() const { return payload[0] + payload[1] + payload[2] + payload[3]; }
   std::uint64_t total_wire() const { return wire[0] + wire[1] + wire[2] + wire[3]; }
 };
@@ -27,17 +31,29 @@ class Averager {
   // workers, 1 for a networked rank) by the mean of that state over all workers of the job.
   // All replicas must have the same length.
   virtual void average(optim::StateKind kind, std::span<const std::span<float>> local) = 0;
+  // The 1-based step whose averages follow; networked averagers label their chunks with it.
+  virtual void begin_step(std::int64_t t) { (void)t; }
   virtual int workers() const = 0;
   // Traffic of worker w (a local replica index).
   virtual const Traffic& traffic(int w) const = 0;
 };
 
-// M replicas in one process. Each element is summed in double in worker order and divided
-// once, so the result is deterministic and exact whenever the inputs' sum is representable
-// (closed-form tests rely on that); a single replica is returned unchanged.
+// How VirtualAverager sums.
+enum class SumOrder {
+  // Each element summed in double in worker order and divided once: deterministic, and exact
+  // whenever the inputs' sum is representable (closed-form tests rely on that).
+  kExact,
+  // Bit for bit what the networked CollectiveAverager computes with `shards` ranks per site:
+  // each shard (transport::block) summed in the ring order of transport::ring_sum_reference
+  // in float, then divided by M in float. The trainer uses it, so `desloc train` is the exact
+  // reference for a multi-process `desloc launch` of the same job.
+  kRing,
+};
+
+// M replicas in one process; a single replica is returned unchanged.
 class VirtualAverager final : public Averager {
  public:
-  explicit VirtualAverager(int workers);
+  explicit VirtualAverager(int workers, SumOrder order = SumOrder::kExact, int shards = 1);
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   int workers() const override { return workers_; }
   const Traffic& traffic(int w) const override { return traffic_.at(static_cast<std::size_t>(w)); }
@@ -46,6 +62,8 @@ class VirtualAverager final : public Averager {
 
  private:
   int workers_;
+  SumOrder order_;
+  int shards_;
   std::vector<Traffic> traffic_;
 };
 

@@ -1,7 +1,12 @@
-// An Averager over a transport::Collective: each process (rank) holds one replica and the
-// mean is an all-reduce over the group divided by its size. The networked counterpart of
-// VirtualAverager; the trainer cannot tell them apart.
+// The networked Averager: a job of S sites x R ranks, each rank a process holding its site's
+// replica. Rank r of every site owns shard r (transport::block) of each state buffer; the
+// rank-r ranks of all sites form WAN group r, which averages that shard across the sites with
+// a ring all-reduce. An all-gather inside the site then makes every rank of the site identical
+// again. With R = 1 the whole buffer goes over the one WAN group. The trainer cannot tell it
+// from the VirtualAverager, whose kRing order it matches bit for bit.
 #pragma once
+
+#include <cstdint>
 
 #include "desloc/sync/averager.hpp"
 #include "desloc/transport/collective.hpp"
@@ -10,20 +15,25 @@ namespace desloc::sync {
 
 class CollectiveAverager final : public Averager {
  public:
-  // The group must outlive the averager. Every rank of the group must call average() for the
-  // same states in the same order (the SyncPolicy guarantees that: it is a function of t).
-  explicit CollectiveAverager(transport::Collective& group) : group_(group) {}
-  // `local` holds exactly one replica. Its elements are summed over the group in the
-  // collective's fixed order (ring order, in float), then scaled by 1/size; for integer-valued
-  // inputs this equals VirtualAverager's mean exactly.
+  // `wan` is this rank's WAN group (size S, rank = the site's ring position); `site` is the
+  // site's group (size R, rank = r), or nullptr when R = 1. Both must outlive the averager.
+  // Every rank must call average() for the same states in the same order (the SyncPolicy
+  // guarantees that: it is a function of t).
+  explicit CollectiveAverager(transport::Collective& wan, transport::Collective* site = nullptr);
+  // `local` holds exactly one replica, identical on every rank of a site.
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
-  int workers() const override { return group_.size(); }
-  // Wire bytes are what the collective actually sent, not a formula.
+  void begin_step(std::int64_t t) override { step_ = t; }
+  int workers() const override { return wan_.size(); }
+  // Wire bytes are what the collectives actually sent, not a formula: `wire` is the WAN
+  // group's, `site_wire` the intra-site all-gather's.
   const Traffic& traffic(int w) const override;
 
  private:
-  transport::Collective& group_;
+  transport::Collective& wan_;
+  transport::Collective* site_;
+  std::int64_t step_ = -1;
   Traffic traffic_;
+  std::vector<float> gathered_;  // R blocks, for the intra-site all-gather
 };
 
 }  // namespace desloc::sync
