@@ -3,8 +3,10 @@
 #include "desloc/train/config.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <toml++/toml.h>
+#include <cctype>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -92,6 +94,19 @@ class Binder {
                                         where(file_, n->source()), section_, key, v, list));
       }
       out = std::move(v);
+    }
+  }
+
+  void strings(const char* key, std::vector<std::string>& out, const char* doc) {
+    if (describe(key, fmt::format("[{}]", fmt::join(out, ", ")), doc)) return;
+    if (const toml::node* n = take(key)) {
+      const toml::array* a = n->as_array();
+      if (a == nullptr) type_error(key, *n, "an array of strings");
+      out.clear();
+      for (const toml::node& e : *a) {
+        if (!e.is_string()) type_error(key, e, "an array of strings");
+        out.push_back(e.as_string()->get());
+      }
     }
   }
 
@@ -223,6 +238,44 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
   b.integer("join_workers", s.join_workers, "elastic join: worker count after the join", 0, 4096);
 }
 
+void bind_job(Binder& b, JobSection& j) {
+  b.strings("sites", j.sites,
+            "site names in wide-area ring order; [] = site0..site{M-1} from sync.workers");
+  b.integer("ranks_per_site", j.ranks_per_site,
+            "ranks (processes) per site R; they all-reduce gradients every step", 1, 1024);
+  b.string("coordinator", j.coordinator, "host:port of `desloc coordinator` (launch picks a port)");
+  b.string("token_file", j.token_file,
+           "file holding the job's shared secret (else token, else $DESLOC_JOB_TOKEN)");
+  b.string("token", j.token, "the shared secret inline (prefer token_file)");
+  b.integer("rendezvous_timeout_s", j.rendezvous_timeout_s, "deadline for every rank to register",
+            1, 86400);
+  b.integer("heartbeat_ms", j.heartbeat_ms, "rank -> coordinator heartbeat period", 10, 60000);
+  b.integer("heartbeat_timeout_ms", j.heartbeat_timeout_ms,
+            "silence after which a rank is listed missing", 50, 600000);
+}
+void bind_transport(Binder& b, TransportSection& t) {
+  b.string("tls", t.tls, "wide-area UCX_TLS (only tcp crosses network namespaces)");
+  b.string("net_devices", t.net_devices, "wide-area UCX_NET_DEVICES (e.g. \"lo\", \"eth0\")");
+  b.string("site_tls", t.site_tls, "intra-site UCX_TLS");
+  b.string("site_net_devices", t.site_net_devices, "intra-site UCX_NET_DEVICES");
+  b.integer64("chunk_bytes", t.chunk_bytes, "pipelining unit of the ring collectives", 4,
+              std::int64_t{1} << 30);
+  b.integer("inflight_chunks", t.inflight_chunks, "receives posted ahead per ring", 1, 1024);
+  b.string("rndv_thresh", t.rndv_thresh,
+           "UCX_RNDV_THRESH (\"\" = UCX default, \"inf\" = eager only)");
+  b.integer("spin_iterations", t.spin_iterations,
+            "progress polls before sleeping on the UCX event fd", 0, 1 << 30);
+  b.real("deadline_s", t.deadline_s, "every collective must finish within this", 0.0, 1e6, true);
+  b.boolean("chunk_headers", t.chunk_headers, "CRC32C and context header on every wide-area chunk");
+}
+
+bool valid_site_name(const std::string& s) {
+  if (s.empty() || s.size() > 32 || !std::isalpha(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
+  return true;
+}
+
 // Cross-key rules of [sync]; each error points at the offending key.
 void check_sync(const Binder& b, const sync::SyncConfig& s) {
   const bool desloc = s.method == "desloc";
@@ -269,6 +322,8 @@ const std::vector<Section>& sections() {
       {"data", [](Binder& b, JobConfig& j) { bind_data(b, j.data); }},
       {"train", [](Binder& b, JobConfig& j) { bind_train(b, j.train); }},
       {"sync", [](Binder& b, JobConfig& j) { bind_sync(b, j.sync); }},
+      {"job", [](Binder& b, JobConfig& j) { bind_job(b, j.job); }},
+      {"transport", [](Binder& b, JobConfig& j) { bind_transport(b, j.transport); }},
   };
   return s;
 }
@@ -289,12 +344,36 @@ JobConfig from_table(const toml::table& root, const std::string& file) {
     b.reject_unknown_keys();
     if (std::string(sec.name) == "model") heads_at = b.location_of("heads");
     if (std::string(sec.name) == "sync") check_sync(b, job.sync);
+    if (std::string(sec.name) == "job" && !job.job.sites.empty()) {
+      std::set<std::string> seen;
+      for (const auto& site : job.job.sites) {
+        if (!valid_site_name(site))
+          throw ConfigError(fmt::format(
+              "{}: job.sites: '{}' is not a valid site name (1-32 of [A-Za-z0-9_-], starting "
+              "with a letter)",
+              b.location_of("sites"), site));
+        if (!seen.insert(site).second)
+          throw ConfigError(
+              fmt::format("{}: job.sites names '{}' twice", b.location_of("sites"), site));
+      }
+      const auto* workers = root.at_path("sync.workers").node();
+      const int m = static_cast<int>(job.job.sites.size());
+      if (workers != nullptr && job.sync.workers != m)
+        throw ConfigError(fmt::format(
+            "{}: sync.workers = {} but job.sites names {} site(s); a site is a worker, so drop "
+            "sync.workers or make them agree",
+            where(file, workers->source()), job.sync.workers, m));
+      job.sync.workers = m;
+      if (job.sync.join_step > 0 && job.sync.join_workers <= m)
+        throw ConfigError(fmt::format("{}: sync.join_workers = {} must exceed the {} sites", file,
+                                      job.sync.join_workers, m));
+    }
   }
   for (auto&& [k, v] : root) {
     if (!known.contains(std::string(k.str())))
       throw ConfigError(
           fmt::format("{}: unknown table or key '{}' (valid tables: model, optim, schedule, data, "
-                      "train)",
+                      "train, sync, job, transport)",
                       where(file, k.source()), k.str()));
   }
   if (job.model.d_model % job.model.heads != 0)
@@ -363,7 +442,16 @@ std::string JobConfig::canonical() const {
                       sync.kx, sync.effective_ku(), sync.effective_kv(), sync.phase_x, sync.phase_u,
                       sync.phase_v, sync.outer, sync.outer_lr, sync.outer_momentum, sync.join_step,
                       sync.join_workers);
+  // Sites and ranks shape the data partition and the order of every sum.
+  text += fmt::format(";job:{},{}", fmt::join(site_names(), ","), job.ranks_per_site);
   return text;
+}
+
+std::vector<std::string> JobConfig::site_names() const {
+  if (!job.sites.empty()) return job.sites;
+  std::vector<std::string> names;
+  for (int w = 0; w < sync.workers; ++w) names.push_back(fmt::format("site{}", w));
+  return names;
 }
 
 std::uint64_t JobConfig::hash() const { return fnv1a64(canonical()); }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "desloc/model/gpt_config.hpp"
 #include "desloc/optim/optimizer.hpp"
@@ -32,6 +33,34 @@ struct RunConfig {
   int threads = 0;                          // CPU threads (0 = all cores)
 };
 
+// [job]: the sites and ranks of a multi-site job and how its processes find each other. A
+// site is one DES-LOC worker; its R ranks all-reduce gradients every step, so a site trains
+// with R * data.batch sequences per step.
+struct JobSection {
+  std::vector<std::string> sites;  // names, in wide-area ring order; empty = site0..site{M-1}
+  int ranks_per_site = 1;          // R
+  std::string coordinator = "127.0.0.1:29500";  // host:port of `desloc coordinator`
+  std::string token_file;                       // file holding the job's shared secret
+  std::string token;                // the secret inline (token_file is better: configs get copied)
+  int rendezvous_timeout_s = 60;    // every rank must register within this
+  int heartbeat_ms = 500;           // rank -> coordinator liveness period
+  int heartbeat_timeout_ms = 5000;  // silence after which the coordinator lists a rank missing
+};
+
+// [transport]: UCX settings for the two collectives every rank holds.
+struct TransportSection {
+  std::string tls = "tcp";         // wide-area UCX_TLS; between namespaces only tcp works
+  std::string net_devices = "lo";  // wide-area UCX_NET_DEVICES
+  std::string site_tls = "tcp";    // intra-site UCX_TLS
+  std::string site_net_devices = "lo";
+  std::int64_t chunk_bytes = 1 << 20;  // pipelining unit on the wire
+  int inflight_chunks = 8;             // receives posted ahead per ring
+  std::string rndv_thresh;             // UCX_RNDV_THRESH ("" = UCX default, "inf" = never)
+  int spin_iterations = 64;            // progress polls before sleeping on the event fd
+  float deadline_s = 60.0f;            // every collective must finish within this
+  bool chunk_headers = true;           // CRC32C + context header on every wide-area chunk
+};
+
 struct JobConfig {
   model::GptConfig model;
   optim::OptimizerConfig optim;
@@ -40,9 +69,13 @@ struct JobConfig {
   DataConfig data;
   RunConfig train;
   sync::SyncConfig sync;
+  JobSection job;
+  TransportSection transport;
   std::string source;  // the file it was read from, for messages
 
   int seq_len() const { return data.seq_len > 0 ? data.seq_len : model.context; }
+  // job.sites, or site0..site{M-1} when unset.
+  std::vector<std::string> site_names() const;
   // Identity of everything that shapes the trajectory of training (model, optimizer,
   // schedule, data order, seeds, step count); excludes logging, output paths and threads.
   // A checkpoint records it, and --resume refuses a checkpoint whose hash differs.
