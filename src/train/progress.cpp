@@ -8,11 +8,12 @@
 namespace desloc::train {
 
 ProgressReporter::ProgressReporter(std::int64_t first_step, std::int64_t total_steps, bool tty,
-                                   int log_every)
+                                   int log_every, bool quiet)
     : first_(first_step),
       total_(total_steps),
       tty_(tty),
-      log_every_(log_every > 0 ? log_every : 1) {}
+      log_every_(log_every > 0 ? log_every : 1),
+      quiet_(quiet) {}
 
 std::string ProgressReporter::eta(std::int64_t done) const {
   const double elapsed =
@@ -25,6 +26,7 @@ std::string ProgressReporter::eta(std::int64_t done) const {
 }
 
 void ProgressReporter::step(std::int64_t done, float loss, float lr, double tokens_per_s) {
+  if (quiet_) return;
   if (tty_) {
     constexpr int kWidth = 28;
     const int filled = total_ > 0 ? static_cast<int>(kWidth * done / total_) : kWidth;
@@ -43,6 +45,7 @@ void ProgressReporter::step(std::int64_t done, float loss, float lr, double toke
 }
 
 void ProgressReporter::message(const std::string& line) {
+  if (quiet_) return;
   if (bar_visible_) std::fputs("\r\x1b[K", stderr);
   std::fprintf(stderr, "%s\n", line.c_str());
   bar_visible_ = false;

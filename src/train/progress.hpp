@@ -10,7 +10,8 @@ namespace desloc::train {
 
 class ProgressReporter {
  public:
-  ProgressReporter(std::int64_t first_step, std::int64_t total_steps, bool tty, int log_every);
+  ProgressReporter(std::int64_t first_step, std::int64_t total_steps, bool tty, int log_every,
+                   bool quiet = false);
   // Called after each step (1-based count of completed steps).
   void step(std::int64_t done, float loss, float lr, double tokens_per_s);
   void message(const std::string& line);  // a full line that does not break the bar
@@ -22,6 +23,7 @@ class ProgressReporter {
   bool tty_;
   int log_every_;
   bool bar_visible_ = false;
+  bool quiet_ = false;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

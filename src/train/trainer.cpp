@@ -1,12 +1,16 @@
-// The training loop: M in-process virtual workers (M = 1 is plain single-site training),
-// each with its own data shard and optimizer state, synchronised by a SyncPolicy through an
-// Averager in the order of DES-LOC's Alg. 1: gradients at the un-averaged x, then the due
-// averages, then the local update.
+// The training loop: M sites (M = 1 is plain single-site training), each with its own data
+// shard and optimizer state, synchronised by a SyncPolicy through an Averager in the order of
+// DES-LOC's Alg. 1: gradients at the un-averaged x, then the due averages, then the local
+// update. In-process, every site is a virtual worker and its R ranks are R micro-batches; as
+// a networked rank (RankContext) the process holds one site's replica, all-reduces gradients
+// with the site's other ranks and averages states across sites through the injected Averager.
 #include "desloc/train/trainer.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -22,10 +26,12 @@
 #include "desloc/model/model.hpp"
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/averager.hpp"
+#include "desloc/sync/collective_averager.hpp"
 #include "desloc/sync/outer_optimizer.hpp"
 #include "desloc/sync/sync_policy.hpp"
 #include "desloc/sync/synced_step.hpp"
 #include "desloc/train/checkpoint.hpp"
+#include "desloc/transport/ring_order.hpp"
 #include "train/metrics.hpp"
 #include "train/progress.hpp"
 
@@ -61,13 +67,28 @@ std::string json_number(double v) {
   return fmt::format("{:.7g}", v);
 }
 
-// One virtual worker (a site): its replica of x, its gradient, its optimizer state (u, v)
-// and its data shard.
+std::string json_exact(float v) {
+  if (!std::isfinite(v)) return "null";
+  return fmt::format("{:.9g}", v);  // round-trips a float
+}
+
+// One site: its replica of x, its gradient, its optimizer state (u, v) and the data loaders of
+// the ranks it holds (R in-process, 1 for a networked rank), with their gradient buffers.
 struct Worker {
   std::vector<float> x, g;
   optim::Optimizer opt;
-  data::DataLoader loader;
+  std::vector<data::DataLoader> loaders;
+  std::vector<std::vector<float>> micro_g;  // per-rank gradients when R > 1 in-process
 };
+
+// What a ring all-reduce over the site's ranks followed by "/ R" leaves, for in-process runs:
+// bit for bit the networked rank's result (transport::ring_sum_reference).
+void site_mean(std::span<const std::vector<float>> parts, std::span<float> out) {
+  std::vector<std::span<const float>> views(parts.begin(), parts.end());
+  transport::ring_sum_reference(views, out);
+  const auto r = static_cast<float>(parts.size());
+  for (float& x : out) x /= r;
+}
 
 std::vector<sync::Replica> replicas_of(std::vector<Worker>& workers) {
   std::vector<sync::Replica> out;
@@ -76,8 +97,9 @@ std::vector<sync::Replica> replicas_of(std::vector<Worker>& workers) {
   return out;
 }
 
-// Mean of one state over the workers, without touching them (evaluation, elastic join).
-std::vector<float> mean_of(std::vector<Worker>& workers, optim::StateKind kind) {
+// Mean of one state over the in-process workers, without touching them (evaluation, elastic
+// join), in the same order as the training averages.
+std::vector<float> mean_of(std::vector<Worker>& workers, optim::StateKind kind, int ranks) {
   auto replicas = replicas_of(workers);
   const auto all = sync::state_views(replicas, kind);
   std::vector<float> mean(all[0].begin(), all[0].end());
@@ -85,8 +107,8 @@ std::vector<float> mean_of(std::vector<Worker>& workers, optim::StateKind kind) 
     std::vector<std::vector<float>> copies;
     for (auto& s : all) copies.emplace_back(s.begin(), s.end());
     std::vector<std::span<float>> views(copies.begin(), copies.end());
-    sync::VirtualAverager exact(static_cast<int>(views.size()));
-    exact.average(kind, views);
+    sync::VirtualAverager ring(static_cast<int>(views.size()), sync::SumOrder::kRing, ranks);
+    ring.average(kind, views);
     mean = std::move(copies[0]);
   }
   return mean;
@@ -107,23 +129,53 @@ float evaluate(model::Model& m, const data::EvalLoader& eval, int batches, int B
 
 }  // namespace
 
-std::string metrics_path(const JobConfig& cfg) {
-  return (std::filesystem::path(cfg.train.out_dir) / "metrics.jsonl").string();
+namespace {
+std::filesystem::path rank_dir(const JobConfig& cfg, const RankContext* rank) {
+  std::filesystem::path dir(cfg.train.out_dir);
+  if (rank == nullptr || rank->leader()) return dir;
+  const auto sites = cfg.site_names();
+  return dir / "ranks" /
+         fmt::format("{}-{}", sites.at(static_cast<std::size_t>(rank->site)), rank->rank);
 }
-std::string checkpoint_dir(const JobConfig& cfg) {
-  return (std::filesystem::path(cfg.train.out_dir) / "checkpoints").string();
+}  // namespace
+
+std::string metrics_path(const JobConfig& cfg, const RankContext* rank) {
+  return (rank_dir(cfg, rank) / "metrics.jsonl").string();
+}
+std::string checkpoint_dir(const JobConfig& cfg, const RankContext* rank) {
+  return (rank_dir(cfg, rank) / "checkpoints").string();
 }
 
-TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
+TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankContext* rank) {
   using clock = std::chrono::steady_clock;
   using optim::StateKind;
   const int B = cfg.data.batch;
   const int T = cfg.seq_len();
+  const int R = cfg.job.ranks_per_site;
   const std::int64_t total = cfg.train.steps;
   const sync::SyncPolicy policy(cfg.sync);
   // Data is partitioned for the largest worker count the run will reach, so workers that
-  // join later never read a window another worker already owns.
+  // join later never read a window another worker already owns. Site s's rank r reads
+  // partition s * R + r.
   const int max_workers = std::max(cfg.sync.workers, cfg.sync.join_workers);
+  const bool networked = rank != nullptr;
+  if (networked) {
+    if (rank->averager == nullptr || rank->wan_group == nullptr)
+      throw Error("run_training: a networked rank needs its averager and WAN group");
+    if ((R > 1) != (rank->site_group != nullptr && rank->site_group->size() > 1))
+      throw Error(
+          fmt::format("run_training: rank {} has a site group of {} but job.ranks_per_site = {}",
+                      rank->name, rank->site_group ? rank->site_group->size() : 1, R));
+    if (cfg.sync.join_step > 0)
+      throw ConfigError(fmt::format(
+          "{}: sync.join_step: elastic join runs in-process only (`desloc train`); a "
+          "multi-process job changes membership through the coordinator (not built yet)",
+          cfg.source));
+    if (opts.resume)
+      throw ConfigError(
+          "--resume: a multi-process job cannot resume yet (the ranks must first agree on a "
+          "common checkpoint step); rerun it, or resume the in-process run with `desloc train`");
+  }
 
   const data::DatasetInfo dataset = data::load_dataset(cfg.data.dir);
   if (static_cast<int>(dataset.vocab) > cfg.model.vocab)
@@ -135,14 +187,25 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
   const auto& layout = model->layout();
   const data::EvalLoader eval(dataset, B, T);
   auto make_worker = [&](int index) {
-    return Worker{{},
-                  std::vector<float>(layout.total()),
-                  optim::Optimizer(cfg.optim, layout),
-                  data::DataLoader(dataset, B, T, cfg.data.seed, index, max_workers)};
+    Worker w{{}, std::vector<float>(layout.total()), optim::Optimizer(cfg.optim, layout), {}, {}};
+    const int first = networked ? rank->rank : 0;
+    const int count = networked ? 1 : R;
+    for (int r = first; r < first + count; ++r)
+      w.loaders.emplace_back(dataset, B, T, cfg.data.seed, index * R + r, max_workers * R);
+    if (count > 1)
+      w.micro_g.assign(static_cast<std::size_t>(count), std::vector<float>(layout.total()));
+    return w;
   };
   std::vector<Worker> workers;
-  for (int w = 0; w < cfg.sync.workers; ++w) workers.push_back(make_worker(w));
-  sync::VirtualAverager averager(cfg.sync.workers);
+  if (networked)
+    workers.push_back(make_worker(rank->site));
+  else
+    for (int w = 0; w < cfg.sync.workers; ++w) workers.push_back(make_worker(w));
+  sync::VirtualAverager virtual_averager(cfg.sync.workers, sync::SumOrder::kRing, R);
+  sync::Averager& averager = networked ? *rank->averager : virtual_averager;
+  // The evaluation's parameter mean travels separately, so it never counts as training traffic.
+  std::optional<sync::CollectiveAverager> eval_averager;
+  if (networked) eval_averager.emplace(*rank->wan_group, rank->site_group);
   std::optional<sync::OuterNesterov> outer;
   if (cfg.sync.outer == "nesterov") outer.emplace(cfg.sync.outer_lr, cfg.sync.outer_momentum);
 
@@ -150,7 +213,7 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
   result.unigram_entropy_nats = dataset.unigram_entropy_nats;
   result.last_val_loss = std::numeric_limits<float>::quiet_NaN();
   std::uint64_t tokens_seen = 0;  // per worker
-  const std::string ckpt_dir = checkpoint_dir(cfg);
+  const std::string ckpt_dir = checkpoint_dir(cfg, rank);
 
   if (opts.resume) {
     auto found = find_latest_checkpoint(ckpt_dir);
@@ -172,13 +235,15 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
                                     w.params.size(), layout.total()));
     while (workers.size() < ck.workers.size())
       workers.push_back(make_worker(static_cast<int>(workers.size())));
-    averager.resize(static_cast<int>(workers.size()));
+    virtual_averager.resize(static_cast<int>(workers.size()));
     for (std::size_t i = 0; i < workers.size(); ++i) {
       workers[i].x = std::move(ck.workers[i].params);
       workers[i].opt.state().u = std::move(ck.workers[i].u);
       workers[i].opt.state().v = std::move(ck.workers[i].v);
       workers[i].opt.state().t = ck.workers[i].optim_t;
-      workers[i].loader.restore(ck.workers[i].loader);
+      // A site's ranks read the same number of windows per step from equal-sized
+      // partitions, so one cursor describes them all (checked when saving).
+      for (auto& l : workers[i].loaders) l.restore(ck.workers[i].loader);
     }
     if (outer) {
       outer->reference() = std::move(ck.outer_ref);
@@ -195,25 +260,29 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
     if (outer) outer->reset(x0);
   }
 
-  MetricsWriter metrics(metrics_path(cfg), opts.resume, result.start_step);
+  MetricsWriter metrics(metrics_path(cfg, rank), opts.resume, result.start_step);
   const bool tty = opts.progress == 1 || (opts.progress == -1 && ::isatty(STDERR_FILENO));
-  ProgressReporter progress(result.start_step, total, tty, cfg.train.log_every);
+  const int sites = cfg.sync.workers;
+  const std::string site_list = fmt::format("{}", fmt::join(cfg.site_names(), ","));
+  ProgressReporter progress(result.start_step, total, tty, cfg.train.log_every, opts.quiet);
   if (!opts.resume) {
     metrics.write_line(fmt::format(
         R"({{"type":"run","name":"{}","method":"{}","workers":{},"kx":{},"ku":{},"kv":{},"outer":"{}",)"
-        R"("parameters":{},"batch":{},"seq_len":{},"steps":{},"config_hash":"{:016x}"}})",
+        R"("parameters":{},"batch":{},"seq_len":{},"steps":{},"config_hash":"{:016x}",)"
+        R"("sites":"{}","ranks_per_site":{},"rank":"{}"}})",
         std::filesystem::path(cfg.train.out_dir).filename().string(), cfg.sync.method,
         cfg.sync.workers, cfg.sync.averages_params() ? std::to_string(cfg.sync.kx) : "null",
         cfg.sync.method == "desloc" ? std::to_string(cfg.sync.effective_ku()) : "null",
         cfg.sync.method == "desloc" ? std::to_string(cfg.sync.effective_kv()) : "null",
-        cfg.sync.outer, layout.total(), B, T, total, cfg.hash()));
-    progress.message(
-        fmt::format("desloc train: {} parameters ({} backend), {} worker{} ({}), B={} T={}, {} "
-                    "steps, {} train / {} val "
-                    "tokens, unigram entropy {:.4f} nats",
-                    layout.total(), model->backend_name(), workers.size(),
-                    workers.size() == 1 ? "" : "s", cfg.sync.method, B, T, total,
-                    dataset.train_tokens, dataset.val_tokens, dataset.unigram_entropy_nats));
+        cfg.sync.outer, layout.total(), B, T, total, cfg.hash(), site_list, R,
+        networked ? rank->name : "all"));
+    progress.message(fmt::format(
+        "desloc train: {} parameters ({} backend), {} site{} x {} rank{} ({}{}), B={} T={}, {} "
+        "steps, {} train / {} val tokens, unigram entropy {:.4f} nats",
+        layout.total(), model->backend_name(), sites, sites == 1 ? "" : "s", R, R == 1 ? "" : "s",
+        cfg.sync.method,
+        networked ? ", this process is " + rank->name : std::string(", in-process"), B, T, total,
+        dataset.train_tokens, dataset.val_tokens, dataset.unigram_entropy_nats));
   }
 
   auto save = [&](std::int64_t step) {
@@ -221,9 +290,17 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
     ck.config_hash = cfg.hash();
     ck.step = step;
     ck.tokens_seen = tokens_seen;
-    for (auto& w : workers)
+    for (auto& w : workers) {
+      for (const auto& l : w.loaders)
+        if (l.state().epoch != w.loaders[0].state().epoch ||
+            l.state().cursor != w.loaders[0].state().cursor)
+          throw Error(fmt::format(
+              "checkpoint at step {}: the ranks of one site disagree on the data position; "
+              "their partitions differ in size (report this with the dataset and batch)",
+              step));
       ck.workers.push_back(
-          {w.opt.state().t, w.loader.state(), w.x, w.opt.state().u, w.opt.state().v});
+          {w.opt.state().t, w.loaders[0].state(), w.x, w.opt.state().u, w.opt.state().v});
+    }
     if (outer) {
       ck.outer_ref = outer->reference();
       ck.outer_momentum = outer->momentum();
@@ -234,9 +311,20 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
   };
   // Validation loss of the workers' mean parameters (the model DES-LOC would ship); for one
   // worker that is its own x.
+  // A networked job averages x across sites for it (every rank takes part; the leader alone
+  // evaluates).
   auto run_eval = [&](std::int64_t step) {
     const auto t0 = clock::now();
-    const std::vector<float> mean_x = mean_of(workers, StateKind::kX);
+    std::vector<float> mean_x;
+    if (networked) {
+      mean_x = workers[0].x;
+      std::span<float> view(mean_x);
+      eval_averager->begin_step(step);
+      eval_averager->average(StateKind::kX, std::span<const std::span<float>>(&view, 1));
+      if (!rank->leader()) return;
+    } else {
+      mean_x = mean_of(workers, StateKind::kX, R);
+    }
     std::copy(mean_x.begin(), mean_x.end(), model->params().begin());
     model->params_updated();
     const float val = evaluate(*model, eval, cfg.train.eval_batches, B, T);
@@ -257,11 +345,11 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
         static_cast<int>(workers.size()) >= cfg.sync.join_workers)
       return;
     const bool share_moments = cfg.sync.method == "desloc" || cfg.sync.method == "local_adam";
-    const auto x = mean_of(workers, StateKind::kX);
-    const auto u =
-        share_moments ? mean_of(workers, StateKind::kU) : std::vector<float>(layout.total(), 0.0f);
-    const auto v =
-        share_moments ? mean_of(workers, StateKind::kV) : std::vector<float>(layout.total(), 0.0f);
+    const auto x = mean_of(workers, StateKind::kX, R);
+    const auto u = share_moments ? mean_of(workers, StateKind::kU, R)
+                                 : std::vector<float>(layout.total(), 0.0f);
+    const auto v = share_moments ? mean_of(workers, StateKind::kV, R)
+                                 : std::vector<float>(layout.total(), 0.0f);
     const std::int64_t optim_t = share_moments ? workers[0].opt.state().t : 0;
     const std::size_t before = workers.size();
     while (static_cast<int>(workers.size()) < cfg.sync.join_workers) {
@@ -272,10 +360,10 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
       w.opt.state().t = optim_t;
       // Skip the windows this worker would have consumed had it run from the start, so the
       // data order stays a function of (seed, worker) alone.
-      w.loader.skip(static_cast<std::uint64_t>(t - 1));
+      for (auto& l : w.loaders) l.skip(static_cast<std::uint64_t>(t - 1));
       workers.push_back(std::move(w));
     }
-    averager.resize(static_cast<int>(workers.size()));
+    virtual_averager.resize(static_cast<int>(workers.size()));
     metrics.write_line(
         fmt::format(R"({{"type":"join","step":{},"workers_before":{},"workers_after":{}}})", t - 1,
                     before, workers.size()));
@@ -285,15 +373,24 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
 
   StopSignals signals;
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(B) * T), targets(inputs.size());
+  // Per site: its R ranks each read B sequences of T tokens.
   const std::uint64_t tokens_per_step =
-      static_cast<std::uint64_t>(B) * static_cast<std::uint64_t>(T);
+      static_cast<std::uint64_t>(B) * static_cast<std::uint64_t>(T) * static_cast<std::uint64_t>(R);
+  std::vector<float> site_losses(workers.size());
+  // Sites stop together: a networked rank learns of a stop request (SIGINT/SIGTERM) from its
+  // site's ranks every step and from the other sites at each sync, and all stop after the
+  // same step. Without any cross-site sync (method = none) a site stops on its own.
+  bool stop_agreed = false;
+  float site_stop = 0.0f;
   const auto run_start = clock::now();
   std::int64_t step = result.start_step;
   while (step < total) {
     if (opts.stop_after >= 0 && step >= opts.stop_after) break;
-    if (g_stop_signal != 0) {
-      progress.message(fmt::format("signal {} received: checkpointing at step {} and stopping",
-                                   int(g_stop_signal), step));
+    if ((!networked && g_stop_signal != 0) || stop_agreed) {
+      progress.message(fmt::format(
+          "{} received: checkpointing at step {} and stopping",
+          networked ? std::string("a stop request") : fmt::format("signal {}", int(g_stop_signal)),
+          step));
       result.interrupted = true;
       break;
     }
@@ -306,16 +403,41 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
       Worker& w = workers[i];
       std::copy(w.x.begin(), w.x.end(), model->params().begin());
       model->params_updated();
-      w.loader.next(inputs, targets);
-      const float loss = model->forward_backward({inputs, targets, B, T});
-      if (!std::isfinite(loss))
-        throw Error(fmt::format(
-            "loss is not finite ({}) at step {} on worker {}; lower schedule.lr or enable "
-            "optim.clip (last good checkpoint: {})",
-            loss, t, i, result.last_checkpoint.empty() ? "none" : result.last_checkpoint));
-      const auto g = model->grads();
-      std::copy(g.begin(), g.end(), w.g.begin());
-      loss_sum += loss;
+      std::vector<std::vector<float>> micro_loss(w.loaders.size(), std::vector<float>(1));
+      for (std::size_t m = 0; m < w.loaders.size(); ++m) {
+        w.loaders[m].next(inputs, targets);
+        const float loss = model->forward_backward({inputs, targets, B, T});
+        if (!std::isfinite(loss))
+          throw Error(
+              fmt::format("loss is not finite ({}) at step {} on {}; lower schedule.lr or enable "
+                          "optim.clip (last good checkpoint: {})",
+                          loss, t, networked ? rank->name : fmt::format("worker {} rank {}", i, m),
+                          result.last_checkpoint.empty() ? "none" : result.last_checkpoint));
+        const auto g = model->grads();
+        std::copy(g.begin(), g.end(), w.micro_g.empty() ? w.g.begin() : w.micro_g[m].begin());
+        micro_loss[m][0] = loss;
+      }
+      float site_loss = micro_loss[0][0];
+      if (!w.micro_g.empty()) {  // in-process: the site's R ranks, summed as the ring would
+        site_mean(w.micro_g, w.g);
+        std::vector<float> mean(1);
+        site_mean(micro_loss, mean);
+        site_loss = mean[0];
+      } else if (networked && rank->site_group != nullptr) {
+        rank->site_group->all_reduce_sum(w.g);
+        const auto r = static_cast<float>(R);
+        for (float& x : w.g) x /= r;
+        // The loss and this rank's stop request ride one small all-reduce: element 0 sums in
+        // rank order, as site_mean's does.
+        std::array<float, 2> small{site_loss, g_stop_signal != 0 ? 1.0f : 0.0f};
+        rank->site_group->all_reduce_sum(small);
+        site_loss = small[0] / r;
+        site_stop = small[1];
+      } else if (networked) {
+        site_stop = g_stop_signal != 0 ? 1.0f : 0.0f;
+      }
+      site_losses[i] = site_loss;
+      loss_sum += site_loss;
     };
     std::vector<sync::Replica> replicas = replicas_of(workers);
     const float lr = optim::learning_rate(cfg.schedule, step, total);
@@ -324,27 +446,44 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
     const float grad_norm = report.grad_norm;
     ++step;
     tokens_seen += tokens_per_step;
+    if (networked) {
+      if (cfg.sync.method == "none") {
+        stop_agreed = site_stop > 0.0f;
+      } else if (report.due.any()) {
+        std::array<float, 1> flag{site_stop};
+        rank->wan_group->set_label({t, 255, static_cast<std::uint32_t>(rank->rank)});
+        rank->wan_group->all_reduce_sum(flag);
+        stop_agreed = flag[0] > 0.0f;
+      }
+      if (rank->on_step) rank->on_step(step);
+    }
 
     const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
-    const double tps = double(tokens_per_step * workers.size()) / step_s;
+    const double tps = double(tokens_per_step) * double(sites) / step_s;
     const float loss = static_cast<float>(loss_sum / double(workers.size()));
     result.last_train_loss = loss;
     const sync::Traffic& traffic = averager.traffic(0);
     // Every worker's wire total: equal under a ring, except for workers that joined late.
-    std::string by_worker;
-    for (std::size_t i = 0; i < workers.size(); ++i)
+    std::string by_worker, loss_by_site;
+    for (std::size_t i = 0; i < workers.size(); ++i) {
       by_worker +=
           fmt::format("{}{}", i ? "," : "", averager.traffic(static_cast<int>(i)).total_wire());
+      loss_by_site += fmt::format("{}{}", i ? "," : "", json_exact(site_losses[i]));
+    }
+    const std::uint64_t site_bytes =
+        networked && rank->site_group != nullptr ? rank->site_group->bytes().total().sent : 0;
     metrics.write_line(fmt::format(
         R"({{"type":"train","step":{},"loss":{},"lr":{},"grad_norm":{},"tokens_per_s":{},"step_ms":{},)"
         R"("tokens":{},"workers":{},"synced":"{}{}{}{}","bytes_sent":{},)"
         R"("bytes_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},)"
-        R"("payload_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},"bytes_sent_by_worker":[{}]}})",
+        R"("payload_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},"bytes_sent_by_worker":[{}],)"
+        R"("loss_by_site":[{}],"site_bytes_sent":{}}})",
         step, json_number(loss), json_number(lr), json_number(grad_norm), json_number(tps),
         json_number(step_s * 1e3), tokens_seen, workers.size(), report.due.grad ? "g" : "",
         report.due.x ? "x" : "", report.due.u ? "u" : "", report.due.v ? "v" : "",
         traffic.total_wire(), traffic.wire[0], traffic.wire[1], traffic.wire[2], traffic.wire[3],
-        traffic.payload[0], traffic.payload[1], traffic.payload[2], traffic.payload[3], by_worker));
+        traffic.payload[0], traffic.payload[1], traffic.payload[2], traffic.payload[3], by_worker,
+        loss_by_site, site_bytes));
     progress.step(step, loss, lr, tps);
 
     const bool last = step == total;
@@ -362,7 +501,7 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts) {
   const double secs = std::chrono::duration<double>(clock::now() - run_start).count();
   if (step > result.start_step && secs > 0)
     result.tokens_per_s =
-        double(step - result.start_step) * double(tokens_per_step * workers.size()) / secs;
+        double(step - result.start_step) * double(tokens_per_step) * double(sites) / secs;
   return result;
 }
 

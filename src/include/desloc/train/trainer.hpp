@@ -3,17 +3,21 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
+#include "desloc/sync/averager.hpp"
 #include "desloc/train/config.hpp"
+#include "desloc/transport/collective.hpp"
 
 namespace desloc::train {
 
 struct TrainOptions {
   bool resume = false;  // continue from the newest valid checkpoint in out_dir
   std::int64_t stop_after =
-      -1;             // stop (with a checkpoint) once this many steps are done; -1 = run all
-  int progress = -1;  // 1 = progress bar, 0 = log lines, -1 = bar only if stderr is a TTY
+      -1;              // stop (with a checkpoint) once this many steps are done; -1 = run all
+  int progress = -1;   // 1 = progress bar, 0 = log lines, -1 = bar only if stderr is a TTY
+  bool quiet = false;  // no progress or status lines at all (warnings and errors still print)
 };
 
 struct TrainResult {
@@ -29,12 +33,30 @@ struct TrainResult {
   std::string last_checkpoint;
 };
 
+// One networked rank of a multi-site job (set up by `desloc worker`): it holds its site's
+// replica only. Without one, run_training runs every site in-process as a virtual worker, and
+// each site's R ranks as R micro-batches summed in the same ring order: the exact reference
+// a multi-process run must reproduce.
+struct RankContext {
+  int site = 0;      // index into cfg.site_names(): the site's data partition and ring position
+  int rank = 0;      // within the site, 0..R-1
+  std::string name;  // "site/rank", for messages
+  sync::Averager* averager = nullptr;           // across sites (CollectiveAverager)
+  transport::Collective* site_group = nullptr;  // the site's R ranks; nullptr when R = 1
+  transport::Collective* wan_group = nullptr;   // rank r of every site
+  std::function<void(std::int64_t)> on_step;    // after each step (heartbeats)
+  // Where this rank writes metrics and checkpoints. The leader (site 0, rank 0) uses
+  // train.out_dir itself, and alone evaluates; the others use train.out_dir/ranks/<site>-<r>.
+  bool leader() const { return site == 0 && rank == 0; }
+};
+
 // Runs training. Throws ConfigError/DataError with context (file, key, step) on bad input,
 // and Error("loss is not finite at step N ...") if training diverges.
-TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts);
+TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts,
+                         RankContext* rank = nullptr);
 
 // Where run_training puts things inside cfg.train.out_dir.
-std::string metrics_path(const JobConfig& cfg);
-std::string checkpoint_dir(const JobConfig& cfg);
+std::string metrics_path(const JobConfig& cfg, const RankContext* rank = nullptr);
+std::string checkpoint_dir(const JobConfig& cfg, const RankContext* rank = nullptr);
 
 }  // namespace desloc::train
