@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "desloc/cluster/cluster.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/data/prepare.hpp"
@@ -17,11 +18,25 @@
 
 namespace {
 
-int cmd_train(const std::string& config_path, const desloc::train::TrainOptions& opts,
-              const std::string& out_dir) {
+// Overrides shared by train, worker and launch.
+struct Overrides {
+  std::string out_dir;
+  int threads = -1;
+};
+
+desloc::train::JobConfig load_with(const std::string& config_path, const Overrides& o) {
   desloc::train::JobConfig cfg = desloc::train::load_config(config_path);
-  if (!out_dir.empty()) cfg.train.out_dir = out_dir;
-  const auto r = desloc::train::run_training(cfg, opts);
+  if (!o.out_dir.empty()) cfg.train.out_dir = o.out_dir;
+  if (o.threads >= 0) cfg.train.threads = o.threads;
+  return cfg;
+}
+
+int cmd_train(const std::string& config_path, const desloc::train::TrainOptions& opts,
+              const Overrides& overrides, const desloc::cluster::WorkerOptions* worker) {
+  const desloc::train::JobConfig cfg = load_with(config_path, overrides);
+  const auto r = worker != nullptr ? desloc::cluster::run_worker(cfg, *worker)
+                                   : desloc::train::run_training(cfg, opts);
+  if (opts.quiet) return r.interrupted ? 130 : 0;
   std::string val = "not evaluated";
   if (std::isfinite(r.last_val_loss))
     val = fmt::format("{:.4f} nats ({:.1f}% below the unigram entropy {:.4f})", r.last_val_loss,
@@ -42,10 +57,10 @@ int main(int argc, char** argv) {
   CLI::App app{
       "desloc: a multi-site trainer for language models built on DES-LOC (desynced "
       "low-communication "
-      "adaptive optimizers, arXiv 2505.22549).\nThis build trains one site or M in-process virtual "
-      "workers (sites); "
-      "the networked commands (launch, coordinator, worker, profile, plan, simulate) are not "
-      "implemented yet."};
+      "adaptive optimizers, arXiv 2505.22549).\n`train` runs a whole job in one process (every "
+      "site a virtual worker); `launch` runs it as one process per rank on this machine; "
+      "`coordinator` and `worker` run it across machines. The topology commands (profile, plan, "
+      "simulate) are not implemented yet."};
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "debug logging");
@@ -79,7 +94,7 @@ int main(int argc, char** argv) {
       "train",
       "train from a TOML job config (one site, or [sync] workers in-process virtual workers)");
   std::string config_path;
-  std::string out_dir;
+  Overrides overrides;
   desloc::train::TrainOptions topts;
   bool no_progress = false;
   train->add_option("-c,--config", config_path, "job config (TOML), e.g. configs/quickstart.toml")
@@ -89,8 +104,53 @@ int main(int argc, char** argv) {
   train->add_option("--stop-after", topts.stop_after,
                     "stop after this many total steps (checkpointing first); the schedule still "
                     "spans train.steps");
-  train->add_option("--out-dir", out_dir, "override train.out_dir");
+  train->add_option("--out-dir", overrides.out_dir, "override train.out_dir");
+  train->add_option("--threads", overrides.threads, "override train.threads");
   train->add_flag("--no-progress", no_progress, "plain log lines instead of a progress bar");
+
+  // desloc launch
+  auto* launch = app.add_subcommand(
+      "launch",
+      "run a whole multi-site job on this machine: the coordinator and one process per rank "
+      "([job] sites x ranks_per_site) over loopback, with one combined progress view; Ctrl-C "
+      "stops every rank at a common step with a checkpoint");
+  std::string launch_config;
+  desloc::cluster::LaunchOptions lopts;
+  launch->add_option("-c,--config", launch_config, "job config (TOML)")->required();
+  launch->add_option("--out-dir", lopts.out_dir, "override train.out_dir");
+  bool launch_quiet = false;
+  launch->add_flag("--quiet", launch_quiet, "no progress lines, only warnings and errors");
+
+  // desloc coordinator
+  auto* coordinator = app.add_subcommand(
+      "coordinator",
+      "serve rendezvous, authentication, membership and heartbeats for a job's ranks; exits "
+      "when they have all left");
+  std::string coord_config, listen;
+  coordinator->add_option("-c,--config", coord_config, "job config (TOML)")->required();
+  coordinator->add_option("--listen", listen,
+                          "host:port to listen on (default: job.coordinator; port 0 = any)");
+
+  // desloc worker
+  auto* worker = app.add_subcommand(
+      "worker",
+      "run one rank of a multi-site job: register with the coordinator, then train. The identity "
+      "comes from --site/--rank, or from Slurm (SLURM_PROCID) or Open MPI "
+      "(OMPI_COMM_WORLD_RANK); the token from job.token_file, job.token or $DESLOC_JOB_TOKEN");
+  std::string worker_config;
+  desloc::cluster::WorkerOptions wopts;
+  wopts.id.rank = -1;
+  Overrides worker_overrides;
+  bool worker_no_progress = false;
+  worker->add_option("-c,--config", worker_config, "job config (TOML)")->required();
+  worker->add_option("--site", wopts.id.site, "this rank's site (a name in job.sites)");
+  worker->add_option("--rank", wopts.id.rank, "this rank's index within its site");
+  worker->add_option("--coordinator", wopts.coordinator,
+                     "host:port of the coordinator (default: job.coordinator)");
+  worker->add_option("--out-dir", worker_overrides.out_dir, "override train.out_dir");
+  worker->add_option("--threads", worker_overrides.threads, "override train.threads");
+  worker->add_flag("--no-progress", worker_no_progress, "plain log lines instead of a bar");
+  worker->add_flag("--quiet", wopts.train.quiet, "no progress lines, only warnings and errors");
 
   // desloc config
   auto* config = app.add_subcommand("config", "print the default config or check a config file");
@@ -107,6 +167,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   if (verbose) desloc::log::set_level(desloc::log::Level::kDebug);
+  // Errors name the process: with many ranks in one log, "which rank said this" matters.
+  std::string who = "desloc";
 
   try {
     if (*prepare) {
@@ -122,7 +184,38 @@ int main(int argc, char** argv) {
     if (*report) return desloc::cli::run_report_command();
     if (*train) {
       if (no_progress) topts.progress = 0;
-      return cmd_train(config_path, topts, out_dir);
+      return cmd_train(config_path, topts, overrides, nullptr);
+    }
+    if (*launch) {
+      const auto cfg = load_with(launch_config, {lopts.out_dir, -1});
+      lopts.config_path = launch_config;
+      lopts.progress = !launch_quiet;
+      return desloc::cluster::run_launch(cfg, lopts);
+    }
+    if (*coordinator) {
+      const auto cfg = desloc::train::load_config(coord_config);
+      const auto [host, port] = desloc::cluster::parse_endpoint(
+          listen.empty() ? cfg.job.coordinator : listen,
+          listen.empty() ? cfg.source + ": job.coordinator" : "--listen");
+      return desloc::cluster::run_coordinator(cfg, host, port);
+    }
+    if (*worker) {
+      const auto cfg = load_with(worker_config, worker_overrides);
+      if (wopts.id.site.empty() != (wopts.id.rank < 0))
+        throw desloc::ConfigError("worker: give both --site and --rank, or neither");
+      if (wopts.id.site.empty()) {
+        const auto env = desloc::cluster::identity_from_environment(cfg);
+        if (!env)
+          throw desloc::ConfigError(
+              "worker: no identity: pass --site and --rank, or run under Slurm (SLURM_PROCID, "
+              "SLURM_NTASKS) or Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)");
+        wopts.id = *env;
+      }
+      who = "desloc worker " + wopts.id.site + "/" + std::to_string(wopts.id.rank);
+      if (wopts.coordinator.empty()) wopts.coordinator = cfg.job.coordinator;
+      wopts.train.progress = worker_no_progress ? 0 : -1;
+      if (wopts.train.quiet) desloc::log::set_level(desloc::log::Level::kWarn);
+      return cmd_train(worker_config, wopts.train, worker_overrides, &wopts);
     }
     if (*config) {
       if (!check_path.empty()) {
@@ -136,14 +229,14 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const desloc::ConfigError& e) {
-    std::fprintf(stderr, "desloc: config error: %s\n", e.message().c_str());
+    std::fprintf(stderr, "%s: config error: %s\n", who.c_str(), e.message().c_str());
     return 2;
   } catch (const desloc::Error& e) {
-    std::fprintf(stderr, "desloc: error: %s\n", e.message().c_str());
+    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.message().c_str());
     desloc::log::debug("thrown at: {}", e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "desloc: unexpected error: %s\n", e.what());
+    std::fprintf(stderr, "%s: unexpected error: %s\n", who.c_str(), e.what());
     return 1;
   }
   return 0;

@@ -1,0 +1,370 @@
+// `desloc coordinator` and `desloc launch`: the control plane as a service, and a whole job on
+// one machine (the coordinator in-process, every rank a child process, one combined view).
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "desloc/cluster/cluster.hpp"
+#include "desloc/core/error.hpp"
+#include "desloc/core/log.hpp"
+#include "desloc/transport/control_plane.hpp"
+
+namespace desloc::cluster {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+volatile std::sig_atomic_t g_signals = 0;  // count of SIGINT/SIGTERM received
+extern "C" void on_signal(int) { g_signals = g_signals + 1; }
+
+class SignalCounter {
+ public:
+  SignalCounter() {
+    g_signals = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalCounter() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  int count() const { return g_signals; }
+
+ private:
+  struct sigaction old_int_ {
+  }, old_term_{};
+};
+
+transport::CoordinatorOptions coordinator_options(const train::JobConfig& cfg,
+                                                  transport::JobToken token,
+                                                  const std::string& bind) {
+  transport::CoordinatorOptions o;
+  o.site_names = cfg.site_names();
+  o.num_sites = o.site_names.size();
+  o.ranks_per_site = static_cast<std::size_t>(cfg.job.ranks_per_site);
+  o.token = std::move(token);
+  o.config_hash = cfg.hash();
+  o.bind_address = bind;
+  o.heartbeat_timeout = std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms);
+  return o;
+}
+
+// "steps 120..124 of 600, slowest west/1" from the ranks' heartbeats.
+std::string progress_line(const transport::Coordinator& c, std::int64_t total) {
+  const auto ranks = c.progress();
+  if (ranks.empty()) return "no rank registered yet";
+  auto [lo, hi] = std::minmax_element(ranks.begin(), ranks.end(),
+                                      [](const auto& a, const auto& b) { return a.step < b.step; });
+  std::string line = fmt::format("steps {}..{} of {}", lo->step, hi->step, total);
+  if (lo->step != hi->step) line += fmt::format(", slowest {}", lo->id.str());
+  std::vector<std::string> silent;
+  for (const auto& r : ranks)
+    if (r.connected && r.silent > 2s)
+      silent.push_back(fmt::format("{} ({} ms)", r.id.str(), r.silent.count()));
+  if (!silent.empty()) line += fmt::format(", silent: {}", fmt::join(silent, ", "));
+  return line;
+}
+
+std::string random_secret() {
+  const auto a = transport::random_nonce();
+  const auto b = transport::random_nonce();
+  std::string hex;
+  for (auto byte : a) hex += fmt::format("{:02x}", byte);
+  for (auto byte : b) hex += fmt::format("{:02x}", byte);
+  return hex;
+}
+
+struct Child {
+  std::string name;  // site/rank
+  pid_t pid = -1;
+  int out = -1;  // read end of its stdout+stderr
+  std::string pending;
+  bool exited = false;
+  int status = 0;  // exit code, or 128 + signal
+};
+
+Child spawn(const std::string& exe, const std::vector<std::string>& args, const std::string& name,
+            const std::vector<std::pair<std::string, std::string>>& env) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    throw Error(fmt::format("launch: pipe for {}: {}", name, std::strerror(errno)));
+  std::vector<std::string> argv_s{exe};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error(fmt::format("launch: fork for {}: {}", name, std::strerror(errno)));
+  if (pid == 0) {
+    // Own process group: a terminal Ctrl-C reaches launch alone, which turns it into an
+    // orderly stop of every rank.
+    ::setpgid(0, 0);
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::dup2(fds[1], STDERR_FILENO);
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    ::execv(exe.c_str(), argv.data());
+    std::fprintf(stderr, "launch: exec %s: %s\n", exe.c_str(), std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  Child c;
+  c.name = name;
+  c.pid = pid;
+  c.out = fds[0];
+  return c;
+}
+
+// Forwards complete lines as "[site/rank] line"; returns false at end of file.
+bool pump(Child& c) {
+  char buf[4096];
+  const ssize_t n = ::read(c.out, buf, sizeof buf);
+  if (n <= 0) {
+    if (n < 0 && errno == EINTR) return true;
+    if (!c.pending.empty()) std::fprintf(stderr, "[%s] %s\n", c.name.c_str(), c.pending.c_str());
+    c.pending.clear();
+    ::close(c.out);
+    c.out = -1;
+    return false;
+  }
+  c.pending.append(buf, static_cast<std::size_t>(n));
+  std::size_t nl;
+  while ((nl = c.pending.find_first_of("\n\r")) != std::string::npos) {
+    const std::string line = c.pending.substr(0, nl);
+    c.pending.erase(0, nl + 1);
+    if (!line.empty()) std::fprintf(stderr, "[%s] %s\n", c.name.c_str(), line.c_str());
+  }
+  return true;
+}
+
+}  // namespace
+
+int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::uint16_t port) {
+  transport::Coordinator coord(coordinator_options(cfg, job_token(cfg), bind));
+  const std::uint16_t bound = coord.start(port);
+  const auto sites = cfg.site_names();
+  std::printf(
+      "coordinator: listening on %s:%u for %zu site(s) x %d rank(s) [%s], config hash %016llx\n",
+      bind.c_str(), bound, sites.size(), cfg.job.ranks_per_site,
+      fmt::format("{}", fmt::join(sites, ", ")).c_str(),
+      static_cast<unsigned long long>(cfg.hash()));
+  std::fflush(stdout);
+  SignalCounter signals;
+  const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.rendezvous_timeout_s);
+  auto last_report = Clock::now();
+  for (;;) {
+    std::this_thread::sleep_for(200ms);
+    coord.rethrow_if_failed();
+    if (signals.count() > 0) {
+      log::warn("coordinator: signal received; stopping (ranks will fail at their next deadline)");
+      coord.stop();
+      return 130;
+    }
+    const bool formed = coord.membership().has_value();
+    if (!formed && Clock::now() > deadline) {
+      log::error(
+          "coordinator: rendezvous timed out after {} s (job.rendezvous_timeout_s); not "
+          "registered: {}",
+          cfg.job.rendezvous_timeout_s, fmt::join(coord.unregistered(), ", "));
+      coord.stop();
+      return 1;
+    }
+    if (formed) {
+      const auto ranks = coord.progress();
+      if (std::none_of(ranks.begin(), ranks.end(), [](const auto& r) { return r.connected; })) {
+        std::vector<std::string> short_ranks;
+        for (const auto& r : ranks)
+          if (static_cast<std::int64_t>(r.step) < cfg.train.steps)
+            short_ranks.push_back(fmt::format("{} (step {})", r.id.str(), r.step));
+        coord.stop();
+        if (short_ranks.empty()) {
+          std::printf("coordinator: every rank finished %lld steps and left\n",
+                      static_cast<long long>(cfg.train.steps));
+          return 0;
+        }
+        log::error("coordinator: every rank left, but these stopped before step {}: {}",
+                   cfg.train.steps, fmt::join(short_ranks, ", "));
+        return 1;
+      }
+    }
+    if (Clock::now() - last_report > 10s) {
+      last_report = Clock::now();
+      log::info("coordinator: {}",
+                formed ? progress_line(coord, cfg.train.steps)
+                       : fmt::format("{} of {} ranks registered", coord.registered(),
+                                     sites.size() * std::size_t(cfg.job.ranks_per_site)));
+    }
+  }
+}
+
+int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
+  const auto sites = cfg.site_names();
+  const int R = cfg.job.ranks_per_site;
+  const int world = static_cast<int>(sites.size()) * R;
+  // The ranks read the token from the config when it names one; otherwise launch makes a
+  // fresh secret for this job and hands it over in the environment.
+  std::vector<std::pair<std::string, std::string>> env;
+  transport::JobToken token = [&] {
+    if (!cfg.job.token_file.empty() || !cfg.job.token.empty() || std::getenv(kTokenEnv) != nullptr)
+      return job_token(cfg);
+    const std::string secret = random_secret();
+    env.emplace_back(kTokenEnv, secret);
+    return transport::JobToken::from_string(secret, "launch");
+  }();
+  transport::Coordinator coord(coordinator_options(cfg, std::move(token), "127.0.0.1"));
+  const std::uint16_t port = coord.start(0);
+
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) throw Error("launch: cannot find this program's path (/proc/self/exe): " + ec.message());
+  const std::string config = std::filesystem::absolute(opts.config_path).string();
+  // Ranks share this machine's cores; unless the config pins train.threads, split them.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int threads =
+      cfg.train.threads > 0 ? cfg.train.threads : std::max(1, static_cast<int>(cores) / world);
+  std::fprintf(stderr,
+               "launch: %zu site(s) x %d rank(s) = %d processes on this machine, coordinator "
+               "127.0.0.1:%u, %d model thread(s) per rank\n",
+               sites.size(), R, world, port, threads);
+
+  SignalCounter signals;
+  std::vector<Child> children;
+  try {
+    for (std::size_t s = 0; s < sites.size(); ++s)
+      for (int r = 0; r < R; ++r) {
+        std::vector<std::string> args{"worker",
+                                      "--config",
+                                      config,
+                                      "--site",
+                                      sites[s],
+                                      "--rank",
+                                      std::to_string(r),
+                                      "--coordinator",
+                                      fmt::format("127.0.0.1:{}", port),
+                                      "--threads",
+                                      std::to_string(threads),
+                                      "--no-progress"};
+        if (!opts.out_dir.empty()) {
+          args.push_back("--out-dir");
+          args.push_back(opts.out_dir);
+        }
+        // One progress view: the leader's lines; the other ranks speak up only for warnings
+        // and errors.
+        if (s != 0 || r != 0 || !opts.progress) args.push_back("--quiet");
+        children.push_back(spawn(exe, args, fmt::format("{}/{}", sites[s], r), env));
+      }
+  } catch (...) {
+    for (auto& c : children) ::kill(c.pid, SIGKILL);
+    for (auto& c : children) ::waitpid(c.pid, nullptr, 0);
+    throw;
+  }
+
+  int handled_signals = 0;
+  std::string first_failure;
+  Clock::time_point kill_at = Clock::time_point::max();
+  const auto grace =
+      std::chrono::milliseconds(static_cast<std::int64_t>(cfg.transport.deadline_s * 1e3)) +
+      std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms) + 10s;
+  auto last_report = Clock::now();
+  auto alive = [&] {
+    return std::count_if(children.begin(), children.end(),
+                         [](const Child& c) { return !c.exited; });
+  };
+  while (alive() > 0) {
+    std::vector<pollfd> fds;
+    std::vector<Child*> owners;
+    for (auto& c : children)
+      if (c.out >= 0) {
+        fds.push_back({c.out, POLLIN, 0});
+        owners.push_back(&c);
+      }
+    const int n = ::poll(fds.data(), fds.size(), 200);
+    if (n > 0)
+      for (std::size_t i = 0; i < fds.size(); ++i)
+        if (fds[i].revents != 0) pump(*owners[i]);
+    for (auto& c : children) {
+      if (c.exited) continue;
+      int st = 0;
+      if (::waitpid(c.pid, &st, WNOHANG) != c.pid) continue;
+      while (c.out >= 0 && pump(c)) {
+      }
+      c.exited = true;
+      c.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      const bool clean = c.status == 0 || (handled_signals > 0 && c.status == 130);
+      if (!clean && first_failure.empty()) {
+        first_failure = c.name;
+        std::fprintf(stderr,
+                     "launch: rank %s failed (exit status %d); the others stop at their next "
+                     "deadline (%.0f s)\n",
+                     c.name.c_str(), c.status, cfg.transport.deadline_s);
+        kill_at = Clock::now() + grace;
+      }
+    }
+    if (signals.count() > handled_signals) {
+      handled_signals = signals.count();
+      if (handled_signals == 1) {
+        std::fprintf(stderr,
+                     "launch: stopping: every rank checkpoints at the next common sync step "
+                     "(Ctrl-C again to kill)\n");
+        for (auto& c : children)
+          if (!c.exited) ::kill(c.pid, SIGTERM);
+        kill_at = std::min(kill_at, Clock::now() + grace);
+      } else {
+        kill_at = Clock::now();
+      }
+    }
+    if (Clock::now() >= kill_at) {
+      for (auto& c : children)
+        if (!c.exited) {
+          std::fprintf(stderr, "launch: killing rank %s, still running past the deadline\n",
+                       c.name.c_str());
+          ::kill(c.pid, SIGKILL);
+        }
+      kill_at = Clock::time_point::max();
+    }
+    if (opts.progress && Clock::now() - last_report > 10s && coord.membership()) {
+      last_report = Clock::now();
+      std::fprintf(stderr, "launch: %s\n", progress_line(coord, cfg.train.steps).c_str());
+    }
+  }
+  coord.stop();
+
+  std::vector<std::string> failed;
+  bool all_interrupted = handled_signals > 0;
+  for (const auto& c : children) {
+    if (c.status != 0) failed.push_back(fmt::format("{} (exit {})", c.name, c.status));
+    all_interrupted = all_interrupted && (c.status == 130 || c.status == 0);
+  }
+  if (failed.empty()) {
+    std::fprintf(stderr, "launch: all %d ranks finished\n", world);
+    return 0;
+  }
+  if (all_interrupted) {
+    std::fprintf(stderr, "launch: stopped by signal; every rank checkpointed\n");
+    return 130;
+  }
+  std::fprintf(stderr, "launch: job failed; first failure: %s; exit statuses: %s\n",
+               first_failure.empty() ? "?" : first_failure.c_str(),
+               fmt::format("{}", fmt::join(failed, ", ")).c_str());
+  return 1;
+}
+
+}  // namespace desloc::cluster

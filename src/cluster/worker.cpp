@@ -1,0 +1,225 @@
+// `desloc worker`: one rank of a multi-site job, from rendezvous to the last step.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "desloc/cluster/cluster.hpp"
+#include "desloc/core/error.hpp"
+#include "desloc/core/log.hpp"
+#include "desloc/sync/collective_averager.hpp"
+#include "desloc/transport/control_plane.hpp"
+#include "desloc/transport/ucx_collective.hpp"
+
+namespace desloc::cluster {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The Hello's opaque address field carries two UCX worker addresses: the site group's and the
+// wide-area group's (either may be empty when its group has one member).
+std::vector<std::uint8_t> pack_addresses(const transport::WorkerAddress& site,
+                                         const transport::WorkerAddress& wan) {
+  std::vector<std::uint8_t> out;
+  for (const auto* a : {&site, &wan}) {
+    const auto n = static_cast<std::uint32_t>(a->size());
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::uint8_t>(n >> (8 * i)));
+    for (std::byte b : *a) out.push_back(static_cast<std::uint8_t>(b));
+  }
+  return out;
+}
+
+transport::WorkerAddress unpack_address(const std::vector<std::uint8_t>& blob, int which,
+                                        const std::string& owner) {
+  std::size_t at = 0;
+  for (int k = 0;; ++k) {
+    if (at + 4 > blob.size())
+      throw PeerFailure(fmt::format("the membership's address entry of {} is truncated", owner));
+    std::uint32_t n = 0;
+    for (int i = 0; i < 4; ++i) n |= std::uint32_t(blob[at + std::size_t(i)]) << (8 * i);
+    at += 4;
+    if (at + n > blob.size())
+      throw PeerFailure(fmt::format("the membership's address entry of {} is truncated", owner));
+    if (k == which) {
+      transport::WorkerAddress a(n);
+      std::memcpy(a.data(), blob.data() + at, n);
+      if (a.empty())
+        throw PeerFailure(fmt::format("{} registered no UCX address for this group", owner));
+      return a;
+    }
+    at += n;
+  }
+}
+
+transport::UcxOptions ucx_options(const train::TransportSection& t, bool wide_area) {
+  transport::UcxOptions o;
+  o.tls = wide_area ? t.tls : t.site_tls;
+  o.net_devices = wide_area ? t.net_devices : t.site_net_devices;
+  o.rndv_thresh = t.rndv_thresh;
+  o.spin_iterations = t.spin_iterations;
+  // UCX 1.13's shared-memory transports refuse peer-failure endpoints (docs/transport.md).
+  const bool shm =
+      o.tls.find("sm") != std::string::npos || o.tls.find("posix") != std::string::npos ||
+      o.tls.find("sysv") != std::string::npos || o.tls.find("cma") != std::string::npos;
+  o.peer_failure_detection = !shm;
+  return o;
+}
+
+const transport::MemberEntry& member(const transport::Membership& m, const std::string& site,
+                                     std::uint32_t rank) {
+  for (const auto& e : m.members)
+    if (e.site == site && e.rank == rank) return e;
+  throw PeerFailure(
+      fmt::format("the coordinator's membership (epoch {}) lacks {}/{}", m.epoch, site, rank));
+}
+
+}  // namespace
+
+transport::JobToken job_token(const train::JobConfig& cfg) {
+  if (!cfg.job.token_file.empty()) return transport::JobToken::from_file(cfg.job.token_file);
+  if (!cfg.job.token.empty()) return transport::JobToken::from_string(cfg.job.token, cfg.source);
+  if (const char* env = std::getenv(kTokenEnv); env != nullptr && *env != '\0')
+    return transport::JobToken::from_string(env, std::string("$") + kTokenEnv);
+  throw ConfigError(fmt::format(
+      "{}: no job token: set job.token_file (a file only the job's users can read), job.token, "
+      "or ${}; every rank must present the same secret",
+      cfg.source, kTokenEnv));
+}
+
+std::optional<RankIdentity> identity_from_environment(const train::JobConfig& cfg) {
+  struct Source {
+    const char* rank;
+    const char* size;
+  };
+  for (const Source src : {Source{"SLURM_PROCID", "SLURM_NTASKS"},
+                           Source{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}}) {
+    const char* r = std::getenv(src.rank);
+    const char* n = std::getenv(src.size);
+    if (r == nullptr || n == nullptr) continue;
+    char* end = nullptr;
+    const long g = std::strtol(r, &end, 10);
+    const long size = std::strtol(n, nullptr, 10);
+    const auto sites = cfg.site_names();
+    const long R = cfg.job.ranks_per_site;
+    const long world = static_cast<long>(sites.size()) * R;
+    if (*end != '\0' || g < 0 || g >= size)
+      throw ConfigError(
+          fmt::format("${} = '{}' is not a rank below ${} = {}", src.rank, r, src.size, size));
+    if (size != world)
+      throw ConfigError(fmt::format(
+          "{}: ${} = {} but the job has {} sites x {} ranks = {}; start exactly that many tasks",
+          cfg.source, src.size, size, sites.size(), R, world));
+    return RankIdentity{sites[static_cast<std::size_t>(g / R)], static_cast<int>(g % R)};
+  }
+  return std::nullopt;
+}
+
+std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& text,
+                                                     const std::string& what) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
+    throw ConfigError(fmt::format("{} = '{}' must be host:port", what, text));
+  char* end = nullptr;
+  const long port = std::strtol(text.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || port < 0 || port > 65535)
+    throw ConfigError(
+        fmt::format("{} = '{}': '{}' is not a port number", what, text, text.substr(colon + 1)));
+  return {text.substr(0, colon), static_cast<std::uint16_t>(port)};
+}
+
+train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& opts) {
+  const auto sites = cfg.site_names();
+  const int S = static_cast<int>(sites.size());
+  const int R = cfg.job.ranks_per_site;
+  const auto it = std::find(sites.begin(), sites.end(), opts.id.site);
+  if (it == sites.end())
+    throw ConfigError(fmt::format("--site {}: not a site of {} (job.sites = [{}])", opts.id.site,
+                                  cfg.source, fmt::join(sites, ", ")));
+  if (opts.id.rank < 0 || opts.id.rank >= R)
+    throw ConfigError(
+        fmt::format("--rank {}: job.ranks_per_site = {} in {}", opts.id.rank, R, cfg.source));
+  const int site_index = static_cast<int>(it - sites.begin());
+  const std::string name = fmt::format("{}/{}", opts.id.site, opts.id.rank);
+  const auto [host, port] = parse_endpoint(opts.coordinator, "--coordinator");
+  const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.rendezvous_timeout_s);
+
+  // 1. Ports first: their addresses travel in the registration.
+  auto site_port = R > 1 ? transport::open_ucx_port(ucx_options(cfg.transport, false)) : nullptr;
+  auto wan_port = S > 1 ? transport::open_ucx_port(ucx_options(cfg.transport, true)) : nullptr;
+  const auto blob = pack_addresses(site_port ? site_port->address() : transport::WorkerAddress{},
+                                   wan_port ? wan_port->address() : transport::WorkerAddress{});
+
+  // 2. Rendezvous.
+  transport::RankClientOptions client_opts;
+  client_opts.site = opts.id.site;
+  client_opts.rank = static_cast<std::uint32_t>(opts.id.rank);
+  client_opts.worker_address = blob;
+  client_opts.config_hash = cfg.hash();
+  client_opts.token = job_token(cfg);
+  client_opts.heartbeat_interval = std::chrono::milliseconds(cfg.job.heartbeat_ms);
+  transport::RankClient client(client_opts);
+  log::info("{}: registering with the coordinator at {}:{}", name, host, port);
+  client.connect(host, port, deadline);
+  const transport::Membership m = client.wait_membership(deadline);
+  log::info("{}: membership epoch {} with {} ranks", name, m.epoch, m.members.size());
+
+  // 3. Groups. The WAN ring follows the membership's ring order; data and sum order follow
+  // job.sites, which the coordinator's ring order equals (it is configured with them).
+  std::vector<std::string> ring;
+  for (std::uint32_t i : m.ring_order) ring.push_back(m.sites.at(i));
+  if (ring != sites)
+    throw PeerFailure(fmt::format(
+        "{}: the coordinator's ring [{}] differs from job.sites [{}]; it runs another config", name,
+        fmt::join(ring, ", "), fmt::join(sites, ", ")));
+  transport::CollectiveOptions base;
+  base.deadline =
+      std::chrono::milliseconds(static_cast<std::int64_t>(cfg.transport.deadline_s * 1e3));
+  base.chunk_bytes = static_cast<std::size_t>(cfg.transport.chunk_bytes);
+  base.max_inflight_chunks = static_cast<std::size_t>(cfg.transport.inflight_chunks);
+  base.epoch = m.epoch;
+
+  std::unique_ptr<transport::Collective> site_group, wan_group;
+  if (R > 1) {
+    auto o = base;
+    for (int q = 0; q < R; ++q) o.peer_names.push_back(fmt::format("{}/{}", opts.id.site, q));
+    const auto& next = member(m, opts.id.site, static_cast<std::uint32_t>((opts.id.rank + 1) % R));
+    site_group = transport::connect_ucx_collective(
+        std::move(site_port), opts.id.rank, R,
+        unpack_address(next.worker_address, 0, fmt::format("{}/{}", next.site, next.rank)), o);
+  }
+  {
+    auto o = base;
+    o.chunk_headers = cfg.transport.chunk_headers;
+    for (const auto& s : sites) o.peer_names.push_back(fmt::format("{}/{}", s, opts.id.rank));
+    transport::WorkerAddress successor;
+    if (S > 1) {
+      const auto& next = member(m, sites[std::size_t((site_index + 1) % S)],
+                                static_cast<std::uint32_t>(opts.id.rank));
+      successor =
+          unpack_address(next.worker_address, 1, fmt::format("{}/{}", next.site, next.rank));
+    }
+    wan_group = transport::connect_ucx_collective(std::move(wan_port), site_index, S, successor, o);
+  }
+  sync::CollectiveAverager averager(*wan_group, site_group.get());
+
+  train::RankContext ctx;
+  ctx.site = site_index;
+  ctx.rank = opts.id.rank;
+  ctx.name = name;
+  ctx.averager = &averager;
+  ctx.site_group = site_group.get();
+  ctx.wan_group = wan_group.get();
+  ctx.on_step = [&client](std::int64_t step) { client.set_step(static_cast<std::uint64_t>(step)); };
+  train::TrainResult result = train::run_training(cfg, opts.train, &ctx);
+  // Leave together: nobody tears down its UCX worker while a peer still finishes the last
+  // operation.
+  if (site_group) site_group->barrier();
+  wan_group->barrier();
+  return result;
+}
+
+}  // namespace desloc::cluster

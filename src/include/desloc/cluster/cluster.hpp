@@ -1,0 +1,65 @@
+// A multi-site job as processes: `desloc worker` (one rank), `desloc coordinator` (rendezvous,
+// authentication, membership, heartbeats) and `desloc launch` (a whole job on this machine:
+// the coordinator in-process and every rank as a child process).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "desloc/train/config.hpp"
+#include "desloc/train/trainer.hpp"
+#include "desloc/transport/auth.hpp"
+
+namespace desloc::cluster {
+
+// Environment variable that carries the job token from `desloc launch` to its ranks (never the
+// command line, which other users can read).
+inline constexpr const char* kTokenEnv = "DESLOC_JOB_TOKEN";
+
+// The job's shared secret: job.token_file, else job.token, else $DESLOC_JOB_TOKEN. ConfigError
+// naming all three when none is set.
+transport::JobToken job_token(const train::JobConfig& cfg);
+
+struct RankIdentity {
+  std::string site;
+  int rank = 0;
+};
+
+// A rank's identity from the scheduler: Slurm (SLURM_PROCID, SLURM_NTASKS) or Open MPI
+// (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE). Global rank g is rank g % R of site g / R in
+// job.sites order. nullopt when neither is set; ConfigError if the world size disagrees with
+// the config's sites x ranks_per_site.
+std::optional<RankIdentity> identity_from_environment(const train::JobConfig& cfg);
+
+// "host:port" -> parts; ConfigError naming `what` (e.g. "--coordinator") when malformed.
+std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& text,
+                                                     const std::string& what);
+
+struct WorkerOptions {
+  RankIdentity id;
+  std::string coordinator;  // host:port
+  train::TrainOptions train;
+};
+
+// One rank: opens its UCX ports, registers with the coordinator, waits for the membership,
+// connects its site and wide-area groups, and trains. Throws on any failure with the peer,
+// key or step named; a failed peer makes it exit within transport.deadline_s.
+train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& opts);
+
+// `desloc coordinator`: serves rendezvous on `bind:port` until every rank of the job has
+// registered and later disconnected. Returns a process exit status (0 when every rank reported
+// the last step). SIGINT/SIGTERM stop it early.
+int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::uint16_t port);
+
+struct LaunchOptions {
+  std::string config_path;  // passed to every rank
+  std::string out_dir;      // override of train.out_dir ("" = keep)
+  bool progress = true;     // the leader's progress lines
+};
+
+// `desloc launch`: the whole job on this machine over loopback. Returns the exit status: 0,
+// 130 after a clean Ctrl-C stop, 1 naming the rank(s) that failed.
+int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts);
+
+}  // namespace desloc::cluster
