@@ -1,0 +1,310 @@
+// Multi-process jobs end to end over loopback: `desloc launch` reproduces the in-process
+// `desloc train` of the same config step for step, bit for bit (3 sites x 1 rank, 2 sites x 2
+// ranks), and the faults of a real cluster (unreachable coordinator, wrong token, config-hash
+// mismatch, a site killed mid-sync) make every surviving rank exit within its deadline with an
+// error naming the failed peer, leaving every written checkpoint valid.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "desloc/train/checkpoint.hpp"
+#include "test_env.hpp"
+
+namespace desloc::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+std::string multi_site_toml(const fs::path& out, const std::string& sites, int ranks) {
+  return tiny_job_toml(out) + "[sync]\nmethod = \"desloc\"\nkx = 2\n[job]\nsites = [" + sites +
+         "]\nranks_per_site = " + std::to_string(ranks) +
+         "\nrendezvous_timeout_s = 20\n[transport]\ndeadline_s = 20\n";
+}
+
+std::string with_steps(std::string toml, int steps) {
+  const auto at = toml.find("steps = 20");
+  toml.replace(at, 10, "steps = " + std::to_string(steps));
+  return toml;
+}
+
+std::vector<std::string> train_field(const fs::path& metrics, const std::string& field) {
+  std::ifstream in(metrics);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"type\":\"train\"") == std::string::npos &&
+        line.find("\"type\":\"eval\"") == std::string::npos)
+      continue;
+    const auto at = line.find("\"" + field + "\":");
+    if (at == std::string::npos) continue;
+    const auto start = at + field.size() + 3;
+    auto end = line.find_first_of(line[start] == '[' ? "]" : ",}", start);
+    out.push_back(line.substr(start, end - start + (line[start] == '[' ? 1 : 0)));
+  }
+  return out;
+}
+
+// Loss of site s at every step, from the in-process run's loss_by_site arrays.
+std::vector<std::string> site_column(const std::vector<std::string>& arrays, std::size_t s) {
+  std::vector<std::string> out;
+  for (const auto& a : arrays) {
+    std::vector<std::string> items;
+    std::stringstream ss(a.substr(1, a.size() - 2));
+    for (std::string item; std::getline(ss, item, ',');) items.push_back(item);
+    out.push_back(items.at(s));
+  }
+  return out;
+}
+
+void expect_launch_matches_train(const std::string& tag, const std::vector<std::string>& sites,
+                                 int ranks) {
+  const fs::path dir = fresh_dir(tag);
+  std::string names;
+  for (const auto& s : sites) names += (names.empty() ? "\"" : ", \"") + s + "\"";
+  // 12 steps with kx = 2: x every 2 steps, u every 6, v every 12; the last step syncs all.
+  const std::string toml = with_steps(multi_site_toml(dir / "launch", names, ranks), 12);
+  const fs::path cfg = write_text(dir / "job.toml", toml);
+
+  const auto reference = run_command(std::string(DESLOC_CLI) + " train --no-progress --config " +
+                                     cfg.string() + " --out-dir " + (dir / "train").string());
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const auto launched = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
+  ASSERT_EQ(launched.exit_code, 0) << launched.output;
+  EXPECT_NE(launched.output.find("all " + std::to_string(sites.size() * std::size_t(ranks)) +
+                                 " ranks finished"),
+            std::string::npos)
+      << launched.output;
+
+  // Step for step: every rank's site loss equals the in-process site's, as printed floats
+  // that round-trip (%.9g), and the leader's validation losses are equal.
+  const auto ref_losses = train_field(dir / "train" / "metrics.jsonl", "loss_by_site");
+  ASSERT_EQ(ref_losses.size(), 12u);
+  for (std::size_t s = 0; s < sites.size(); ++s)
+    for (int r = 0; r < ranks; ++r) {
+      const fs::path rank_dir =
+          s == 0 && r == 0 ? dir / "launch"
+                           : dir / "launch" / "ranks" / (sites[s] + "-" + std::to_string(r));
+      const auto got = train_field(rank_dir / "metrics.jsonl", "loss_by_site");
+      std::vector<std::string> want;
+      for (const auto& l : site_column(ref_losses, s)) want.push_back("[" + l + "]");
+      EXPECT_EQ(got, want) << sites[s] << "/" << r;
+
+      // The final state of the site: x, u, v and the optimizer step, bit for bit.
+      const auto ref = train::load_checkpoint(
+          train::checkpoint_path((dir / "train" / "checkpoints").string(), 12));
+      const auto mine =
+          train::load_checkpoint(train::checkpoint_path((rank_dir / "checkpoints").string(), 12));
+      ASSERT_EQ(mine.workers.size(), 1u);
+      const auto& a = ref.workers.at(s);
+      const auto& b = mine.workers[0];
+      const std::size_t bytes = a.params.size() * sizeof(float);
+      ASSERT_EQ(b.params.size(), a.params.size());
+      EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), bytes))
+          << sites[s] << "/" << r << " x";
+      EXPECT_EQ(0, std::memcmp(a.u.data(), b.u.data(), bytes)) << sites[s] << "/" << r << " u";
+      EXPECT_EQ(0, std::memcmp(a.v.data(), b.v.data(), bytes)) << sites[s] << "/" << r << " v";
+      EXPECT_EQ(a.optim_t, b.optim_t);
+    }
+  EXPECT_EQ(train_field(dir / "launch" / "metrics.jsonl", "val_loss"),
+            train_field(dir / "train" / "metrics.jsonl", "val_loss"));
+}
+
+TEST(Launch, ThreeSitesOfOneRankReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x1", {"west", "east", "north"}, 1);
+}
+
+TEST(Launch, TwoSitesOfTwoRanksReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch2x2", {"west", "east"}, 2);
+}
+
+// A child process with its output in a file.
+struct Process {
+  pid_t pid = -1;
+  fs::path log;
+  int status = -1;
+
+  static Process start(const std::vector<std::string>& args, const fs::path& log,
+                       const std::vector<std::pair<std::string, std::string>>& env = {}) {
+    Process p;
+    p.log = log;
+    p.pid = ::fork();
+    if (p.pid == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv;
+      std::vector<std::string> copy = args;
+      for (auto& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    return p;
+  }
+  // Exit status, or -1 if still running at the deadline (then it is killed).
+  int wait(std::chrono::milliseconds limit) {
+    const auto end = Clock::now() + limit;
+    while (Clock::now() < end) {
+      int st = 0;
+      if (::waitpid(pid, &st, WNOHANG) == pid) {
+        status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        return status;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  std::string output() const {
+    std::ifstream in(log);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+};
+
+// Port 1 (tcpmux) is reserved and nothing listens there: connecting is refused at once.
+constexpr int kClosedPort = 1;
+
+TEST(LaunchFaults, UnreachableCoordinatorFailsWithinTheRendezvousDeadlineNamingIt) {
+  const fs::path dir = fresh_dir("unreachable");
+  std::string toml = multi_site_toml(dir / "out", "\"west\", \"east\"", 1);
+  toml.replace(toml.find("rendezvous_timeout_s = 20"), 25,
+               "rendezvous_timeout_s = 3\ntoken = \"s3cret\"");
+  write_text(dir / "job.toml", toml);
+  const auto t0 = Clock::now();
+  Process w = Process::start(
+      {DESLOC_CLI, "worker", "--config", (dir / "job.toml").string(), "--site", "west", "--rank",
+       "0", "--coordinator", "127.0.0.1:" + std::to_string(kClosedPort)},
+      dir / "worker.log");
+  const int status = w.wait(30s);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_NE(status, 0) << w.output();
+  EXPECT_NE(status, -1) << "the worker hung: " << w.output();
+  EXPECT_LT(secs, 15.0);
+  EXPECT_NE(w.output().find("127.0.0.1:1"), std::string::npos) << w.output();
+}
+
+struct Cluster {
+  fs::path dir;
+  Process coordinator;
+  int port = 0;
+
+  // Starts `desloc coordinator` on an ephemeral port and reads the port from its first line.
+  void start(const fs::path& cfg) {
+    coordinator = Process::start(
+        {DESLOC_CLI, "coordinator", "--config", cfg.string(), "--listen", "127.0.0.1:0"},
+        dir / "coordinator.log");
+    const auto end = Clock::now() + 10s;
+    while (Clock::now() < end && port == 0) {
+      const std::string out = coordinator.output();
+      const auto at = out.find("listening on 127.0.0.1:");
+      if (at != std::string::npos) port = std::atoi(out.c_str() + at + 23);
+      std::this_thread::sleep_for(20ms);
+    }
+    ASSERT_NE(port, 0) << coordinator.output();
+  }
+  Process worker(const fs::path& cfg, const std::string& site, int rank,
+                 const std::vector<std::pair<std::string, std::string>>& env = {}) {
+    return Process::start({DESLOC_CLI, "worker", "--config", cfg.string(), "--site", site, "--rank",
+                           std::to_string(rank), "--coordinator",
+                           "127.0.0.1:" + std::to_string(port), "--no-progress"},
+                          dir / (site + "-" + std::to_string(rank) + ".log"), env);
+  }
+};
+
+std::string faults_toml(const fs::path& out, const std::string& token, const std::string& lr,
+                        int steps) {
+  std::string toml = multi_site_toml(out, "\"west\", \"east\", \"north\"", 1);
+  toml.replace(toml.find("rendezvous_timeout_s = 20"), 25,
+               "rendezvous_timeout_s = 10\ntoken = \"" + token + "\"\nheartbeat_timeout_ms = 2000");
+  toml.replace(toml.find("deadline_s = 20"), 15, "deadline_s = 5");
+  toml.replace(toml.find("lr = 0.01"), 9, "lr = " + lr);
+  return with_steps(toml, steps);
+}
+
+TEST(LaunchFaults, WrongTokenIsRefusedAndNeverJoins) {
+  Cluster c{fresh_dir("token"), {}, 0};
+  const fs::path good =
+      write_text(c.dir / "good.toml", faults_toml(c.dir / "out", "right", "0.01", 12));
+  const fs::path bad =
+      write_text(c.dir / "bad.toml", faults_toml(c.dir / "out", "wrong", "0.01", 12));
+  c.start(good);
+  Process intruder = c.worker(bad, "west", 0);
+  EXPECT_NE(intruder.wait(20s), 0);
+  EXPECT_NE(intruder.output().find("token"), std::string::npos) << intruder.output();
+  EXPECT_EQ(intruder.output().find("membership epoch"), std::string::npos) << intruder.output();
+  ::kill(c.coordinator.pid, SIGTERM);
+  c.coordinator.wait(10s);
+  EXPECT_NE(c.coordinator.output().find("refusing connection"), std::string::npos) << c.coordinator.output();
+}
+
+TEST(LaunchFaults, ConfigHashMismatchIsRefusedWithTheReason) {
+  Cluster c{fresh_dir("hash"), {}, 0};
+  const fs::path good =
+      write_text(c.dir / "good.toml", faults_toml(c.dir / "out", "t", "0.01", 12));
+  const fs::path other =
+      write_text(c.dir / "other.toml", faults_toml(c.dir / "out", "t", "0.02", 12));
+  c.start(good);
+  Process stranger = c.worker(other, "east", 0);
+  EXPECT_NE(stranger.wait(20s), 0);
+  EXPECT_NE(stranger.output().find("config hash"), std::string::npos) << stranger.output();
+  ::kill(c.coordinator.pid, SIGTERM);
+  c.coordinator.wait(10s);
+}
+
+TEST(LaunchFaults, SiteKilledMidSyncMakesEverySurvivorExitWithinTheDeadlineNamingIt) {
+  Cluster c{fresh_dir("killed"), {}, 0};
+  // kx = 2 and checkpoints every 2 steps: the kill lands between syncs or inside one.
+  std::string toml = faults_toml(c.dir / "out", "t", "0.01", 2000);
+  toml.replace(toml.find("checkpoint_every = 0"), 20, "checkpoint_every = 2");
+  const fs::path cfg = write_text(c.dir / "job.toml", toml);
+  c.start(cfg);
+  Process west = c.worker(cfg, "west", 0);
+  Process east = c.worker(cfg, "east", 0);
+  Process north = c.worker(cfg, "north", 0);
+  // Wait until training is under way (a checkpoint exists), then kill east outright.
+  const fs::path ckdir = c.dir / "out" / "checkpoints";
+  const auto end = Clock::now() + 60s;
+  while (Clock::now() < end &&
+         !(fs::exists(ckdir) && !fs::is_empty(ckdir) && fs::exists(c.dir / "out" / "ranks")))
+    std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(fs::exists(ckdir) && !fs::is_empty(ckdir)) << west.output();
+  std::this_thread::sleep_for(300ms);
+  ::kill(east.pid, SIGKILL);
+  const auto killed_at = Clock::now();
+  EXPECT_EQ(east.wait(5s), 128 + SIGKILL);
+  for (Process* p : {&west, &north}) {
+    const int status = p->wait(30s);
+    const double secs = std::chrono::duration<double>(Clock::now() - killed_at).count();
+    EXPECT_NE(status, -1) << "a survivor hung: " << p->output();
+    EXPECT_NE(status, 0) << p->output();
+    // deadline_s = 5 plus process teardown.
+    EXPECT_LT(secs, 5.0 + 5.0) << p->output();
+    EXPECT_NE(p->output().find("east/0"), std::string::npos) << p->output();
+  }
+  // Every checkpoint written before the failure still loads (CRC, sizes).
+  std::size_t checked = 0;
+  for (const fs::path& root : {c.dir / "out", c.dir / "out" / "ranks" / "north-0"})
+    for (const auto& e : fs::directory_iterator(root / "checkpoints"))
+      if (e.path().extension() == ".ckpt") {
+        EXPECT_NO_THROW(train::load_checkpoint(e.path().string())) << e.path();
+        ++checked;
+      }
+  EXPECT_GT(checked, 0u);
+  ::kill(c.coordinator.pid, SIGTERM);
+  c.coordinator.wait(10s);
+}
+
+}  // namespace
+}  // namespace desloc::test
