@@ -310,13 +310,17 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
     result.last_checkpoint = path;
   };
   // Validation loss of the workers' mean parameters (the model DES-LOC would ship); for one
-  // worker that is its own x.
-  // A networked job averages x across sites for it (every rank takes part; the leader alone
-  // evaluates).
+  // worker that is its own x. A networked job averages x across sites for it (every rank takes
+  // part; the leader alone evaluates). Under ddp every site holds the same x, and under none
+  // the sites are independent models: both evaluate site 0's own x, with no traffic.
+  const bool eval_site0 = cfg.sync.method == "ddp" || cfg.sync.method == "none";
   auto run_eval = [&](std::int64_t step) {
     const auto t0 = clock::now();
     std::vector<float> mean_x;
-    if (networked) {
+    if (eval_site0) {
+      if (networked && !rank->leader()) return;
+      mean_x = workers[0].x;
+    } else if (networked) {
       mean_x = workers[0].x;
       std::span<float> view(mean_x);
       eval_averager->begin_step(step);
