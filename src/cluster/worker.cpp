@@ -210,6 +210,9 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   ctx.site = site_index;
   ctx.rank = opts.id.rank;
   ctx.name = name;
+  if (S > 1)
+    ctx.wan_successor =
+        fmt::format("{}/{}", sites[std::size_t((site_index + 1) % S)], opts.id.rank);
   ctx.averager = &averager;
   ctx.site_group = site_group.get();
   ctx.wan_group = wan_group.get();

@@ -269,13 +269,14 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
     metrics.write_line(fmt::format(
         R"({{"type":"run","name":"{}","method":"{}","workers":{},"kx":{},"ku":{},"kv":{},"outer":"{}",)"
         R"("parameters":{},"batch":{},"seq_len":{},"steps":{},"config_hash":"{:016x}",)"
-        R"("sites":"{}","ranks_per_site":{},"rank":"{}"}})",
+        R"("sites":"{}","ranks_per_site":{},"rank":"{}","wan_link":"{}"}})",
         std::filesystem::path(cfg.train.out_dir).filename().string(), cfg.sync.method,
         cfg.sync.workers, cfg.sync.averages_params() ? std::to_string(cfg.sync.kx) : "null",
         cfg.sync.method == "desloc" ? std::to_string(cfg.sync.effective_ku()) : "null",
         cfg.sync.method == "desloc" ? std::to_string(cfg.sync.effective_kv()) : "null",
         cfg.sync.outer, layout.total(), B, T, total, cfg.hash(), site_list, R,
-        networked ? rank->name : "all"));
+        networked ? rank->name : "all",
+        networked && !rank->wan_successor.empty() ? rank->name + "->" + rank->wan_successor : ""));
     progress.message(fmt::format(
         "desloc train: {} parameters ({} backend), {} site{} x {} rank{} ({}{}), B={} T={}, {} "
         "steps, {} train / {} val tokens, unigram entropy {:.4f} nats",

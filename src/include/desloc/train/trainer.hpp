@@ -41,6 +41,9 @@ struct RankContext {
   int site = 0;      // index into cfg.site_names(): the site's data partition and ring position
   int rank = 0;      // within the site, 0..R-1
   std::string name;  // "site/rank", for messages
+  // The wide-area link this rank sends on (its WAN ring successor): every byte it reports as
+  // wire traffic crossed "name -> wan_successor".
+  std::string wan_successor;
   sync::Averager* averager = nullptr;           // across sites (CollectiveAverager)
   transport::Collective* site_group = nullptr;  // the site's R ranks; nullptr when R = 1
   transport::Collective* wan_group = nullptr;   // rank r of every site
