@@ -246,7 +246,8 @@ TEST(LaunchFaults, WrongTokenIsRefusedAndNeverJoins) {
   EXPECT_EQ(intruder.output().find("membership epoch"), std::string::npos) << intruder.output();
   ::kill(c.coordinator.pid, SIGTERM);
   c.coordinator.wait(10s);
-  EXPECT_NE(c.coordinator.output().find("refusing connection"), std::string::npos) << c.coordinator.output();
+  EXPECT_NE(c.coordinator.output().find("refusing connection"), std::string::npos)
+      << c.coordinator.output();
 }
 
 TEST(LaunchFaults, ConfigHashMismatchIsRefusedWithTheReason) {
@@ -304,6 +305,41 @@ TEST(LaunchFaults, SiteKilledMidSyncMakesEverySurvivorExitWithinTheDeadlineNamin
   EXPECT_GT(checked, 0u);
   ::kill(c.coordinator.pid, SIGTERM);
   c.coordinator.wait(10s);
+}
+
+}  // namespace
+}  // namespace desloc::test
+
+namespace desloc::test {
+namespace {
+
+TEST(Launch, CtrlCStopsEveryRankAtOneStepWithACheckpoint) {
+  const fs::path dir = fresh_dir("sigint");
+  std::string toml = with_steps(multi_site_toml(dir / "out", "\"west\", \"east\"", 2), 200000);
+  const fs::path cfg = write_text(dir / "job.toml", toml);
+  Process launch =
+      Process::start({DESLOC_CLI, "launch", "--config", cfg.string()}, dir / "launch.log");
+  // Interrupt once every rank is training (the leader has logged a step).
+  const auto end = Clock::now() + 60s;
+  while (Clock::now() < end && launch.output().find("step 10/200000") == std::string::npos)
+    std::this_thread::sleep_for(50ms);
+  ASSERT_NE(launch.output().find("step 10/200000"), std::string::npos) << launch.output();
+  ::kill(launch.pid, SIGINT);
+  EXPECT_EQ(launch.wait(60s), 130) << launch.output();
+  EXPECT_NE(launch.output().find("every rank checkpointed"), std::string::npos) << launch.output();
+  // Every rank stopped after the same step, and its checkpoint of that step loads.
+  std::vector<std::int64_t> steps;
+  for (const fs::path& d : {dir / "out", dir / "out" / "ranks" / "west-1",
+                            dir / "out" / "ranks" / "east-0", dir / "out" / "ranks" / "east-1"}) {
+    const auto found = train::find_latest_checkpoint((d / "checkpoints").string());
+    ASSERT_TRUE(found.has_value()) << d;
+    steps.push_back(found->checkpoint.step);
+  }
+  for (auto s : steps) EXPECT_EQ(s, steps[0]);
+  EXPECT_GT(steps[0], 0);
+  EXPECT_LT(steps[0], 200000);
+  // kx = 2: sites agree at a sync step.
+  EXPECT_EQ(steps[0] % 2, 0);
 }
 
 }  // namespace

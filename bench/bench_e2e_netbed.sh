@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# bench_e2e_netbed: end-to-end multi-site training on the shaped test bed. S sites (one network
+# namespace each, one rank per site) joined by shaped links train the same job four ways: with
+# communication switched off (method none: the compute-only reference), DDP (gradients averaged
+# every step), Local Adam and DES-LOC. Each run is a real `desloc coordinator` plus one
+# `desloc worker` per site namespace, talking UCX tcp over the shaped veths.
+# Reports ms per step, time to a target validation loss (step time only: evaluation excluded),
+# wide-area bytes, and whether communication steals compute. docs/benchmarks.md.
+set -Eeuo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+netbed=$root/scripts/netbed.sh
+prog=$(basename "$0")
+
+build=$root/build
+sites=A,B,C
+rate=100mbit
+steps=600
+kx=96
+target=2.5
+methods=none,ddp,local_adam,desloc
+results=''
+bed=e2e$$
+bed=${bed:0:8}
+
+usage() {
+  cat <<EOF
+usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--steps N] [--kx K]
+       [--target NATS] [--methods none,ddp,local_adam,desloc] [--results DIR] [--quick]
+
+Runs as root (network namespaces). Defaults: 3 sites on 100 Mbit links, 300 steps of the
+quickstart model (B = 8 per site, one rank per site), Kx = $kx, target validation loss
+$target nats. Method none is the compute-only reference (no communication at all).
+  --quick    60 steps, target 3.0 nats (about 2 minutes)
+  --results  keep configs, logs and metrics there (default: a temporary directory, removed)
+Exit status: 0 all targets met, 3 a target missed, 1 a failure.
+EOF
+}
+
+die() { echo "$prog: error: $*" >&2; exit 1; }
+say() { echo "$prog: $*" >&2; }
+
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --build) build=$2; shift 2 ;;
+    --sites) sites=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --kx) kx=$2; shift 2 ;;
+    --target) target=$2; shift 2 ;;
+    --methods) methods=$2; shift 2 ;;
+    --results) results=$2; shift 2 ;;
+    --quick) steps=60; target=3.0; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown argument '$1'" ;;
+  esac
+done
+[[ $(id -u) -eq 0 ]] || die "needs root for network namespaces"
+desloc=$build/src/desloc
+[[ -x $desloc ]] || die "no $desloc; build first (scripts/build.sh)"
+data=$root/data/brown
+[[ -f $data/dataset.toml ]] || data=$build/testdata/brown
+[[ -f $data/dataset.toml ]] || die "no prepared corpus in data/brown or $build/testdata/brown"
+
+keep=1
+if [[ -z $results ]]; then results=$(mktemp -d); keep=0; fi
+mkdir -p "$results"
+cleanup() {
+  "$netbed" down --name "$bed" >/dev/null 2>&1 || true
+  if [[ $keep -eq 0 ]]; then rm -rf "$results"; fi
+}
+trap cleanup EXIT
+
+IFS=, read -r -a site_list <<<"$sites"
+"$netbed" up --name "$bed" --sites "$sites" --default-rate "$rate" >"$results/netbed.txt"
+coord_addr=$("$netbed" env --name "$bed" --site "${site_list[0]}" | sed -n 's/^DESLOC_SITE_ADDR=//p')
+quoted=$(printf '"%s", ' "${site_list[@]}")
+quoted=${quoted%, }
+
+write_config() {  # $1 = method, $2 = file
+  local period=''
+  [[ $1 == ddp || $1 == none ]] || period="kx = $kx"
+  cat >"$2" <<EOF
+# bench_e2e_netbed: the quickstart model, $1, ${#site_list[@]} sites on $rate links.
+[model]
+vocab = 256
+context = 128
+layers = 4
+heads = 4
+d_model = 128
+[optim]
+name = "adamw"
+beta1 = 0.9
+beta2 = 0.95
+weight_decay = 0.1
+clip = "norm"
+clip_value = 1.0
+[schedule]
+kind = "cosine"
+lr = 3e-3
+warmup = 30
+min_lr_ratio = 0.1
+[data]
+dir = "$data"
+batch = 8
+seed = 1234
+[train]
+steps = $steps
+eval_every = $(( steps / 6 > 0 ? steps / 6 : 1 ))
+eval_batches = 8
+checkpoint_every = 0
+log_every = 50
+out_dir = "$results/$1"
+seed = 42
+threads = 1
+[sync]
+method = "$1"
+$period
+[job]
+sites = [$quoted]
+ranks_per_site = 1
+token = "bench-e2e"
+rendezvous_timeout_s = 60
+[transport]
+tls = "tcp"
+net_devices = ""  # each namespace's UCX_NET_DEVICES, set by netbed exec
+rndv_thresh = "inf"
+deadline_s = 120
+EOF
+}
+
+for method in ${methods//,/ }; do
+  cfg=$results/$method.toml
+  write_config "$method" "$cfg"
+  say "$method: ${#site_list[@]} sites on $rate, $steps steps"
+  "$netbed" exec --name "$bed" --site "${site_list[0]}" -- \
+    "$desloc" coordinator --config "$cfg" --listen "$coord_addr:29517" \
+    >"$results/$method-coordinator.log" 2>&1 &
+  coord=$!
+  sleep 0.5
+  pids=()
+  for s in "${site_list[@]}"; do
+    quiet=(--quiet)
+    [[ $s == "${site_list[0]}" ]] && quiet=()
+    "$netbed" exec --name "$bed" --site "$s" -- \
+      "$desloc" worker --config "$cfg" --site "$s" --rank 0 --coordinator "$coord_addr:29517" \
+      --no-progress "${quiet[@]}" >"$results/$method-$s.log" 2>&1 &
+    pids+=("$!")
+  done
+  failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  wait "$coord" || true
+  if [[ $failed -ne 0 ]]; then
+    tail -n 5 "$results/$method"-*.log >&2
+    die "$method: a rank failed (logs above)"
+  fi
+done
+
+python3 "$here/e2e_report.py" --results "$results" --methods "$methods" --rate "$rate" \
+  --sites "${#site_list[@]}" --target "$target"

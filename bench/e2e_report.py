@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Reads bench_e2e_netbed.sh's metrics and prints the end-to-end table.
+
+For each method: median ms per step (p10..p90 spread), time to the target validation loss
+counting step time only, final validation loss, wide-area bytes per rank, and ratios to the
+compute-only run (method none). For DES-LOC, whether communication steals compute: its steps
+without a sync against compute-only steps (target within 5%), and its sync steps' extra time
+against the wire time the bytes need at the link's TCP payload rate.
+"""
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def rate_bits(text):
+    units = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for u in sorted(units, key=len, reverse=True):
+        if text.endswith(u):
+            return float(text[: -len(u)]) * units[u]
+    raise ValueError(f"bad rate {text!r}")
+
+
+def quantile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
+
+
+def load(results, method, target):
+    lines = [json.loads(l) for l in open(Path(results) / method / "metrics.jsonl")]
+    train = [l for l in lines if l["type"] == "train"]
+    evals = {l["step"]: l for l in lines if l["type"] == "eval"}
+    ms = [l["step_ms"] for l in train[1:]]  # step 1 includes connecting and warming up
+    elapsed, to_target = 0.0, None
+    for l in train:
+        elapsed += l["step_ms"] / 1e3
+        e = evals.get(l["step"])
+        if to_target is None and e and e["val_loss"] is not None and e["val_loss"] <= target:
+            to_target = elapsed
+    sync_bytes, prev = [], 0
+    for l in train:
+        if l["synced"] and l["step"] > 1:
+            sync_bytes.append(l["bytes_sent"] - prev)
+        prev = l["bytes_sent"]
+    last_eval = evals[max(evals)] if evals else None
+    return dict(
+        median=statistics.median(ms), p10=quantile(ms, 0.1), p90=quantile(ms, 0.9),
+        to_target=to_target, total=sum(l["step_ms"] for l in train[1:]) / 1e3,
+        val=last_eval["val_loss"] if last_eval else float("nan"),
+        bytes=train[-1]["bytes_sent"],
+        synced=[l["step_ms"] for l in train[1:] if l["synced"]],
+        quiet=[l["step_ms"] for l in train[1:] if not l["synced"]],
+        sync_bytes=sync_bytes)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--methods", required=True)
+    ap.add_argument("--rate", required=True)
+    ap.add_argument("--sites", type=int, required=True)
+    ap.add_argument("--target", type=float, required=True)
+    a = ap.parse_args()
+    payload_rate = rate_bits(a.rate) * 0.956 / 8  # TCP payload bytes/s at MTU 1500
+    rows = {m: load(a.results, m, a.target) for m in a.methods.split(",")}
+    base = rows.get("none")
+
+    print(f"\nEnd to end: {a.sites} sites on {a.rate} links, one rank per site. ms/step: median "
+          f"over steps 2..N [p10..p90]; time to val <= {a.target} nats counts step time only.")
+    print(f"{'method':<11} {'ms/step':>24} {'vs none':>8} {'to target':>11} {'vs none':>8} "
+          f"{'steps s':>8} {'final val':>9} {'WAN MB/rank':>12}")
+    for m, r in rows.items():
+        vs = f"{r['median'] / base['median']:.2f}x" if base else "-"
+        tt = f"{r['to_target']:.1f} s" if r["to_target"] is not None else "not reached"
+        tvs = (f"{r['to_target'] / base['to_target']:.2f}x"
+               if base and base["to_target"] and r["to_target"] else "-")
+        print(f"{m:<11} {r['median']:>9.1f} [{r['p10']:>6.1f}..{r['p90']:>6.1f}] {vs:>8} "
+              f"{tt:>11} {tvs:>8} {r['total']:>8.1f} {r['val']:>9.4f} {r['bytes'] / 1e6:>12.1f}")
+
+    ok = True
+    if "desloc" in rows and base:
+        d = rows["desloc"]
+        ratio = d["total"] / base["total"]
+        print(f"\nDES-LOC total step time / compute-only: {ratio:.3f} (target <= 1.10)")
+        ok &= ratio <= 1.10
+        if d["quiet"]:
+            steal = statistics.median(d["quiet"]) / base["median"]
+            print(f"DES-LOC steps without a sync / compute-only steps: {steal:.3f} "
+                  f"(progress must not steal compute; target <= 1.05)")
+            ok &= steal <= 1.05
+        if d["synced"] and d["sync_bytes"]:
+            extra = statistics.median(d["synced"]) - statistics.median(d["quiet"] or [base["median"]])
+            sent = statistics.median(d["sync_bytes"])
+            wire = sent / payload_rate * 1e3
+            print(f"DES-LOC sync steps: +{extra:.1f} ms over a plain step; the wire alone needs "
+                  f"{wire:.1f} ms for the median {sent / 1e6:.2f} MB sent at 0.956 x {a.rate} "
+                  f"(overhead beyond the wire: {extra / wire - 1:+.1%})")
+    if "ddp" in rows and base:
+        print(f"DDP is communication-bound: {rows['ddp']['median'] / base['median']:.2f}x the "
+              f"compute-only step time")
+    return 0 if ok else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
