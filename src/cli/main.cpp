@@ -8,9 +8,12 @@
 
 #include "desloc/cluster/cluster.hpp"
 #include "desloc/core/error.hpp"
+#include "desloc/core/file_io.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/data/prepare.hpp"
 #include "desloc/model/model.hpp"
+#include "desloc/model/param_layout.hpp"
+#include "desloc/topology/planner.hpp"
 #include "desloc/train/config.hpp"
 #include "desloc/train/trainer.hpp"
 #include "desloc/transport/ucx_info.hpp"
@@ -51,6 +54,31 @@ int cmd_train(const std::string& config_path, const desloc::train::TrainOptions&
   return 0;
 }
 
+int cmd_plan(const std::string& topology_path, const std::string& config_path, double target,
+             bool overlap, const std::string& out) {
+  const auto cfg = desloc::train::load_config(config_path);
+  const auto topo = desloc::topology::load_topology(topology_path);
+  const auto sites = cfg.site_names();
+  for (const auto& s : sites) topo.site(s);  // every job site must be in the topology
+  desloc::topology::PlanRequest req;
+  req.state_bytes = 4.0 * static_cast<double>(desloc::model::ParamLayout(cfg.model).total());
+  req.target_overhead = target;
+  req.beta1 = cfg.optim.beta1;
+  req.beta2 = cfg.optim.beta2;
+  req.steps = cfg.train.steps;
+  req.overlap = overlap;
+  const auto plan = desloc::topology::make_plan(topo, req);
+  for (const auto& line : plan.explanation) std::printf("%s\n", line.c_str());
+  std::printf("\n%s", plan.config_fragment.c_str());
+  if (!out.empty()) {
+    const auto& text = plan.config_fragment;
+    desloc::write_file_atomic(out,
+                              {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
+    std::printf("wrote %s\n", out.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,8 +87,8 @@ int main(int argc, char** argv) {
       "low-communication "
       "adaptive optimizers, arXiv 2505.22549).\n`train` runs a whole job in one process (every "
       "site a virtual worker); `launch` runs it as one process per rank on this machine; "
-      "`coordinator` and `worker` run it across machines. The topology commands (profile, plan, "
-      "simulate) are not implemented yet."};
+      "`coordinator` and `worker` run it across machines. `plan` chooses periods from a "
+      "topology file; `profile` (measuring one) and `simulate` are not implemented yet."};
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "debug logging");
@@ -159,6 +187,24 @@ int main(int argc, char** argv) {
   config->add_flag("--defaults", defaults, "print every key with its default and meaning");
   config->add_option("--check", check_path, "parse and validate a config, print its hash");
 
+  // desloc plan
+  auto* plan = app.add_subcommand(
+      "plan",
+      "choose the wide-area ring order, Kx, Ku, Kv and their phases from a measured topology "
+      "(topology.toml) and a job, with the reasons; prints a config fragment");
+  std::string plan_topology, plan_config, plan_out;
+  double plan_target = 0.05;
+  bool plan_overlap = false;
+  plan->add_option("--topology", plan_topology, "topology.toml (sites, step times, links)")
+      ->required();
+  plan->add_option("-c,--config", plan_config, "job config (model size, betas, steps)")->required();
+  plan->add_option("--target-overhead", plan_target,
+                   "communication time as a fraction of compute time")
+      ->capture_default_str();
+  plan->add_flag("--overlap", plan_overlap,
+                 "price syncs as overlapped with compute (a what-if: desloc's syncs block)");
+  plan->add_option("--out", plan_out, "also write the config fragment to this file");
+
   CLI::App* report = desloc::cli::add_report_command(app);
 
   try {
@@ -182,6 +228,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*report) return desloc::cli::run_report_command();
+    if (*plan) return cmd_plan(plan_topology, plan_config, plan_target, plan_overlap, plan_out);
     if (*train) {
       if (no_progress) topts.progress = 0;
       return cmd_train(config_path, topts, overrides, nullptr);

@@ -1,0 +1,173 @@
+// topology.toml parsing (every bad input named) and the planner: ring order on uneven links,
+// the star comparison, the smallest Kx within target, Ku/Kv from half-lives, phases, and the
+// unmeetable-target message.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "desloc/core/error.hpp"
+#include "desloc/topology/planner.hpp"
+#include "desloc/topology/topology.hpp"
+
+using namespace desloc;
+using namespace desloc::topology;
+
+namespace {
+
+// Symmetric links from a rate table (Mbit/s) for sites named by single letters.
+std::string topology_toml(const std::string& sites, double step_ms, double (*mbit)(char, char),
+                          double latency_ms = 0.2) {
+  std::string t = "[meta]\nsource = \"test\"\n";
+  for (char s : sites)
+    t += "[[site]]\nname = \"" + std::string(1, s) + "\"\nstep_ms = " + std::to_string(step_ms) +
+         "\n";
+  for (char a : sites)
+    for (char b : sites)
+      if (a != b)
+        t += "[[link]]\nfrom = \"" + std::string(1, a) + "\"\nto = \"" + std::string(1, b) +
+             "\"\nbandwidth_mbit = " + std::to_string(mbit(a, b)) +
+             "\nlatency_ms = " + std::to_string(latency_ms) + "\n";
+  return t;
+}
+
+double triangle(char a, char b) {  // A-B 1 Gbit, B-C 300 Mbit, A-C 100 Mbit
+  const std::string p = a < b ? std::string{a, b} : std::string{b, a};
+  return p == "AB" ? 1000 : p == "BC" ? 300 : 100;
+}
+
+double square(char a, char b) {  // the sides A-B-C-D-A fast, the diagonals slow
+  const std::string p = a < b ? std::string{a, b} : std::string{b, a};
+  return (p == "AC" || p == "BD") ? 10 : 1000;
+}
+
+void expect_config_error(const std::string& text, const std::string& needle) {
+  try {
+    parse_topology(text, "topo.toml");
+    ADD_FAILURE() << "accepted a topology that should fail with '" << needle << "'";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(Topology, RoundTripsThroughToml) {
+  const Topology t = parse_topology(topology_toml("ABC", 88.5, triangle), "a.toml");
+  ASSERT_EQ(t.sites.size(), 3u);
+  ASSERT_EQ(t.links.size(), 6u);
+  EXPECT_DOUBLE_EQ(t.link("B", "C").bandwidth_bps, 300e6 / 8);
+  EXPECT_DOUBLE_EQ(t.site("A").step_s, 0.0885);
+  const Topology back = parse_topology(to_toml(t), "b.toml");
+  ASSERT_EQ(back.links.size(), t.links.size());
+  for (std::size_t i = 0; i < t.links.size(); ++i) {
+    EXPECT_NEAR(back.links[i].bandwidth_bps, t.links[i].bandwidth_bps, 1e-3);
+    EXPECT_NEAR(back.links[i].latency_s, t.links[i].latency_s, 1e-12);
+  }
+  EXPECT_EQ(back.meta.at("source"), "test");
+}
+
+TEST(Topology, BadInputIsNamed) {
+  const std::string good = topology_toml("AB", 10, triangle);
+  expect_config_error(good + "[[site]]\nname = \"A\"\nstep_ms = 1\n", "duplicate site 'A'");
+  std::string unknown = good;
+  unknown.replace(unknown.find("to = \"B\""), 8, "to = \"Z\"");
+  expect_config_error(unknown, "unknown site 'Z'");
+  std::string missing = good.substr(0, good.rfind("[[link]]"));
+  expect_config_error(missing, "missing link(s) B -> A");
+  for (const char* bad : {"0.0", "-5.0", "nan", "inf"}) {
+    std::string b = good;
+    const auto at = b.find("bandwidth_mbit = ") + 17;
+    b.replace(at, b.find('\n', at) - at, bad);
+    expect_config_error(b, "bandwidth_mbit");
+  }
+  std::string self =
+      good + "[[link]]\nfrom = \"A\"\nto = \"A\"\nbandwidth_mbit = 1\nlatency_ms = 1\n";
+  expect_config_error(self, "to itself");
+  expect_config_error(
+      good + "[[link]]\nfrom = \"A\"\nto = \"B\"\nbandwidth_mbit = 1\nlatency_ms = 1\n",
+      "duplicate link A -> B");
+  std::string typo = good;
+  typo.replace(typo.find("step_ms"), 7, "step_mz");
+  expect_config_error(typo, "step_ms");
+  expect_config_error("[meta]\n", "no [[site]]");
+  expect_config_error("[[site]]\nname = \"A\"\nstep_ms = 1\n[sites]\n", "unknown table 'sites'");
+}
+
+TEST(Planner, RingAvoidsSlowDiagonals) {
+  const Topology t = parse_topology(topology_toml("ABCD", 50, square), "sq.toml");
+  PlanRequest req;
+  req.state_bytes = 4e6;
+  req.steps = 100000;
+  const Plan p = make_plan(t, req);
+  ASSERT_EQ(p.chosen.kind, "ring");
+  EXPECT_DOUBLE_EQ(p.chosen.bottleneck_bps, 1000e6 / 8) << p.chosen.describe();
+  // The model: 2(n-1) steps of P/n bytes each over the slowest ring link, plus latency.
+  const double expect = 2.0 * 3 * (0.2e-3 + 1e6 / (1000e6 / 8));
+  EXPECT_NEAR(p.chosen.seconds, expect, 1e-12);
+}
+
+TEST(Planner, PricesTheStarThatBeatsTheRingOnATriangle) {
+  const Topology t = parse_topology(topology_toml("ABC", 50, triangle), "tri.toml");
+  PlanRequest req;
+  req.state_bytes = 3e6;
+  req.steps = 100000;
+  const Plan p = make_plan(t, req);
+  // Every 3-site ring crosses the 100 Mbit A-C link; a star at B uses 1 Gbit and 300 Mbit.
+  EXPECT_DOUBLE_EQ(p.chosen.bottleneck_bps, 100e6 / 8);
+  EXPECT_NEAR(star_seconds(t, "B", 3e6), 2 * (0.2e-3 + 3e6 / (300e6 / 8)), 1e-12);
+  EXPECT_LT(star_seconds(t, "B", 3e6), p.chosen.seconds);
+  bool noted = false;
+  for (const auto& line : p.explanation)
+    noted = noted || line.find("star at B") != std::string::npos;
+  EXPECT_TRUE(noted);
+}
+
+TEST(Planner, ChoosesTheSmallestKxWithinTarget) {
+  const Topology t = parse_topology(topology_toml("ABC", 80, triangle), "tri.toml");
+  PlanRequest req;
+  req.state_bytes = 3.3e6;
+  req.target_overhead = 0.05;
+  req.steps = 100000;
+  const Plan p = make_plan(t, req);
+  EXPECT_EQ(p.ku, 3 * p.kx);
+  EXPECT_EQ(p.kv, 6 * p.kx);  // beta 0.9 / 0.95: half-lives 6.6 and 13.5 steps
+  const double sync = p.chosen.seconds;
+  EXPECT_LE(overhead(sync, 0.08, p.kx, p.ku, p.kv, false), 0.05);
+  EXPECT_GT(overhead(sync, 0.08, p.kx - 1, 3 * (p.kx - 1), 6 * (p.kx - 1), false), 0.05);
+  EXPECT_NEAR(p.overhead, sync * 1.5 / (p.kx * 0.08), 1e-12);
+  // Phases: u and v never on an x step, never on each other.
+  EXPECT_NE(p.phase_u % p.kx, 0);
+  EXPECT_NE(p.phase_v % p.kx, 0);
+  EXPECT_NE(p.phase_u % p.kx, p.phase_v % p.kx);
+  EXPECT_NE(p.config_fragment.find("kx = " + std::to_string(p.kx)), std::string::npos);
+}
+
+TEST(Planner, KvFollowsTheSecondMomentsHalfLife) {
+  const Topology t = parse_topology(topology_toml("AB", 80, triangle), "ab.toml");
+  PlanRequest req;
+  req.state_bytes = 1e6;
+  req.steps = 100000;
+  req.beta2 = 0.999;  // half-life 693 steps: the clamp (8 x Ku) applies
+  const Plan p = make_plan(t, req);
+  EXPECT_EQ(p.kv, 24 * p.kx);
+  EXPECT_NEAR(half_life(0.9), 6.579, 1e-3);
+}
+
+TEST(Planner, AnUnmeetableTargetSaysWhatItWouldNeed) {
+  const Topology t = parse_topology(topology_toml("ABC", 10, triangle), "tri.toml");
+  PlanRequest req;
+  req.state_bytes = 400e6;  // 100M parameters over 100 Mbit
+  req.steps = 100;
+  req.target_overhead = 0.01;
+  try {
+    make_plan(t, req);
+    FAIL() << "planned an impossible target";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("needs Kx >="), std::string::npos) << m;
+    EXPECT_NE(m.find("at Kx = 100 the overhead would be"), std::string::npos) << m;
+  }
+  req.target_overhead = -1;
+  EXPECT_THROW(make_plan(t, req), ConfigError);
+}

@@ -1,0 +1,66 @@
+// The planner: from a measured topology and a job, the wide-area schedule (ring order, with
+// star schedules priced for comparison), the periods Kx, Ku, Kv, their phases, and why.
+//
+// Cost model (alpha-beta, per directed link): a ring all-reduce of P bytes over n sites takes
+// 2(n-1) steps, each moving P/n bytes over every ring link at once, so
+//   T_ring = 2(n-1) * max over ring links (latency + P / (n * bandwidth)).
+// Sharding over R ranks per site changes nothing: the R wide-area groups share each link.
+// A star at root r (every other site sends P to r, r sends the sum back) takes
+//   T_star = max_leaf (latency + P / bw(leaf -> r)) + max_leaf (latency + P / bw(r -> leaf)).
+// Without overlap a sync blocks every site, so over one Kx window the overhead is
+//   T_sync * (1/Kx + 1/Ku + 1/Kv) / step,  step = the slowest site's compute step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "desloc/topology/topology.hpp"
+
+namespace desloc::topology {
+
+struct PlanRequest {
+  double state_bytes = 0;         // bytes of one state buffer (4 x parameters)
+  double target_overhead = 0.05;  // communication time / compute time
+  double beta1 = 0.9;             // the local optimizer's moment decays, for Ku and Kv
+  double beta2 = 0.95;
+  std::int64_t steps = 0;  // train.steps: Kx may not exceed it
+  bool overlap = false;    // price syncs as running under the next steps' compute (what-if)
+};
+
+struct Schedule {
+  std::string kind;                // "ring" or "star"
+  std::vector<std::string> order;  // ring order, or {root} for a star
+  double seconds = 0;              // predicted all-reduce time of one state
+  double bottleneck_bps = 0;       // slowest link used, payload bytes/s
+  std::string describe() const;    // "ring A -> B -> C -> A" or "star at B"
+};
+
+struct Plan {
+  Schedule chosen;                   // the best ring: the schedule desloc's transport runs
+  std::vector<Schedule> candidates;  // the best ring per direction class, and every star
+  double step_s = 0;                 // slowest site's compute step
+  std::int64_t kx = 0, ku = 0, kv = 0;
+  std::int64_t phase_x = 0, phase_u = 0, phase_v = 0;
+  double overhead = 0;  // predicted, at the chosen periods
+  std::vector<std::string> explanation;
+  std::string config_fragment;  // [sync] and [job] keys that launch and worker accept
+};
+
+// Half-life in steps of an exponential moving average with decay beta: ln 0.5 / ln beta.
+double half_life(double beta);
+
+// Predicted all-reduce time of `bytes` over `order` as a ring / as a star at `root`.
+double ring_seconds(const Topology& t, const std::vector<std::string>& order, double bytes);
+double star_seconds(const Topology& t, const std::string& root, double bytes);
+
+// Overhead of periods (kx, ku, kv) for a sync time and step time, with or without overlap.
+double overhead(double sync_s, double step_s, std::int64_t kx, std::int64_t ku, std::int64_t kv,
+                bool overlap);
+
+// ConfigError when the request is invalid (no bytes, target <= 0) or the target cannot be met
+// within req.steps; that message says which Kx the target needs and the overhead at the
+// largest Kx allowed.
+Plan make_plan(const Topology& t, const PlanRequest& req);
+
+}  // namespace desloc::topology

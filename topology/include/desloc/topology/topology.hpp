@@ -1,0 +1,54 @@
+// The topology of a job: its sites (with the compute step time measured there) and the
+// directed links between every pair (bandwidth and latency), as `desloc profile` writes it to
+// topology.toml and `desloc plan` reads it.
+//
+//   [meta]
+//   measured_at = "2026-12-02T18:30:00Z"   # free-form provenance, kept as written
+//   source = "desloc profile"
+//   [[site]]
+//   name = "A"
+//   step_ms = 88.5          # compute time of one training step of the configured model
+//   [[link]]
+//   from = "A"
+//   to = "B"
+//   bandwidth_mbit = 95.6   # payload megabits per second (10^6 bit/s), as measured
+//   latency_ms = 0.35       # one-way small-message latency
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "desloc/topology/link.hpp"
+
+namespace desloc::topology {
+
+struct SiteProfile {
+  std::string name;
+  double step_s = 0.0;  // compute time of one step, seconds
+};
+
+struct Topology {
+  std::vector<SiteProfile> sites;
+  std::vector<LinkProfile> links;           // every ordered pair of distinct sites, once
+  std::map<std::string, std::string> meta;  // provenance, kept as written
+  std::string source;                       // the file it came from, for messages
+
+  // The link from -> to; Error naming both if absent.
+  const LinkProfile& link(std::string_view from, std::string_view to) const;
+  const SiteProfile& site(std::string_view name) const;
+  std::vector<std::string> site_names() const;
+};
+
+// Parses and validates: ConfigError naming file:line:column and what is wrong for a syntax
+// error, an unknown key, a duplicate site, a link naming an unknown site or a site to itself,
+// a duplicate or missing link (every ordered pair is required), and a bandwidth, latency or
+// step time that is zero, negative or not a number.
+Topology parse_topology(std::string_view text, const std::string& source_name);
+Topology load_topology(const std::string& path);
+
+// The TOML text parse_topology reads back to the same values.
+std::string to_toml(const Topology& t);
+
+}  // namespace desloc::topology

@@ -1,0 +1,207 @@
+// The planner: schedules priced by the alpha-beta model, then the smallest Kx within target.
+#include "desloc/topology/planner.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "desloc/core/error.hpp"
+
+namespace desloc::topology {
+
+std::string Schedule::describe() const {
+  if (kind == "star") return "star at " + order.at(0);
+  return fmt::format("ring {} -> {}", fmt::join(order, " -> "), order.at(0));
+}
+
+double half_life(double beta) { return std::log(0.5) / std::log(beta); }
+
+double ring_seconds(const Topology& t, const std::vector<std::string>& order, double bytes) {
+  const std::size_t n = order.size();
+  if (n < 2) return 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    worst = std::max(
+        worst,
+        t.link(order[i], order[(i + 1) % n]).transfer_seconds(bytes / static_cast<double>(n)));
+  return 2.0 * static_cast<double>(n - 1) * worst;
+}
+
+double star_seconds(const Topology& t, const std::string& root, double bytes) {
+  double in = 0, out = 0;
+  for (const auto& s : t.sites) {
+    if (s.name == root) continue;
+    in = std::max(in, t.link(s.name, root).transfer_seconds(bytes));
+    out = std::max(out, t.link(root, s.name).transfer_seconds(bytes));
+  }
+  return in + out;
+}
+
+double overhead(double sync_s, double step_s, std::int64_t kx, std::int64_t ku, std::int64_t kv,
+                bool overlap) {
+  // Communication per Kx window against the window's compute.
+  const double window = static_cast<double>(kx) * step_s;
+  const double comm = sync_s * (1.0 + double(kx) / double(ku) + double(kx) / double(kv));
+  if (!overlap) return comm / window;
+  return std::max(0.0, comm - window) / window;
+}
+
+namespace {
+
+double bottleneck(const Topology& t, const std::vector<std::string>& order) {
+  double b = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < order.size(); ++i)
+    b = std::min(b, t.link(order[i], order[(i + 1) % order.size()]).bandwidth_bps);
+  return b;
+}
+
+std::string mbit(double bytes_per_s) { return fmt::format("{:.0f} Mbit/s", bytes_per_s * 8 / 1e6); }
+
+}  // namespace
+
+Plan make_plan(const Topology& t, const PlanRequest& req) {
+  if (!(req.state_bytes > 0)) throw ConfigError("plan: the model has no parameters to average");
+  if (!(req.target_overhead > 0) || !std::isfinite(req.target_overhead))
+    throw ConfigError(fmt::format(
+        "plan: --target-overhead {} must be a positive fraction (e.g. 0.05)", req.target_overhead));
+  if (!(req.beta1 > 0 && req.beta1 < 1 && req.beta2 > 0 && req.beta2 < 1))
+    throw ConfigError("plan: optim.beta1 and optim.beta2 must lie in (0, 1) to derive Ku and Kv");
+  Plan plan;
+  const auto names = t.site_names();
+  for (const auto& s : t.sites) plan.step_s = std::max(plan.step_s, s.step_s);
+  const double P = req.state_bytes;
+
+  // Rings: the first site fixed (rotations are the same ring), every order of the rest.
+  // Sites beyond 9 would make (n-1)! too large; then the order is improved greedily.
+  std::vector<std::string> order = names;
+  Schedule best_ring{"ring", order, ring_seconds(t, order, P), bottleneck(t, order)};
+  if (names.size() <= 9) {
+    std::vector<std::string> rest(names.begin() + 1, names.end());
+    std::sort(rest.begin(), rest.end());
+    do {
+      std::vector<std::string> o{names[0]};
+      o.insert(o.end(), rest.begin(), rest.end());
+      const double secs = ring_seconds(t, o, P);
+      if (secs < best_ring.seconds - 1e-12) best_ring = {"ring", o, secs, bottleneck(t, o)};
+    } while (std::next_permutation(rest.begin(), rest.end()));
+  } else {
+    // Nearest-fastest-neighbour: from each site, go to the unvisited site with the fastest link.
+    std::vector<std::string> o{names[0]};
+    std::vector<std::string> left(names.begin() + 1, names.end());
+    while (!left.empty()) {
+      auto it = std::max_element(left.begin(), left.end(), [&](const auto& a, const auto& b) {
+        return t.link(o.back(), a).bandwidth_bps < t.link(o.back(), b).bandwidth_bps;
+      });
+      o.push_back(*it);
+      left.erase(it);
+    }
+    best_ring = {"ring", o, ring_seconds(t, o, P), bottleneck(t, o)};
+  }
+  plan.chosen = best_ring;
+  plan.candidates.push_back(best_ring);
+  if (names.size() > 1) {
+    Schedule config_ring{"ring", names, ring_seconds(t, names, P), bottleneck(t, names)};
+    if (config_ring.order != best_ring.order) plan.candidates.push_back(config_ring);
+    for (const auto& root : names) {
+      double b = std::numeric_limits<double>::infinity();
+      for (const auto& s : names)
+        if (s != root)
+          b = std::min({b, t.link(s, root).bandwidth_bps, t.link(root, s).bandwidth_bps});
+      plan.candidates.push_back({"star", {root}, star_seconds(t, root, P), b});
+    }
+  }
+  const double sync = plan.chosen.seconds;
+
+  // Ku and Kv. Rule: Ku = 3 Kx (the paper's default). Kv / Ku = the ratio of the moments'
+  // half-lives tau = ln 0.5 / ln beta, rounded and clamped to [2, 8]: v remembers longer than
+  // u by that factor, so it can be averaged that much less often. beta1 = 0.9, beta2 = 0.95
+  // give tau 6.6 and 13.5 steps, ratio 2: Kv = 6 Kx, the paper's default again.
+  const double tau1 = half_life(req.beta1), tau2 = half_life(req.beta2);
+  const std::int64_t a = 3;
+  const auto b = a * std::clamp<std::int64_t>(std::llround(tau2 / tau1), 2, 8);
+
+  // The smallest Kx within target. overhead() falls as Kx grows, so search upward.
+  const std::int64_t max_kx = std::max<std::int64_t>(1, req.steps);
+  std::int64_t kx = 0;
+  if (sync == 0) {
+    kx = 1;
+  } else {
+    // Closed form without overlap, then a check (and a walk for the overlap model).
+    const double need =
+        sync * (1.0 + 1.0 / double(a) + 1.0 / double(b)) /
+        (plan.step_s * (req.overlap ? 1.0 + req.target_overhead : req.target_overhead));
+    kx = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(need - 1e-9)));
+    while (kx > 1 && overhead(sync, plan.step_s, kx - 1, a * (kx - 1), b * (kx - 1), req.overlap) <=
+                         req.target_overhead)
+      --kx;
+    while (overhead(sync, plan.step_s, kx, a * kx, b * kx, req.overlap) > req.target_overhead) ++kx;
+  }
+  if (kx > max_kx) {
+    const double at_max = overhead(sync, plan.step_s, max_kx, a * max_kx, b * max_kx, req.overlap);
+    throw ConfigError(fmt::format(
+        "plan: a communication overhead of {:.1f}% needs Kx >= {}, but train.steps = {}; at "
+        "Kx = {} the overhead would be {:.1f}% (one sync of {:.2f} MB over the {} takes {:.3f} s "
+        "against a {:.1f} ms step). Raise the target, train longer, or use faster links",
+        100 * req.target_overhead, kx, req.steps, max_kx, 100 * at_max, P / 1e6,
+        plan.chosen.describe(), sync, plan.step_s * 1e3));
+  }
+  plan.kx = kx;
+  plan.ku = a * kx;
+  plan.kv = b * kx;
+  // Phases: u and v land a third and two thirds into an x window, never on an x step and
+  // never on each other (Ku, Kv are multiples of Kx), so one sync is in flight at a time.
+  if (kx >= 3) {
+    plan.phase_u = (kx + 1) / 3;
+    plan.phase_v = (2 * kx + 1) / 3;
+  }
+  plan.overhead = overhead(sync, plan.step_s, plan.kx, plan.ku, plan.kv, req.overlap);
+
+  auto& e = plan.explanation;
+  e.push_back(
+      fmt::format("inputs: {} sites, state of {:.2f} MB (x, u and v each), slowest "
+                  "compute step {:.1f} ms, target overhead {:.1f}%{}",
+                  names.size(), P / 1e6, plan.step_s * 1e3, 100 * req.target_overhead,
+                  req.overlap ? " (syncs overlapped with compute)" : " (blocking syncs)"));
+  for (const auto& c : plan.candidates)
+    e.push_back(fmt::format("candidate {}: {:.3f} s per all-reduce, slowest link {}", c.describe(),
+                            c.seconds, mbit(c.bottleneck_bps)));
+  e.push_back(fmt::format("schedule: {} ({:.3f} s): it maximises the slowest ring link ({})",
+                          plan.chosen.describe(), sync, mbit(plan.chosen.bottleneck_bps)));
+  const auto fastest =
+      std::min_element(plan.candidates.begin(), plan.candidates.end(),
+                       [](const auto& x, const auto& y) { return x.seconds < y.seconds; });
+  if (fastest->kind == "star")
+    e.push_back(fmt::format(
+        "note: a {} would take {:.3f} s ({:.0f}% less); desloc's transport runs rings only, so "
+        "the plan uses the best ring",
+        fastest->describe(), fastest->seconds, 100 * (1 - fastest->seconds / sync)));
+  e.push_back(
+      fmt::format("Ku = 3 Kx; Kv = {} Kx: half-lives tau1 = {:.1f}, tau2 = {:.1f} steps, "
+                  "Kv / Ku = round(tau2 / tau1) clamped to [2, 8] = {}",
+                  b, tau1, tau2, b / a));
+  e.push_back(fmt::format(
+      "Kx = {}: the smallest period whose overhead T_sync (1/Kx + 1/Ku + 1/Kv) / step = {:.2f}% "
+      "is within {:.1f}% (Kx = {} would give {:.2f}%)",
+      kx, 100 * plan.overhead, 100 * req.target_overhead, std::max<std::int64_t>(1, kx - 1),
+      100 * overhead(sync, plan.step_s, std::max<std::int64_t>(1, kx - 1),
+                     a * std::max<std::int64_t>(1, kx - 1), b * std::max<std::int64_t>(1, kx - 1),
+                     req.overlap)));
+  e.push_back(fmt::format("phases: x at 0, u at {}, v at {}: no two averages on one step",
+                          plan.phase_u, plan.phase_v));
+
+  std::vector<std::string> quoted;
+  for (const auto& s : plan.chosen.order) quoted.push_back("\"" + s + "\"");
+  plan.config_fragment = fmt::format(
+      "# from `desloc plan`: {}, predicted overhead {:.2f}%\n[sync]\nmethod = \"desloc\"\n"
+      "kx = {}\nku = {}\nkv = {}\nphase_x = 0\nphase_u = {}\nphase_v = {}\n\n[job]\n"
+      "sites = [{}]  # the ring order\n",
+      plan.chosen.describe(), 100 * plan.overhead, plan.kx, plan.ku, plan.kv, plan.phase_u,
+      plan.phase_v, fmt::join(quoted, ", "));
+  return plan;
+}
+
+}  // namespace desloc::topology

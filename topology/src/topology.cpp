@@ -1,0 +1,215 @@
+// topology.toml: reading with every check the planner relies on, and writing.
+#include "desloc/topology/topology.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <toml++/toml.h>
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "desloc/core/error.hpp"
+
+namespace desloc::topology {
+namespace {
+
+std::string where(const std::string& file, const toml::source_region& r) {
+  return fmt::format("{}:{}:{}", file, r.begin.line, r.begin.column);
+}
+
+// Reads one table's keys, rejecting unknown ones.
+class Reader {
+ public:
+  Reader(const std::string& file, const toml::table& t, std::string what)
+      : file_(file), table_(t), what_(std::move(what)) {}
+
+  std::string string(const char* key) {
+    const toml::node* n = need(key);
+    if (!n->is_string())
+      throw ConfigError(
+          fmt::format("{}: {}.{} must be a string", where(file_, n->source()), what_, key));
+    return n->as_string()->get();
+  }
+  // A finite, positive number (zero too when allow_zero).
+  double positive(const char* key, bool allow_zero = false) {
+    const toml::node* n = need(key);
+    double v;
+    if (n->is_floating_point())
+      v = n->as_floating_point()->get();
+    else if (n->is_integer())
+      v = static_cast<double>(n->as_integer()->get());
+    else
+      throw ConfigError(
+          fmt::format("{}: {}.{} must be a number", where(file_, n->source()), what_, key));
+    if (!std::isfinite(v) || v < 0 || (v == 0 && !allow_zero))
+      throw ConfigError(fmt::format("{}: {}.{} = {} must be a finite number {} 0",
+                                    where(file_, n->source()), what_, key, v,
+                                    allow_zero ? ">=" : ">"));
+    return v;
+  }
+  void done() const {
+    for (auto&& [k, v] : table_)
+      if (!used_.contains(std::string(k.str())))
+        throw ConfigError(
+            fmt::format("{}: unknown key '{}' in {}", where(file_, k.source()), k.str(), what_));
+  }
+  std::string location() const { return where(file_, table_.source()); }
+
+ private:
+  const toml::node* need(const char* key) {
+    used_.insert(key);
+    const toml::node* n = table_.get(key);
+    if (n == nullptr)
+      throw ConfigError(
+          fmt::format("{}: {} has no '{}'", where(file_, table_.source()), what_, key));
+    return n;
+  }
+  const std::string& file_;
+  const toml::table& table_;
+  std::string what_;
+  std::set<std::string> used_;
+};
+
+const toml::array* array_of_tables(const toml::table& root, const char* key,
+                                   const std::string& file) {
+  const toml::node* n = root.get(key);
+  if (n == nullptr) return nullptr;
+  const toml::array* a = n->as_array();
+  if (a == nullptr || !a->is_array_of_tables())
+    throw ConfigError(fmt::format("{}: '{}' must be an array of tables ([[{}]])",
+                                  where(file, n->source()), key, key));
+  return a;
+}
+
+Topology from_table(const toml::table& root, const std::string& file) {
+  Topology t;
+  t.source = file;
+  for (auto&& [k, v] : root) {
+    const std::string key(k.str());
+    if (key != "meta" && key != "site" && key != "link")
+      throw ConfigError(fmt::format("{}: unknown table '{}' (expected [meta], [[site]], [[link]])",
+                                    where(file, k.source()), key));
+  }
+  if (const toml::node* meta = root.get("meta")) {
+    if (!meta->is_table())
+      throw ConfigError(fmt::format("{}: 'meta' must be a table", where(file, meta->source())));
+    for (auto&& [k, v] : *meta->as_table()) {
+      if (!v.is_string())
+        throw ConfigError(
+            fmt::format("{}: meta.{} must be a string", where(file, v.source()), k.str()));
+      t.meta[std::string(k.str())] = v.as_string()->get();
+    }
+  }
+  const toml::array* sites = array_of_tables(root, "site", file);
+  if (sites == nullptr || sites->empty())
+    throw ConfigError(fmt::format("{}: no [[site]] tables; a topology needs its sites", file));
+  std::set<std::string> names;
+  for (const toml::node& n : *sites) {
+    Reader r(file, *n.as_table(), "site");
+    SiteProfile s;
+    s.name = r.string("name");
+    s.step_s = r.positive("step_ms") / 1e3;
+    r.done();
+    if (!names.insert(s.name).second)
+      throw ConfigError(fmt::format("{}: duplicate site '{}'", r.location(), s.name));
+    t.sites.push_back(std::move(s));
+  }
+  std::set<std::pair<std::string, std::string>> pairs;
+  if (const toml::array* links = array_of_tables(root, "link", file)) {
+    for (const toml::node& n : *links) {
+      Reader r(file, *n.as_table(), "link");
+      LinkProfile l;
+      l.from = r.string("from");
+      l.to = r.string("to");
+      l.bandwidth_bps = r.positive("bandwidth_mbit") * 1e6 / 8;
+      l.latency_s = r.positive("latency_ms", /*allow_zero=*/true) / 1e3;
+      r.done();
+      for (const auto* end : {&l.from, &l.to})
+        if (!names.contains(*end))
+          throw ConfigError(fmt::format("{}: link {} -> {} names unknown site '{}' (sites: {})",
+                                        r.location(), l.from, l.to, *end, fmt::join(names, ", ")));
+      if (l.from == l.to)
+        throw ConfigError(fmt::format("{}: link from '{}' to itself", r.location(), l.from));
+      if (!pairs.insert({l.from, l.to}).second)
+        throw ConfigError(fmt::format("{}: duplicate link {} -> {}", r.location(), l.from, l.to));
+      t.links.push_back(std::move(l));
+    }
+  }
+  std::vector<std::string> missing;
+  for (const auto& a : t.sites)
+    for (const auto& b : t.sites)
+      if (a.name != b.name && !pairs.contains({a.name, b.name}))
+        missing.push_back(a.name + " -> " + b.name);
+  if (!missing.empty())
+    throw ConfigError(fmt::format(
+        "{}: missing link(s) {}; every ordered pair of sites needs a measured link (run "
+        "`desloc profile`)",
+        file, fmt::join(missing, ", ")));
+  return t;
+}
+
+}  // namespace
+
+const LinkProfile& Topology::link(std::string_view from, std::string_view to) const {
+  for (const auto& l : links)
+    if (l.from == from && l.to == to) return l;
+  throw Error(fmt::format("{}: no link {} -> {}", source, from, to));
+}
+
+const SiteProfile& Topology::site(std::string_view name) const {
+  for (const auto& s : sites)
+    if (s.name == name) return s;
+  throw Error(fmt::format("{}: no site '{}'", source, name));
+}
+
+std::vector<std::string> Topology::site_names() const {
+  std::vector<std::string> out;
+  for (const auto& s : sites) out.push_back(s.name);
+  return out;
+}
+
+Topology parse_topology(std::string_view text, const std::string& source_name) {
+  try {
+    return from_table(toml::parse(text, source_name), source_name);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(
+        fmt::format("{}: TOML syntax error: {}", where(source_name, e.source()), e.description()));
+  }
+}
+
+Topology load_topology(const std::string& path) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    if (e.source().begin.line == 0)
+      throw ConfigError(fmt::format("{}: cannot read topology: {}", path, e.description()));
+    throw ConfigError(
+        fmt::format("{}: TOML syntax error: {}", where(path, e.source()), e.description()));
+  }
+  return from_table(root, path);
+}
+
+std::string to_toml(const Topology& t) {
+  std::ostringstream out;
+  out << "# desloc topology: sites with their compute step time, directed links with measured\n"
+         "# payload bandwidth and one-way latency.\n[meta]\n";
+  for (const auto& [k, v] : t.meta) {
+    std::string escaped;
+    for (char c : v) {
+      if (c == '"' || c == '\\') escaped += '\\';
+      if (c != '\n') escaped += c;
+    }
+    out << fmt::format("{} = \"{}\"\n", k, escaped);
+  }
+  for (const auto& s : t.sites)
+    out << fmt::format("\n[[site]]\nname = \"{}\"\nstep_ms = {:.6g}\n", s.name, s.step_s * 1e3);
+  for (const auto& l : t.links)
+    out << fmt::format(
+        "\n[[link]]\nfrom = \"{}\"\nto = \"{}\"\nbandwidth_mbit = {:.6g}\nlatency_ms = {:.6g}\n",
+        l.from, l.to, l.bandwidth_bps * 8 / 1e6, l.latency_s * 1e3);
+  return out.str();
+}
+
+}  // namespace desloc::topology
