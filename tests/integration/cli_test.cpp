@@ -15,7 +15,7 @@ std::string cli() { return std::string("'") + DESLOC_CLI + "'"; }
 TEST(Cli, HelpListsTheCommands) {
   const auto r = run_command(cli() + " --help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* cmd : {"prepare", "train", "config"})
+  for (const char* cmd : {"prepare", "train", "config", "launch", "coordinator", "worker", "plan"})
     EXPECT_NE(r.output.find(cmd), std::string::npos) << r.output;
   const auto t = run_command(cli() + " train --help");
   EXPECT_NE(t.output.find("--resume"), std::string::npos) << t.output;
@@ -95,4 +95,34 @@ TEST(Cli, PrepareMissingTextFileIsNamed) {
       run_command(cli() + " prepare --source /no/such/corpus.txt --out " + (dir / "d").string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("/no/such/corpus.txt"), std::string::npos) << r.output;
+}
+
+TEST(Cli, PlanPrintsReasonsAndAFragmentAndNamesBadTopologies) {
+  const auto dir = fresh_dir("plan");
+  std::string topo = "[meta]\nsource = \"test\"\n";
+  for (const char* s : {"west", "east"})
+    topo += std::string("[[site]]\nname = \"") + s + "\"\nstep_ms = 50\n";
+  topo +=
+      "[[link]]\nfrom = \"west\"\nto = \"east\"\nbandwidth_mbit = 100\nlatency_ms = 1\n"
+      "[[link]]\nfrom = \"east\"\nto = \"west\"\nbandwidth_mbit = 100\nlatency_ms = 1\n";
+  write_text(dir / "topology.toml", topo);
+  write_text(dir / "job.toml",
+             tiny_job_toml(dir / "out") + "[job]\nsites = [\"west\", \"east\"]\n");
+  const auto r =
+      run_command(cli() + " plan --topology " + (dir / "topology.toml").string() + " --config " +
+                  (dir / "job.toml").string() + " --out " + (dir / "fragment.toml").string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* needle : {"schedule: ring west -> east -> west", "Kx = ", "kv = ", "phase_u"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+  EXPECT_TRUE(fs::exists(dir / "fragment.toml"));
+
+  // A NaN bandwidth is refused with the file, line and key.
+  std::string bad = topo;
+  bad.replace(bad.find("bandwidth_mbit = 100"), 20, "bandwidth_mbit = nan");
+  write_text(dir / "bad.toml", bad);
+  const auto b = run_command(cli() + " plan --topology " + (dir / "bad.toml").string() +
+                             " --config " + (dir / "job.toml").string());
+  EXPECT_EQ(b.exit_code, 2) << b.output;
+  EXPECT_NE(b.output.find("bad.toml:"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("bandwidth_mbit"), std::string::npos) << b.output;
 }
