@@ -14,6 +14,7 @@
 #include "desloc/model/model.hpp"
 #include "desloc/model/param_layout.hpp"
 #include "desloc/topology/planner.hpp"
+#include "desloc/topology/simulator.hpp"
 #include "desloc/train/config.hpp"
 #include "desloc/train/trainer.hpp"
 #include "desloc/transport/ucx_info.hpp"
@@ -79,6 +80,62 @@ int cmd_plan(const std::string& topology_path, const std::string& config_path, d
   return 0;
 }
 
+struct SimulateOptions {
+  std::string topology, config, methods = "none,ddp,local_adam,desloc";
+  std::int64_t steps = 0;
+  bool overlap = false;
+  double jitter = 0.0, link_scale = 1.0, step_scale = 1.0, params = 0.0;
+};
+
+int cmd_simulate(const SimulateOptions& o) {
+  const auto cfg = desloc::train::load_config(o.config);
+  auto topo = desloc::topology::load_topology(o.topology);
+  for (auto& l : topo.links) l.bandwidth_bps *= o.link_scale;
+  for (auto& s : topo.sites) s.step_s *= o.step_scale;
+  const double params =
+      o.params > 0 ? o.params : static_cast<double>(desloc::model::ParamLayout(cfg.model).total());
+  desloc::topology::SimJob base;
+  base.steps = o.steps > 0 ? o.steps : cfg.train.steps;
+  base.state_bytes = 4.0 * params;
+  base.overlap = o.overlap;
+  base.jitter = o.jitter;
+  base.ring = cfg.site_names();
+  for (const auto& s : base.ring) topo.site(s);
+  base.kx = cfg.sync.kx;
+  base.ku = cfg.sync.method == "desloc" ? cfg.sync.effective_ku() : 3 * cfg.sync.kx;
+  base.kv = cfg.sync.method == "desloc" ? cfg.sync.effective_kv() : 6 * cfg.sync.kx;
+  if (cfg.sync.method == "desloc") {
+    base.phase_x = cfg.sync.phase_x;
+    base.phase_u = cfg.sync.phase_u;
+    base.phase_v = cfg.sync.phase_v;
+  }
+  std::printf(
+      "simulate: %zu sites, %.3g parameters (%.2f MB per state), %lld steps, Kx %lld, "
+      "Ku %lld, Kv %lld, %s syncs, compute jitter %.2f\n",
+      topo.sites.size(), params, base.state_bytes / 1e6, static_cast<long long>(base.steps),
+      static_cast<long long>(base.kx), static_cast<long long>(base.ku),
+      static_cast<long long>(base.kv), o.overlap ? "overlapped" : "blocking", o.jitter);
+  std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s\n", "method", "ms/step", "total", "comm s",
+              "wait s", "syncs", "MB/site", "vs none");
+  double none_total = 0;
+  std::string list = o.methods + ",";
+  for (std::size_t at = 0, next; (next = list.find(',', at)) != std::string::npos; at = next + 1) {
+    auto job = base;
+    job.method = list.substr(at, next - at);
+    if (job.method.empty()) continue;
+    const auto r = desloc::topology::simulate(topo, job);
+    if (job.method == "none") none_total = r.total_s;
+    const std::string total = r.total_s >= 86400  ? fmt::format("{:.2f} days", r.total_s / 86400)
+                              : r.total_s >= 3600 ? fmt::format("{:.2f} h", r.total_s / 3600)
+                                                  : fmt::format("{:.1f} s", r.total_s);
+    std::printf("%-11s %10.1f %12s %10.1f %10.1f %8lld %12.1f %9s\n", job.method.c_str(),
+                r.step_s * 1e3, total.c_str(), r.comm_s, r.wait_s, static_cast<long long>(r.syncs),
+                r.bytes_per_site / 1e6,
+                none_total > 0 ? fmt::format("{:.3f}x", r.total_s / none_total).c_str() : "-");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,7 +145,8 @@ int main(int argc, char** argv) {
       "adaptive optimizers, arXiv 2505.22549).\n`train` runs a whole job in one process (every "
       "site a virtual worker); `launch` runs it as one process per rank on this machine; "
       "`coordinator` and `worker` run it across machines. `plan` chooses periods from a "
-      "topology file; `profile` (measuring one) and `simulate` are not implemented yet."};
+      "topology file and `simulate` predicts a job on one; `profile` (measuring a topology) is "
+      "not implemented yet."};
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "debug logging");
@@ -205,6 +263,30 @@ int main(int argc, char** argv) {
                  "price syncs as overlapped with compute (a what-if: desloc's syncs block)");
   plan->add_option("--out", plan_out, "also write the config fragment to this file");
 
+  // desloc simulate
+  auto* simulate = app.add_subcommand(
+      "simulate",
+      "predict step time and time to N steps of DDP, Local Adam and DES-LOC on a topology "
+      "(discrete-event model); what-ifs scale the links, the compute or the model");
+  SimulateOptions sopts;
+  simulate->add_option("--topology", sopts.topology, "topology.toml")->required();
+  simulate->add_option("-c,--config", sopts.config, "job config (model, periods, steps, sites)")
+      ->required();
+  simulate->add_option("--steps", sopts.steps, "steps to simulate (default: train.steps)");
+  simulate->add_option("--methods", sopts.methods, "comma-separated methods")
+      ->capture_default_str();
+  simulate->add_flag("--overlap", sopts.overlap, "syncs run under the next steps' compute");
+  simulate
+      ->add_option("--jitter", sopts.jitter,
+                   "per-step compute noise (sigma of a log-normal factor, e.g. 0.3)")
+      ->capture_default_str();
+  simulate->add_option("--link-scale", sopts.link_scale, "what-if: multiply every bandwidth")
+      ->capture_default_str();
+  simulate->add_option("--step-scale", sopts.step_scale, "what-if: multiply every step time")
+      ->capture_default_str();
+  simulate->add_option("--params", sopts.params,
+                       "what-if: model parameters (default: the config's)");
+
   CLI::App* report = desloc::cli::add_report_command(app);
 
   try {
@@ -228,6 +310,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*report) return desloc::cli::run_report_command();
+    if (*simulate) return cmd_simulate(sopts);
     if (*plan) return cmd_plan(plan_topology, plan_config, plan_target, plan_overlap, plan_out);
     if (*train) {
       if (no_progress) topts.progress = 0;

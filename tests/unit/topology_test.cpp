@@ -8,6 +8,7 @@
 
 #include "desloc/core/error.hpp"
 #include "desloc/topology/planner.hpp"
+#include "desloc/topology/simulator.hpp"
 #include "desloc/topology/topology.hpp"
 
 using namespace desloc;
@@ -170,4 +171,49 @@ TEST(Planner, AnUnmeetableTargetSaysWhatItWouldNeed) {
   }
   req.target_overhead = -1;
   EXPECT_THROW(make_plan(t, req), ConfigError);
+}
+
+TEST(Simulator, ClosedFormsWithoutNoise) {
+  const Topology t = parse_topology(topology_toml("ABC", 100, triangle), "tri.toml");
+  SimJob job;
+  job.state_bytes = 3e6;
+  job.steps = 600;
+  job.kx = 16;
+  job.ku = 48;
+  job.kv = 96;
+  const double sync = ring_seconds(t, {"A", "B", "C"}, 3e6);
+  job.method = "none";
+  EXPECT_NEAR(simulate(t, job).total_s, 60.0, 1e-9);
+  job.method = "ddp";
+  auto ddp = simulate(t, job);
+  EXPECT_NEAR(ddp.total_s, 600 * (0.1 + sync), 1e-9);
+  EXPECT_NEAR(ddp.bytes_per_site, 600 * 3e6 * 4.0 / 3.0, 1e-3);
+  job.method = "local_adam";
+  EXPECT_EQ(simulate(t, job).syncs, 3 * (600 / 16));
+  job.method = "desloc";
+  const auto d = simulate(t, job);
+  EXPECT_EQ(d.syncs, 600 / 16 + 600 / 48 + 600 / 96);
+  EXPECT_NEAR(d.total_s, 60.0 + double(d.syncs) * sync, 1e-9);
+  EXPECT_NEAR(d.wait_s, 0.0, 1e-12);
+  // Overlapped, the syncs hide under 16 steps of compute: only the last one shows.
+  job.overlap = true;
+  EXPECT_LT(simulate(t, job).total_s, 60.0 + 3 * sync + 1e-9);
+}
+
+TEST(Simulator, ComputeNoiseMakesSitesWaitAtSyncs) {
+  const Topology t = parse_topology(topology_toml("ABC", 100, triangle), "tri.toml");
+  SimJob job;
+  job.state_bytes = 3e6;
+  job.steps = 960;
+  job.kx = 96;
+  job.ku = 288;
+  job.kv = 576;
+  job.jitter = 0.3;
+  const auto noisy = simulate(t, job);
+  EXPECT_GT(noisy.wait_s, 0.0);
+  EXPECT_EQ(simulate(t, job).total_s, noisy.total_s);  // a fixed seed: reproducible
+  job.jitter = 0;
+  EXPECT_GT(noisy.total_s, simulate(t, job).total_s * 0.9);
+  job.method = "bogus";
+  EXPECT_THROW(simulate(t, job), ConfigError);
 }
