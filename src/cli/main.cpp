@@ -178,7 +178,8 @@ int main(int argc, char** argv) {
   // desloc train
   auto* train = app.add_subcommand(
       "train",
-      "train from a TOML job config (one site, or [sync] workers in-process virtual workers)");
+      "train a job in this one process: every site an in-process virtual worker, its ranks "
+      "micro-batches summed in the network's order (the exact reference for `launch`)");
   std::string config_path;
   Overrides overrides;
   desloc::train::TrainOptions topts;
