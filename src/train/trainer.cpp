@@ -381,7 +381,7 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
   // Per site: its R ranks each read B sequences of T tokens.
   const std::uint64_t tokens_per_step =
       static_cast<std::uint64_t>(B) * static_cast<std::uint64_t>(T) * static_cast<std::uint64_t>(R);
-  std::vector<float> site_losses(workers.size());
+  std::vector<float> site_losses;  // this step's loss of every site held here
   // Sites stop together: a networked rank learns of a stop request (SIGINT/SIGTERM) from its
   // site's ranks every step and from the other sites at each sync, and all stop after the
   // same step. Without any cross-site sync (method = none) a site stops on its own.
@@ -401,6 +401,7 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
     }
     const std::int64_t t = step + 1;  // the 1-based number of the step being taken
     maybe_join(t, policy.at(t));
+    site_losses.resize(workers.size());  // workers may have joined
     const auto t0 = clock::now();
 
     double loss_sum = 0.0;
@@ -441,7 +442,7 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
       } else if (networked) {
         site_stop = g_stop_signal != 0 ? 1.0f : 0.0f;
       }
-      site_losses[i] = site_loss;
+      site_losses.at(i) = site_loss;
       loss_sum += site_loss;
     };
     std::vector<sync::Replica> replicas = replicas_of(workers);

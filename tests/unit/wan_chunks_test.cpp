@@ -103,7 +103,8 @@ TEST_P(RingOrder, UcxAllReduceEqualsTheReferenceBitForBit) {
       c.all_reduce_sum(got[std::size_t(r)]);
     });
     for (int r = 0; r < n; ++r)
-      ASSERT_EQ(0, std::memcmp(got[std::size_t(r)].data(), want.data(), len * sizeof(float)))
+      ASSERT_TRUE(len == 0 ||
+                  std::memcmp(got[std::size_t(r)].data(), want.data(), len * sizeof(float)) == 0)
           << "rank " << r << " of " << n << ", length " << len;
   }
 }
