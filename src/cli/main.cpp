@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "desloc/cluster/cluster.hpp"
@@ -128,7 +129,7 @@ int cmd_simulate(const SimulateOptions& o) {
     const std::string total = r.total_s >= 86400  ? fmt::format("{:.2f} days", r.total_s / 86400)
                               : r.total_s >= 3600 ? fmt::format("{:.2f} h", r.total_s / 3600)
                                                   : fmt::format("{:.1f} s", r.total_s);
-    std::printf("%-11s %10.1f %12s %10.1f %10.1f %8lld %12.1f %9s\n", job.method.c_str(),
+    std::printf("%-11s %10.1f %12s %10.3f %10.3f %8lld %12.1f %9s\n", job.method.c_str(),
                 r.step_s * 1e3, total.c_str(), r.comm_s, r.wait_s, static_cast<long long>(r.syncs),
                 r.bytes_per_site / 1e6,
                 none_total > 0 ? fmt::format("{:.3f}x", r.total_s / none_total).c_str() : "-");
@@ -145,8 +146,7 @@ int main(int argc, char** argv) {
       "adaptive optimizers, arXiv 2505.22549).\n`train` runs a whole job in one process (every "
       "site a virtual worker); `launch` runs it as one process per rank on this machine; "
       "`coordinator` and `worker` run it across machines. `plan` chooses periods from a "
-      "topology file and `simulate` predicts a job on one; `profile` (measuring a topology) is "
-      "not implemented yet."};
+      "topology file, `simulate` predicts a job on one, and `profile` measures one."};
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "debug logging");
@@ -238,6 +238,19 @@ int main(int argc, char** argv) {
   worker->add_option("--threads", worker_overrides.threads, "override train.threads");
   worker->add_flag("--no-progress", worker_no_progress, "plain log lines instead of a bar");
   worker->add_flag("--quiet", wopts.train.quiet, "no progress lines, only warnings and errors");
+  std::string worker_profile;
+  worker->add_option("--profile", worker_profile,
+                     "measure the topology instead of training; site 0 writes this file");
+
+  // desloc profile
+  auto* profile = app.add_subcommand(
+      "profile",
+      "measure a job's topology on this machine (one process per rank, like launch): latency "
+      "and bandwidth of every site pair, one at a time and all at once, and the compute step; "
+      "writes topology.toml. Across machines: `desloc worker --profile FILE` on every rank");
+  std::string profile_config, profile_out = "topology.toml";
+  profile->add_option("-c,--config", profile_config, "job config (TOML)")->required();
+  profile->add_option("--out", profile_out, "where to write the topology")->capture_default_str();
 
   // desloc config
   auto* config = app.add_subcommand("config", "print the default config or check a config file");
@@ -323,6 +336,13 @@ int main(int argc, char** argv) {
       lopts.progress = !launch_quiet;
       return desloc::cluster::run_launch(cfg, lopts);
     }
+    if (*profile) {
+      const auto cfg = load_with(profile_config, {"", -1});
+      desloc::cluster::LaunchOptions p;
+      p.config_path = profile_config;
+      p.worker_args = {"--profile", std::filesystem::absolute(profile_out).string()};
+      return desloc::cluster::run_launch(cfg, p);
+    }
     if (*coordinator) {
       const auto cfg = desloc::train::load_config(coord_config);
       const auto [host, port] = desloc::cluster::parse_endpoint(
@@ -346,6 +366,8 @@ int main(int argc, char** argv) {
       if (wopts.coordinator.empty()) wopts.coordinator = cfg.job.coordinator;
       wopts.train.progress = worker_no_progress ? 0 : -1;
       if (wopts.train.quiet) desloc::log::set_level(desloc::log::Level::kWarn);
+      if (!worker_profile.empty())
+        return desloc::cluster::run_profile_worker(cfg, wopts, worker_profile);
       return cmd_train(worker_config, wopts.train, worker_overrides, &wopts);
     }
     if (*config) {

@@ -262,6 +262,7 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
                                       "--threads",
                                       std::to_string(threads),
                                       "--no-progress"};
+        args.insert(args.end(), opts.worker_args.begin(), opts.worker_args.end());
         if (!opts.out_dir.empty()) {
           args.push_back("--out-dir");
           args.push_back(opts.out_dir);

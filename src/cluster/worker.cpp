@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "cluster/session.hpp"
 #include "desloc/cluster/cluster.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
@@ -20,15 +21,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The Hello's opaque address field carries two UCX worker addresses: the site group's and the
-// wide-area group's (either may be empty when its group has one member).
-std::vector<std::uint8_t> pack_addresses(const transport::WorkerAddress& site,
-                                         const transport::WorkerAddress& wan) {
+// The Hello's opaque address field carries the UCX worker addresses of this rank's groups
+// (see join_job; an entry is empty when its group has one member).
+std::vector<std::uint8_t> pack_addresses(const std::vector<transport::WorkerAddress>& all) {
   std::vector<std::uint8_t> out;
-  for (const auto* a : {&site, &wan}) {
-    const auto n = static_cast<std::uint32_t>(a->size());
+  for (const auto& a : all) {
+    const auto n = static_cast<std::uint32_t>(a.size());
     for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::uint8_t>(n >> (8 * i)));
-    for (std::byte b : *a) out.push_back(static_cast<std::uint8_t>(b));
+    for (std::byte b : a) out.push_back(static_cast<std::uint8_t>(b));
   }
   return out;
 }
@@ -131,10 +131,13 @@ std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& text,
   return {text.substr(0, colon), static_cast<std::uint16_t>(port)};
 }
 
-train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& opts) {
-  const auto sites = cfg.site_names();
-  const int S = static_cast<int>(sites.size());
-  const int R = cfg.job.ranks_per_site;
+Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pair_groups) {
+  Session ss;
+  ss.sites = cfg.site_names();
+  ss.S = static_cast<int>(ss.sites.size());
+  ss.R = cfg.job.ranks_per_site;
+  const int S = ss.S, R = ss.R;
+  const auto& sites = ss.sites;
   const auto it = std::find(sites.begin(), sites.end(), opts.id.site);
   if (it == sites.end())
     throw ConfigError(fmt::format("--site {}: not a site of {} (job.sites = [{}])", opts.id.site,
@@ -142,29 +145,42 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   if (opts.id.rank < 0 || opts.id.rank >= R)
     throw ConfigError(
         fmt::format("--rank {}: job.ranks_per_site = {} in {}", opts.id.rank, R, cfg.source));
-  const int site_index = static_cast<int>(it - sites.begin());
-  const std::string name = fmt::format("{}/{}", opts.id.site, opts.id.rank);
+  ss.site_index = static_cast<int>(it - sites.begin());
+  ss.rank = opts.id.rank;
+  const int site_index = ss.site_index;
+  ss.name = fmt::format("{}/{}", opts.id.site, opts.id.rank);
+  const std::string& name = ss.name;
   const auto [host, port] = parse_endpoint(opts.coordinator, "--coordinator");
   const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.rendezvous_timeout_s);
 
-  // 1. Ports first: their addresses travel in the registration.
+  // 1. Ports first: their addresses travel in the registration. Slot 0: the site group;
+  // slot 1: the wide-area group; slot 2 + k (profiling, rank 0 only): a pair with site k.
   auto site_port = R > 1 ? transport::open_ucx_port(ucx_options(cfg.transport, false)) : nullptr;
   auto wan_port = S > 1 ? transport::open_ucx_port(ucx_options(cfg.transport, true)) : nullptr;
-  const auto blob = pack_addresses(site_port ? site_port->address() : transport::WorkerAddress{},
-                                   wan_port ? wan_port->address() : transport::WorkerAddress{});
+  std::vector<transport::WorkerAddress> addresses{
+      site_port ? site_port->address() : transport::WorkerAddress{},
+      wan_port ? wan_port->address() : transport::WorkerAddress{}};
+  std::vector<std::unique_ptr<transport::UcxPort>> pair_ports(static_cast<std::size_t>(S));
+  const bool pairs = pair_groups && ss.rank == 0;
+  for (int k = 0; k < S; ++k) {
+    if (pairs && k != site_index)
+      pair_ports[std::size_t(k)] = transport::open_ucx_port(ucx_options(cfg.transport, true));
+    addresses.push_back(pair_ports[std::size_t(k)] ? pair_ports[std::size_t(k)]->address()
+                                                   : transport::WorkerAddress{});
+  }
 
   // 2. Rendezvous.
   transport::RankClientOptions client_opts;
   client_opts.site = opts.id.site;
   client_opts.rank = static_cast<std::uint32_t>(opts.id.rank);
-  client_opts.worker_address = blob;
+  client_opts.worker_address = pack_addresses(addresses);
   client_opts.config_hash = cfg.hash();
   client_opts.token = job_token(cfg);
   client_opts.heartbeat_interval = std::chrono::milliseconds(cfg.job.heartbeat_ms);
-  transport::RankClient client(client_opts);
+  ss.client = std::make_unique<transport::RankClient>(client_opts);
   log::info("{}: registering with the coordinator at {}:{}", name, host, port);
-  client.connect(host, port, deadline);
-  const transport::Membership m = client.wait_membership(deadline);
+  ss.client->connect(host, port, deadline);
+  const transport::Membership m = ss.client->wait_membership(deadline);
   log::info("{}: membership epoch {} with {} ranks", name, m.epoch, m.members.size());
 
   // 3. Groups. The WAN ring follows the membership's ring order; data and sum order follow
@@ -182,12 +198,11 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   base.max_inflight_chunks = static_cast<std::size_t>(cfg.transport.inflight_chunks);
   base.epoch = m.epoch;
 
-  std::unique_ptr<transport::Collective> site_group, wan_group;
   if (R > 1) {
     auto o = base;
     for (int q = 0; q < R; ++q) o.peer_names.push_back(fmt::format("{}/{}", opts.id.site, q));
     const auto& next = member(m, opts.id.site, static_cast<std::uint32_t>((opts.id.rank + 1) % R));
-    site_group = transport::connect_ucx_collective(
+    ss.site_group = transport::connect_ucx_collective(
         std::move(site_port), opts.id.rank, R,
         unpack_address(next.worker_address, 0, fmt::format("{}/{}", next.site, next.rank)), o);
   }
@@ -202,27 +217,49 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
       successor =
           unpack_address(next.worker_address, 1, fmt::format("{}/{}", next.site, next.rank));
     }
-    wan_group = transport::connect_ucx_collective(std::move(wan_port), site_index, S, successor, o);
+    ss.wan_group =
+        transport::connect_ucx_collective(std::move(wan_port), site_index, S, successor, o);
   }
-  sync::CollectiveAverager averager(*wan_group, site_group.get());
+  ss.pairs.resize(static_cast<std::size_t>(S));
+  for (int k = 0; pairs && k < S; ++k) {
+    if (k == site_index) continue;
+    auto o = base;
+    const int me = site_index < k ? 0 : 1;
+    o.peer_names = me == 0 ? std::vector<std::string>{name, sites[std::size_t(k)] + "/0"}
+                           : std::vector<std::string>{sites[std::size_t(k)] + "/0", name};
+    const auto& other = member(m, sites[std::size_t(k)], 0);
+    ss.pairs[std::size_t(k)] = transport::connect_ucx_collective(
+        std::move(pair_ports[std::size_t(k)]), me, 2,
+        unpack_address(other.worker_address, 2 + site_index, other.site + "/0"), o);
+  }
+  ss.membership = m;
+  return ss;
+}
 
+train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& opts) {
+  Session ss = join_job(cfg, opts, false);
+  sync::CollectiveAverager averager(*ss.wan_group, ss.site_group.get());
   train::RankContext ctx;
-  ctx.site = site_index;
-  ctx.rank = opts.id.rank;
-  ctx.name = name;
-  if (S > 1)
+  ctx.site = ss.site_index;
+  ctx.rank = ss.rank;
+  ctx.name = ss.name;
+  if (ss.S > 1)
     ctx.wan_successor =
-        fmt::format("{}/{}", sites[std::size_t((site_index + 1) % S)], opts.id.rank);
+        fmt::format("{}/{}", ss.sites[std::size_t((ss.site_index + 1) % ss.S)], ss.rank);
   ctx.averager = &averager;
-  ctx.site_group = site_group.get();
-  ctx.wan_group = wan_group.get();
-  ctx.on_step = [&client](std::int64_t step) { client.set_step(static_cast<std::uint64_t>(step)); };
+  ctx.site_group = ss.site_group.get();
+  ctx.wan_group = ss.wan_group.get();
+  ctx.on_step = [&ss](std::int64_t step) { ss.client->set_step(static_cast<std::uint64_t>(step)); };
   train::TrainResult result = train::run_training(cfg, opts.train, &ctx);
   // Leave together: nobody tears down its UCX worker while a peer still finishes the last
   // operation.
-  if (site_group) site_group->barrier();
-  wan_group->barrier();
+  ss.leave();
   return result;
+}
+
+void Session::leave() {
+  if (site_group) site_group->barrier();
+  if (wan_group) wan_group->barrier();
 }
 
 }  // namespace desloc::cluster

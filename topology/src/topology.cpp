@@ -31,6 +31,7 @@ class Reader {
           fmt::format("{}: {}.{} must be a string", where(file_, n->source()), what_, key));
     return n->as_string()->get();
   }
+  bool has(const char* key) const { return table_.get(key) != nullptr; }
   // A finite, positive number (zero too when allow_zero).
   double positive(const char* key, bool allow_zero = false) {
     const toml::node* n = need(key);
@@ -124,6 +125,7 @@ Topology from_table(const toml::table& root, const std::string& file) {
       l.to = r.string("to");
       l.bandwidth_bps = r.positive("bandwidth_mbit") * 1e6 / 8;
       l.latency_s = r.positive("latency_ms", /*allow_zero=*/true) / 1e3;
+      if (r.has("contended_mbit")) l.contended_bps = r.positive("contended_mbit") * 1e6 / 8;
       r.done();
       for (const auto* end : {&l.from, &l.to})
         if (!names.contains(*end))
@@ -207,8 +209,10 @@ std::string to_toml(const Topology& t) {
     out << fmt::format("\n[[site]]\nname = \"{}\"\nstep_ms = {:.6g}\n", s.name, s.step_s * 1e3);
   for (const auto& l : t.links)
     out << fmt::format(
-        "\n[[link]]\nfrom = \"{}\"\nto = \"{}\"\nbandwidth_mbit = {:.6g}\nlatency_ms = {:.6g}\n",
-        l.from, l.to, l.bandwidth_bps * 8 / 1e6, l.latency_s * 1e3);
+        "\n[[link]]\nfrom = \"{}\"\nto = \"{}\"\nbandwidth_mbit = {:.6g}\nlatency_ms = {:.6g}\n{}",
+        l.from, l.to, l.bandwidth_bps * 8 / 1e6, l.latency_s * 1e3,
+        l.contended_bps > 0 ? fmt::format("contended_mbit = {:.6g}\n", l.contended_bps * 8 / 1e6)
+                            : std::string());
   return out.str();
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "desloc/train/config.hpp"
 #include "desloc/train/trainer.hpp"
@@ -47,15 +48,23 @@ struct WorkerOptions {
 // key or step named; a failed peer makes it exit within transport.deadline_s.
 train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& opts);
 
+// `desloc worker --profile FILE`: instead of training, measure this job's topology (latency
+// and bandwidth of every directed site pair, one pair at a time and all at once, and each
+// site's compute step) over the same control plane and UCX transport, and have site 0 write
+// FILE (topology.toml). Returns a process exit status.
+int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
+                       const std::string& out_path);
+
 // `desloc coordinator`: serves rendezvous on `bind:port` until every rank of the job has
 // registered and later disconnected. Returns a process exit status (0 when every rank reported
 // the last step). SIGINT/SIGTERM stop it early.
 int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::uint16_t port);
 
 struct LaunchOptions {
-  std::string config_path;  // passed to every rank
-  std::string out_dir;      // override of train.out_dir ("" = keep)
-  bool progress = true;     // the leader's progress lines
+  std::string config_path;               // passed to every rank
+  std::string out_dir;                   // override of train.out_dir ("" = keep)
+  bool progress = true;                  // the leader's progress lines
+  std::vector<std::string> worker_args;  // extra arguments for every rank (e.g. --profile F)
 };
 
 // `desloc launch`: the whole job on this machine over loopback. Returns the exit status: 0,

@@ -13,6 +13,7 @@
 //   to = "B"
 //   bandwidth_mbit = 95.6   # payload megabits per second (10^6 bit/s), as measured
 //   latency_ms = 0.35       # one-way small-message latency
+//   contended_mbit = 90.1   # optional: bandwidth while every pair streams at once
 #pragma once
 
 #include <map>

@@ -1,0 +1,231 @@
+// `desloc profile` / `desloc worker --profile`: measure the job's topology over the same
+// control plane and UCX transport that training uses, and write topology.toml.
+//
+// Every site's rank 0 holds a 2-rank UCX group with every other site's rank 0. One pair at a
+// time (the others wait at a wide-area barrier), the lower site measures:
+//   latency   ping-pong of 8-byte broadcasts, one way = round trip / 2, p50 and p99;
+//   bandwidth a broadcast of B bytes followed by a 1-byte acknowledgement, minus the round
+//             trip; B doubles from 1 MiB until one transfer lasts kMinTransfer (at most
+//             kMaxBytes), then the median of kBandwidthRepeats; each direction is measured by
+//             its sender.
+// Then all pairs stream at once (a 2-rank all-reduce on every pair concurrently, each on its
+// own thread), for the contended rate. Each site also times training steps of the configured
+// model. Rank 0 of site 0 gathers everything and writes the file.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "cluster/session.hpp"
+#include "desloc/cluster/cluster.hpp"
+#include "desloc/core/error.hpp"
+#include "desloc/core/file_io.hpp"
+#include "desloc/core/log.hpp"
+#include "desloc/data/loader.hpp"
+#include "desloc/model/model.hpp"
+#include "desloc/topology/topology.hpp"
+
+namespace desloc::cluster {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kPingWarmup = 20;
+constexpr int kPings = 200;
+constexpr double kMinTransfer = 0.5;  // seconds: one bandwidth transfer lasts at least this
+constexpr std::size_t kMaxBytes = std::size_t{256} << 20;
+constexpr int kBandwidthRepeats = 3;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<std::size_t>(q * double(v.size() - 1) + 0.5))];
+}
+
+// What this site measured about its outgoing link to one peer.
+struct LinkRecord {
+  double bandwidth_bps = 0, latency_s = 0, latency_p99_s = 0, contended_bps = 0;
+};
+
+// Round trips between the pair's two ranks; `sender` starts each one. Returns one-way times.
+std::vector<double> ping(transport::Collective& pair, int sender) {
+  std::vector<std::byte> word(8);
+  std::vector<double> one_way;
+  for (int i = 0; i < kPingWarmup + kPings; ++i) {
+    const auto t0 = Clock::now();
+    pair.broadcast(word, sender);
+    pair.broadcast(word, 1 - sender);
+    if (i >= kPingWarmup) one_way.push_back(seconds_since(t0) / 2);
+  }
+  return one_way;
+}
+
+// Streams from `sender` to the other rank. Both ranks call it; the sender's result counts.
+// B doubles from 1 MiB until one transfer lasts kMinTransfer (or B reaches kMaxBytes); then
+// kBandwidthRepeats transfers of that size give the median rate. The sender announces each
+// size, so both sides agree on it.
+double stream(transport::Collective& pair, int sender, double rtt) {
+  std::vector<std::byte> buffer(kMaxBytes);
+  std::vector<std::byte> ack(1);
+  auto transfer = [&](std::size_t bytes) {
+    const auto t0 = Clock::now();
+    pair.broadcast(std::span<std::byte>(buffer.data(), bytes), sender);
+    pair.broadcast(ack, 1 - sender);
+    return seconds_since(t0);
+  };
+  auto agree = [&](std::uint64_t proposal) {
+    pair.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&proposal, 1)), sender);
+    return static_cast<std::size_t>(proposal);
+  };
+  std::size_t bytes = std::size_t{1} << 20;
+  for (;;) {
+    const double t = transfer(bytes);
+    const bool enough = t >= kMinTransfer || bytes * 2 > kMaxBytes;
+    if (agree(enough ? 1 : 0) != 0) break;
+    bytes *= 2;
+  }
+  std::vector<double> rates;
+  for (int rep = 0; rep < kBandwidthRepeats; ++rep)
+    rates.push_back(double(bytes) / std::max(transfer(bytes) - rtt, 1e-9));
+  const double rate = quantile(rates, 0.5);
+  if (pair.rank() == sender)
+    log::info("profile: {} MiB per transfer: {:.1f} Mbit/s (median of {})", bytes >> 20,
+              rate * 8 / 1e6, kBandwidthRepeats);
+  return rate;
+}
+
+double measure_step(const train::JobConfig& cfg) {
+  const data::DatasetInfo dataset = data::load_dataset(cfg.data.dir);
+  auto model =
+      model::make_model(cfg.model, {cfg.train.backend, cfg.train.threads, cfg.data.batch, 0});
+  std::vector<float> x(model->layout().total());
+  model::init_params(model->layout(), cfg.model, cfg.train.seed, x);
+  std::copy(x.begin(), x.end(), model->params().begin());
+  model->params_updated();
+  const int B = cfg.data.batch, T = cfg.seq_len();
+  data::DataLoader loader(dataset, B, T, cfg.data.seed, 0, 1);
+  std::vector<std::int32_t> in(static_cast<std::size_t>(B) * T), tgt(in.size());
+  std::vector<double> times;
+  for (int i = 0; i < 7; ++i) {
+    loader.next(in, tgt);
+    const auto t0 = Clock::now();
+    model->forward_backward({in, tgt, B, T});
+    if (i >= 2) times.push_back(seconds_since(t0));
+  }
+  return quantile(times, 0.5);
+}
+
+}  // namespace
+
+int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
+                       const std::string& out_path) {
+  Session ss = join_job(cfg, opts, /*pair_groups=*/true);
+  const double step_s = measure_step(cfg);
+  log::info("{}: compute step {:.1f} ms", ss.name, step_s * 1e3);
+  if (ss.rank != 0) {
+    ss.leave();
+    return 0;
+  }
+  const int S = ss.S, me = ss.site_index;
+  std::vector<LinkRecord> out(static_cast<std::size_t>(S));  // this site -> site k
+  for (int i = 0; i < S; ++i)
+    for (int j = i + 1; j < S; ++j) {
+      ss.wan_group->barrier();
+      if (me != i && me != j) continue;
+      const int other = me == i ? j : i;
+      auto& pair = *ss.pairs[std::size_t(other)];
+      log::info("profile: {} <-> {}", ss.sites[std::size_t(i)], ss.sites[std::size_t(j)]);
+      // Both directions of the pair: pair rank 0 (site i) sends first, then site j.
+      for (int sender = 0; sender < 2; ++sender) {
+        const auto one_way = ping(pair, sender);
+        const double p50 = quantile(one_way, 0.5);
+        const double bw = stream(pair, sender, 2 * p50);
+        if (pair.rank() == sender) {
+          auto& rec = out[std::size_t(other)];
+          rec.latency_s = p50;
+          rec.latency_p99_s = quantile(one_way, 0.99);
+          rec.bandwidth_bps = bw;
+        }
+      }
+    }
+  // All pairs at once: a 2-rank all-reduce moves the buffer once in each direction.
+  ss.wan_group->barrier();
+  {
+    const std::size_t bytes = std::size_t{16} << 20;
+    std::vector<std::thread> threads;
+    std::vector<double> secs(static_cast<std::size_t>(S), 0.0);
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(S));
+    for (int k = 0; k < S; ++k) {
+      if (k == me) continue;
+      threads.emplace_back([&, k] {
+        try {
+          std::vector<float> data(bytes / sizeof(float), 1.0f);
+          auto& pair = *ss.pairs[std::size_t(k)];
+          pair.all_reduce_sum(data);  // warm-up
+          const auto t0 = Clock::now();
+          pair.all_reduce_sum(data);
+          secs[std::size_t(k)] = seconds_since(t0);
+        } catch (...) {
+          errors[std::size_t(k)] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    for (int k = 0; k < S; ++k)
+      if (k != me) out[std::size_t(k)].contended_bps = double(bytes) / secs[std::size_t(k)];
+  }
+
+  // Gather every site's row (step time + its outgoing links) at every rank 0.
+  const std::size_t row = 1 + 4 * static_cast<std::size_t>(S);
+  std::vector<double> mine(row), all(row * static_cast<std::size_t>(S));
+  mine[0] = step_s;
+  for (int k = 0; k < S; ++k) {
+    const auto& r = out[std::size_t(k)];
+    std::copy_n(
+        std::array<double, 4>{r.bandwidth_bps, r.latency_s, r.latency_p99_s, r.contended_bps}
+            .begin(),
+        4, mine.begin() + 1 + 4 * k);
+  }
+  ss.wan_group->all_gather(std::as_bytes(std::span<const double>(mine)),
+                           std::as_writable_bytes(std::span<double>(all)));
+  if (me == 0) {
+    topology::Topology topo;
+    topo.meta["source"] = "desloc profile";
+    topo.meta["config"] = cfg.source;
+    topo.meta["tls"] = cfg.transport.tls;
+    const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    topo.meta["measured_at"] = stamp;
+    for (int s = 0; s < S; ++s) {
+      const double* r = all.data() + row * std::size_t(s);
+      topo.sites.push_back({ss.sites[std::size_t(s)], r[0]});
+      for (int k = 0; k < S; ++k) {
+        if (k == s) continue;
+        const double* l = r + 1 + 4 * k;
+        topology::LinkProfile link{ss.sites[std::size_t(s)], ss.sites[std::size_t(k)], l[0], l[1],
+                                   l[3]};
+        topo.links.push_back(link);
+        std::printf(
+            "%-8s -> %-8s %9.1f Mbit/s  (all pairs at once %9.1f)  latency p50 %.3f ms "
+            "p99 %.3f ms\n",
+            link.from.c_str(), link.to.c_str(), l[0] * 8 / 1e6, l[3] * 8 / 1e6, l[1] * 1e3,
+            l[2] * 1e3);
+      }
+      std::printf("%-8s compute step %.1f ms\n", ss.sites[std::size_t(s)].c_str(), r[0] * 1e3);
+    }
+    const std::string text = topology::to_toml(topo);
+    write_file_atomic(out_path, {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
+    std::printf("wrote %s\n", out_path.c_str());
+  }
+  ss.leave();
+  return 0;
+}
+
+}  // namespace desloc::cluster

@@ -1,0 +1,36 @@
+// A rank's membership in a running job: its control-plane client, the membership it received
+// and its UCX groups. join_job does the rendezvous; training and profiling both start here.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "desloc/cluster/cluster.hpp"
+#include "desloc/transport/collective.hpp"
+#include "desloc/transport/control_plane.hpp"
+
+namespace desloc::cluster {
+
+struct Session {
+  std::string name;  // "site/rank"
+  std::vector<std::string> sites;
+  int S = 1, R = 1;
+  int site_index = 0, rank = 0;
+  std::unique_ptr<transport::RankClient> client;
+  transport::Membership membership;
+  std::unique_ptr<transport::Collective> site_group;  // null when R = 1
+  std::unique_ptr<transport::Collective> wan_group;   // rank r of every site
+  // Profiling only, rank 0 of each site: pairs[k] is a 2-rank group with site k's rank 0
+  // (the lower site index is rank 0); null for this site and for other ranks.
+  std::vector<std::unique_ptr<transport::Collective>> pairs;
+
+  // Barriers on both groups, so nobody tears down its UCX worker while a peer still finishes.
+  void leave();
+};
+
+// Opens the ports, registers with opts.coordinator, waits for the membership and connects the
+// groups (and, with pair_groups, one 2-rank group per other site for rank 0).
+Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pair_groups);
+
+}  // namespace desloc::cluster
