@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "cluster/session.hpp"
 #include "desloc/cluster/cluster.hpp"
@@ -14,6 +15,7 @@
 #include "desloc/core/log.hpp"
 #include "desloc/sync/collective_averager.hpp"
 #include "desloc/transport/control_plane.hpp"
+#include "desloc/transport/nccl_collective.hpp"
 #include "desloc/transport/ucx_collective.hpp"
 
 namespace desloc::cluster {
@@ -154,8 +156,16 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.rendezvous_timeout_s);
 
   // 1. Ports first: their addresses travel in the registration. Slot 0: the site group;
-  // slot 1: the wide-area group; slot 2 + k (profiling, rank 0 only): a pair with site k.
-  auto site_port = R > 1 ? transport::open_ucx_port(ucx_options(cfg.transport, false)) : nullptr;
+  // slot 1: the wide-area group; slot 2 + k (profiling, rank 0 only): a pair with site k;
+  // slot 2 + S: the site's NCCL id (cuda backend, rank 0), the intra-site group on GPUs.
+  const bool nccl = cfg.train.backend == "cuda" && R > 1;
+  if (nccl && transport::cuda_device_count() < R)
+    throw ConfigError(fmt::format(
+        "{}: train.backend = \"cuda\" with job.ranks_per_site = {} needs one GPU per rank of a "
+        "site for NCCL, but {} device(s) are visible",
+        cfg.source, R, transport::cuda_device_count()));
+  auto site_port =
+      R > 1 && !nccl ? transport::open_ucx_port(ucx_options(cfg.transport, false)) : nullptr;
   auto wan_port = S > 1 ? transport::open_ucx_port(ucx_options(cfg.transport, true)) : nullptr;
   std::vector<transport::WorkerAddress> addresses{
       site_port ? site_port->address() : transport::WorkerAddress{},
@@ -168,6 +178,12 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
     addresses.push_back(pair_ports[std::size_t(k)] ? pair_ports[std::size_t(k)]->address()
                                                    : transport::WorkerAddress{});
   }
+  transport::WorkerAddress nccl_id;
+  if (nccl && ss.rank == 0) {
+    const auto id = transport::nccl_unique_id();
+    nccl_id.assign(id.begin(), id.end());
+  }
+  addresses.push_back(nccl_id);
 
   // 2. Rendezvous.
   transport::RankClientOptions client_opts;
@@ -198,7 +214,19 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   base.max_inflight_chunks = static_cast<std::size_t>(cfg.transport.inflight_chunks);
   base.epoch = m.epoch;
 
-  if (R > 1) {
+  if (nccl) {
+    auto o = base;
+    const auto& root = member(m, opts.id.site, 0);
+    const auto blob = unpack_address(root.worker_address, 2 + S, opts.id.site + "/0 (NCCL id)");
+    transport::NcclId id{};
+    if (blob.size() != id.size())
+      throw PeerFailure(fmt::format("{}/0 registered a {}-byte NCCL id; expected {}", opts.id.site,
+                                    blob.size(), id.size()));
+    std::copy(blob.begin(), blob.end(), id.begin());
+    // One GPU per rank of the site: rank r uses device r.
+    ss.site_group = transport::make_nccl_collective(opts.id.rank, R, id, opts.id.rank, o);
+    log::info("{}: site group over NCCL on device {}", name, opts.id.rank);
+  } else if (R > 1) {
     auto o = base;
     for (int q = 0; q < R; ++q) o.peer_names.push_back(fmt::format("{}/{}", opts.id.site, q));
     const auto& next = member(m, opts.id.site, static_cast<std::uint32_t>((opts.id.rank + 1) % R));
@@ -250,7 +278,27 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   ctx.site_group = ss.site_group.get();
   ctx.wan_group = ss.wan_group.get();
   ctx.on_step = [&ss](std::int64_t step) { ss.client->set_step(static_cast<std::uint64_t>(step)); };
-  train::TrainResult result = train::run_training(cfg, opts.train, &ctx);
+  // A stalled collective only knows which neighbour went quiet; the coordinator knows who left.
+  auto with_lost = [&ss, &cfg](const std::string& message) {
+    const auto until = Clock::now() + std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms);
+    std::vector<std::string> lost = ss.client->lost_peers();
+    while (lost.empty() && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      lost = ss.client->lost_peers();
+    }
+    if (lost.empty()) return message;
+    return fmt::format("{}; the coordinator reports lost: {}", message, fmt::join(lost, ", "));
+  };
+  train::TrainResult result;
+  try {
+    result = train::run_training(cfg, opts.train, &ctx);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(with_lost(e.message()));
+  } catch (const PeerFailure& e) {
+    throw PeerFailure(with_lost(e.message()));
+  } catch (const TransportError& e) {
+    throw TransportError(with_lost(e.message()));
+  }
   // Leave together: nobody tears down its UCX worker while a peer still finishes the last
   // operation.
   ss.leave();

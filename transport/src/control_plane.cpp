@@ -217,6 +217,9 @@ struct Coordinator::Impl {
   void heartbeat(const RankId& id, const Heartbeat& hb);
   void rank_closed(const RankId& id, const std::string& peer, const std::string& reason);
   Status status_locked() const;
+  // After the membership: every rank that disconnected or went silent, so that the others can
+  // name the failed peer when a collective stalls. Sent to every connected rank.
+  void broadcast_lost();
   std::vector<std::string> unregistered_locked() const;
   void run();
 };
@@ -431,6 +434,29 @@ void Coordinator::Impl::rank_closed(const RankId& id, const std::string& peer,
   if (!reason.empty())
     log::warn("coordinator: {} disconnected: {}; it will be listed missing after {} ms", peer,
               reason, options.heartbeat_timeout.count());
+  broadcast_lost();
+}
+
+void Coordinator::Impl::broadcast_lost() {
+  std::vector<std::shared_ptr<Session>> recipients;
+  Status st;
+  {
+    std::lock_guard lock(mu);
+    if (!membership) return;
+    st.expected = static_cast<std::uint32_t>(world());
+    for (const auto& [id, reg] : registry) {
+      if (!reg.session)
+        st.missing.push_back(id.str() + " (disconnected)");
+      else if (reg.reported_missing)
+        st.missing.push_back(id.str() + " (silent)");
+      else
+        recipients.push_back(reg.session);
+    }
+    st.registered = static_cast<std::uint32_t>(recipients.size());
+    if (st.missing.empty()) return;
+  }
+  const auto frame = encode(st);
+  for (const auto& r : recipients) r->send(frame);
 }
 
 std::vector<std::string> Coordinator::Impl::unregistered_locked() const {
@@ -469,12 +495,14 @@ void Coordinator::Impl::schedule_check() {
     if (ec) return;
     std::vector<std::shared_ptr<Session>> waiting;
     std::vector<std::uint8_t> status_frame;
+    bool newly_silent = false;
     {
       std::lock_guard lock(mu);
       const auto now = Clock::now();
       for (auto& [id, reg] : registry) {
         if (reg.reported_missing || now - reg.last_seen <= options.heartbeat_timeout) continue;
         reg.reported_missing = true;
+        newly_silent = true;
         log::warn("coordinator: {} ({}) silent for {:.1f} s (timeout {} ms); listing it missing",
                   id.str(), reg.peer, seconds_between(reg.last_seen, now),
                   options.heartbeat_timeout.count());
@@ -489,6 +517,7 @@ void Coordinator::Impl::schedule_check() {
       }
     }
     for (const auto& s : waiting) s->send(status_frame);
+    if (newly_silent) broadcast_lost();
     schedule_check();
   });
 }
@@ -771,6 +800,7 @@ void RankClient::Impl::on_frame(Frame frame) {
       {
         std::lock_guard lock(mu);
         membership = std::move(m);
+        status.reset();  // from now on a Status lists lost peers, not unregistered ones
         phase = Phase::kMember;
       }
       cv.notify_all();
@@ -867,6 +897,12 @@ Membership RankClient::wait_membership(Clock::time_point deadline) {
 }
 
 void RankClient::set_step(std::uint64_t step) { impl_->step = step; }
+
+std::vector<std::string> RankClient::lost_peers() const {
+  std::lock_guard lock(impl_->mu);
+  if (!impl_->membership || !impl_->status) return {};
+  return impl_->status->missing;
+}
 
 void RankClient::pause_heartbeats(bool paused) { impl_->paused = paused; }
 

@@ -116,6 +116,9 @@ class RankClient {
 
   // Progress reported in heartbeats.
   void set_step(std::uint64_t step);
+  // After the membership: the ranks the coordinator reports as disconnected or silent, e.g.
+  // "east/0 (disconnected)"; empty while everyone is alive.
+  std::vector<std::string> lost_peers() const;
   // Fault injection for tests: a paused client keeps its connection but goes silent, like a
   // frozen process.
   void pause_heartbeats(bool paused);
