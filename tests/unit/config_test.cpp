@@ -150,7 +150,8 @@ TEST(Config, HashSeparatesTrajectoryFromLogging) {
 
 TEST(Config, EveryShippedConfigIsValid) {
   int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(std::string(DESLOC_SOURCE_DIR) + "/configs")) {
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(DESLOC_SOURCE_DIR) + "/configs")) {
     if (e.path().extension() != ".toml") continue;
     SCOPED_TRACE(e.path().string());
     EXPECT_NO_THROW(desloc::train::load_config(e.path().string()));
