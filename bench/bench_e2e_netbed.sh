@@ -16,6 +16,7 @@ prog=$(basename "$0")
 build=$root/build
 sites=A,B,C
 rate=100mbit
+links=''
 steps=600
 kx=96
 target=2.5
@@ -26,12 +27,14 @@ bed=${bed:0:8}
 
 usage() {
   cat <<EOF
-usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--steps N] [--kx K]
+usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--links A-B=1gbit,...] [--steps N] [--kx K]
        [--target NATS] [--methods none,ddp,local_adam,desloc] [--results DIR] [--quick]
 
 Runs as root (network namespaces). Defaults: 3 sites on 100 Mbit links, 300 steps of the
 quickstart model (B = 8 per site, one rank per site), Kx = $kx, target validation loss
 $target nats. Method none is the compute-only reference (no communication at all).
+  --links    per-pair rates (netbed.sh --rate syntax); --rate is then the bottleneck the
+             report prices the wire time at
   --quick    60 steps, target 3.0 nats (about 2 minutes)
   --results  keep configs, logs and metrics there (default: a temporary directory, removed)
 Exit status: 0 all targets met, 3 a target missed, 1 a failure.
@@ -46,6 +49,7 @@ while [[ $# -gt 0 ]]; do
     --build) build=$2; shift 2 ;;
     --sites) sites=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
+    --links) links=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --kx) kx=$2; shift 2 ;;
     --target) target=$2; shift 2 ;;
@@ -73,7 +77,9 @@ cleanup() {
 trap cleanup EXIT
 
 IFS=, read -r -a site_list <<<"$sites"
-"$netbed" up --name "$bed" --sites "$sites" --default-rate "$rate" >"$results/netbed.txt"
+shaping=(--default-rate "$rate")
+[[ -z $links ]] || shaping+=(--rate "$links")
+"$netbed" up --name "$bed" --sites "$sites" "${shaping[@]}" >"$results/netbed.txt"
 coord_addr=$("$netbed" env --name "$bed" --site "${site_list[0]}" | sed -n 's/^DESLOC_SITE_ADDR=//p')
 quoted=$(printf '"%s", ' "${site_list[@]}")
 quoted=${quoted%, }

@@ -14,6 +14,8 @@
 #include "desloc/data/prepare.hpp"
 #include "desloc/model/model.hpp"
 #include "desloc/model/param_layout.hpp"
+#include "desloc/report/svg_chart.hpp"
+#include "desloc/report/topology_svg.hpp"
 #include "desloc/topology/planner.hpp"
 #include "desloc/topology/simulator.hpp"
 #include "desloc/train/config.hpp"
@@ -57,7 +59,7 @@ int cmd_train(const std::string& config_path, const desloc::train::TrainOptions&
 }
 
 int cmd_plan(const std::string& topology_path, const std::string& config_path, double target,
-             bool overlap, const std::string& out) {
+             bool overlap, const std::string& out, const std::string& svg_dir) {
   const auto cfg = desloc::train::load_config(config_path);
   const auto topo = desloc::topology::load_topology(topology_path);
   const auto sites = cfg.site_names();
@@ -77,6 +79,18 @@ int cmd_plan(const std::string& topology_path, const std::string& config_path, d
     desloc::write_file_atomic(out,
                               {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
     std::printf("wrote %s\n", out.c_str());
+  }
+  if (!svg_dir.empty()) {
+    std::filesystem::create_directories(svg_dir);
+    const std::string diagram = svg_dir + "/topology.svg", heat = svg_dir + "/bandwidth.svg";
+    desloc::report::write_svg_file(
+        diagram, desloc::report::svg_topology_diagram(
+                     topo, plan.chosen.order,
+                     fmt::format("{}: {} ({:.3f} s per all-reduce), Kx {}", topology_path,
+                                 plan.chosen.describe(), plan.chosen.seconds, plan.kx)));
+    desloc::report::write_svg_file(
+        heat, desloc::report::svg_bandwidth_heatmap(topo, "measured bandwidth, " + topology_path));
+    std::printf("wrote %s and %s\n", diagram.c_str(), heat.c_str());
   }
   return 0;
 }
@@ -276,6 +290,10 @@ int main(int argc, char** argv) {
   plan->add_flag("--overlap", plan_overlap,
                  "price syncs as overlapped with compute (a what-if: desloc's syncs block)");
   plan->add_option("--out", plan_out, "also write the config fragment to this file");
+  std::string plan_svg;
+  plan->add_option("--svg", plan_svg,
+                   "write topology.svg (sites, links, the chosen ring) and bandwidth.svg (the "
+                   "bandwidth matrix as a heatmap) into this directory");
 
   // desloc simulate
   auto* simulate = app.add_subcommand(
@@ -325,7 +343,8 @@ int main(int argc, char** argv) {
     }
     if (*report) return desloc::cli::run_report_command();
     if (*simulate) return cmd_simulate(sopts);
-    if (*plan) return cmd_plan(plan_topology, plan_config, plan_target, plan_overlap, plan_out);
+    if (*plan)
+      return cmd_plan(plan_topology, plan_config, plan_target, plan_overlap, plan_out, plan_svg);
     if (*train) {
       if (no_progress) topts.progress = 0;
       return cmd_train(config_path, topts, overrides, nullptr);

@@ -11,6 +11,8 @@
 #include "desloc/core/error.hpp"
 #include "desloc/report/report.hpp"
 #include "desloc/report/svg_chart.hpp"
+#include "desloc/report/topology_svg.hpp"
+#include "desloc/topology/topology.hpp"
 #include "report/jsonl.hpp"
 
 using namespace desloc;
@@ -345,4 +347,33 @@ TEST_F(ReportFiles, DuplicateNamesAreToldApartAndNoRunsStillRenders) {
   const std::string html = render_report_html({a, a}, "dup");
   EXPECT_NE(html.find("desloc-kx32 (2)"), std::string::npos);
   EXPECT_NE(render_report_html({}, "none").find("No runs"), std::string::npos);
+}
+
+TEST(TopologySvg, DiagramDrawsEverySiteLinkAndRingArrowAndTheHeatmapEveryCell) {
+  std::string text =
+      "[[site]]\nname = \"A\"\nstep_ms = 80\n[[site]]\nname = \"B&C\"\nstep_ms = 90\n"
+      "[[site]]\nname = \"D\"\nstep_ms = 85\n";
+  for (const char* a : {"A", "B&C", "D"})
+    for (const char* b : {"A", "B&C", "D"})
+      if (std::string(a) != b)
+        text += std::string("[[link]]\nfrom = \"") + a + "\"\nto = \"" + b +
+                "\"\nbandwidth_mbit = " + (std::string(a) == "A" ? "950" : "95.5") +
+                "\nlatency_ms = 0.1\n";
+  const auto t = topology::parse_topology(text, "t.toml");
+  const std::string d = svg_topology_diagram(t, {"A", "B&C", "D"}, "het <3>");
+  auto count = [](const std::string& s, const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count(d, "<circle"), 3u);
+  EXPECT_EQ(count(d, "marker-end"), 3u);            // A->B&C->D->A
+  EXPECT_NE(d.find("B&amp;C"), std::string::npos);  // escaped
+  EXPECT_NE(d.find("het &lt;3&gt;"), std::string::npos);
+  EXPECT_NE(d.find("A&gt;B&amp;C 950 Mbit/s"), std::string::npos) << "asymmetric link label";
+  EXPECT_EQ(d.find("B&C"), std::string::npos);
+  const std::string h = svg_bandwidth_heatmap(t, "matrix");
+  EXPECT_EQ(count(h, "<rect"), 1u + 9u);  // the background and 3 x 3 cells
+  EXPECT_NE(h.find("950 Mbit/s"), std::string::npos);
+  EXPECT_NE(h.find("96 Mbit/s"), std::string::npos);
 }
