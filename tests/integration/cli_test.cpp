@@ -115,6 +115,12 @@ TEST(Cli, PlanPrintsReasonsAndAFragmentAndNamesBadTopologies) {
   for (const char* needle : {"schedule: ring west -> east -> west", "Kx = ", "kv = ", "phase_u"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
   EXPECT_TRUE(fs::exists(dir / "fragment.toml"));
+  // The fragment completes a job config that launch and worker accept.
+  std::ifstream fragment(dir / "fragment.toml");
+  const std::string text{std::istreambuf_iterator<char>(fragment), {}};
+  write_text(dir / "planned.toml", tiny_job_toml(dir / "out") + text);
+  const auto check = run_command(cli() + " config --check " + (dir / "planned.toml").string());
+  EXPECT_EQ(check.exit_code, 0) << check.output << "\n" << text;
 
   // A NaN bandwidth is refused with the file, line and key.
   std::string bad = topo;
