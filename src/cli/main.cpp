@@ -20,6 +20,7 @@
 #include "desloc/topology/simulator.hpp"
 #include "desloc/train/config.hpp"
 #include "desloc/train/trainer.hpp"
+#include "desloc/transport/ring_order.hpp"
 #include "desloc/transport/ucx_info.hpp"
 #include "report_command.hpp"
 
@@ -71,6 +72,8 @@ int cmd_plan(const std::string& topology_path, const std::string& config_path, d
   req.beta2 = cfg.optim.beta2;
   req.steps = cfg.train.steps;
   req.overlap = overlap;
+  req.lanes =
+      desloc::transport::effective_lanes(cfg.transport.lanes, static_cast<int>(sites.size()));
   const auto plan = desloc::topology::make_plan(topo, req);
   for (const auto& line : plan.explanation) std::printf("%s\n", line.c_str());
   std::printf("\n%s", plan.config_fragment.c_str());
@@ -115,6 +118,8 @@ int cmd_simulate(const SimulateOptions& o) {
   base.overlap = o.overlap;
   base.jitter = o.jitter;
   base.ring = cfg.site_names();
+  base.lanes =
+      desloc::transport::effective_lanes(cfg.transport.lanes, static_cast<int>(base.ring.size()));
   for (const auto& s : base.ring) topo.site(s);
   base.kx = cfg.sync.kx;
   base.ku = cfg.sync.method == "desloc" ? cfg.sync.effective_ku() : 3 * cfg.sync.kx;

@@ -19,8 +19,9 @@ struct Session {
   int site_index = 0, rank = 0;
   std::unique_ptr<transport::RankClient> client;
   transport::Membership membership;
-  std::unique_ptr<transport::Collective> site_group;  // null when R = 1
-  std::unique_ptr<transport::Collective> wan_group;   // rank r of every site
+  std::unique_ptr<transport::Collective> site_group;   // null when R = 1
+  std::unique_ptr<transport::Collective> wan_group;    // rank r of every site
+  std::unique_ptr<transport::Collective> wan_reverse;  // lane 2: the reversed ring, or null
   // Profiling only, rank 0 of each site: pairs[k] is a 2-rank group with site k's rank 0
   // (the lower site index is rank 0); null for this site and for other ranks.
   std::vector<std::unique_ptr<transport::Collective>> pairs;

@@ -16,6 +16,7 @@
 #include "desloc/sync/collective_averager.hpp"
 #include "desloc/transport/control_plane.hpp"
 #include "desloc/transport/nccl_collective.hpp"
+#include "desloc/transport/ring_order.hpp"
 #include "desloc/transport/ucx_collective.hpp"
 
 namespace desloc::cluster {
@@ -184,6 +185,11 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
     nccl_id.assign(id.begin(), id.end());
   }
   addresses.push_back(nccl_id);
+  // Slot 3 + S: the wide-area group's second lane (the reversed ring), from 3 sites on.
+  const bool two_lanes = transport::effective_lanes(cfg.transport.lanes, S) == 2;
+  auto reverse_port =
+      two_lanes ? transport::open_ucx_port(ucx_options(cfg.transport, true)) : nullptr;
+  addresses.push_back(reverse_port ? reverse_port->address() : transport::WorkerAddress{});
 
   // 2. Rendezvous.
   transport::RankClientOptions client_opts;
@@ -248,6 +254,17 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
     ss.wan_group =
         transport::connect_ucx_collective(std::move(wan_port), site_index, S, successor, o);
   }
+  if (two_lanes) {
+    auto o = base;
+    o.chunk_headers = cfg.transport.chunk_headers;
+    for (int p = 0; p < S; ++p)
+      o.peer_names.push_back(fmt::format("{}/{}", sites[std::size_t((S - p) % S)], opts.id.rank));
+    const auto& next = member(m, sites[std::size_t((site_index - 1 + S) % S)],
+                              static_cast<std::uint32_t>(opts.id.rank));
+    ss.wan_reverse = transport::connect_ucx_collective(
+        std::move(reverse_port), transport::reversed_rank(site_index, S), S,
+        unpack_address(next.worker_address, 3 + S, fmt::format("{}/{}", next.site, next.rank)), o);
+  }
   ss.pairs.resize(static_cast<std::size_t>(S));
   for (int k = 0; pairs && k < S; ++k) {
     if (k == site_index) continue;
@@ -266,7 +283,7 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
 
 train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& opts) {
   Session ss = join_job(cfg, opts, false);
-  sync::CollectiveAverager averager(*ss.wan_group, ss.site_group.get());
+  sync::CollectiveAverager averager(*ss.wan_group, ss.site_group.get(), ss.wan_reverse.get());
   train::RankContext ctx;
   ctx.site = ss.site_index;
   ctx.rank = ss.rank;
@@ -277,6 +294,7 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   ctx.averager = &averager;
   ctx.site_group = ss.site_group.get();
   ctx.wan_group = ss.wan_group.get();
+  ctx.wan_reverse = ss.wan_reverse.get();
   ctx.on_step = [&ss](std::int64_t step) { ss.client->set_step(static_cast<std::uint64_t>(step)); };
   // A stalled collective only knows which neighbour went quiet; the coordinator knows who left.
   auto with_lost = [&ss, &cfg](const std::string& message) {
@@ -308,6 +326,7 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
 void Session::leave() {
   if (site_group) site_group->barrier();
   if (wan_group) wan_group->barrier();
+  if (wan_reverse) wan_reverse->barrier();
 }
 
 }  // namespace desloc::cluster

@@ -10,10 +10,11 @@
 
 namespace desloc::sync {
 
-VirtualAverager::VirtualAverager(int workers, SumOrder order, int shards)
+VirtualAverager::VirtualAverager(int workers, SumOrder order, int shards, int lanes)
     : workers_(workers),
       order_(order),
       shards_(shards),
+      lanes_(lanes),
       traffic_(static_cast<std::size_t>(workers)) {
   if (workers < 1) throw ConfigError("sync.workers must be >= 1, got " + std::to_string(workers));
   if (shards < 1) throw ConfigError("ranks per site must be >= 1, got " + std::to_string(shards));
@@ -42,7 +43,7 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
       const transport::Range b = transport::block(n, shards_, r);
       for (std::size_t w = 0; w < M; ++w) parts[w] = local[w].subspan(b.offset, b.count);
       sum.resize(b.count);
-      transport::ring_sum_reference(parts, sum);
+      transport::lane_sum_reference(parts, sum, transport::effective_lanes(lanes_, workers_));
       const auto m = static_cast<float>(M);
       for (float& x : sum) x /= m;
       for (std::size_t w = 0; w < M; ++w)

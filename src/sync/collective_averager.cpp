@@ -2,15 +2,20 @@
 #include "desloc/sync/collective_averager.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <string>
+#include <thread>
 
 #include "desloc/core/error.hpp"
 #include "desloc/transport/ring_order.hpp"
 
 namespace desloc::sync {
 
-CollectiveAverager::CollectiveAverager(transport::Collective& wan, transport::Collective* site)
-    : wan_(wan), site_(site != nullptr && site->size() > 1 ? site : nullptr) {}
+CollectiveAverager::CollectiveAverager(transport::Collective& wan, transport::Collective* site,
+                                       transport::Collective* wan_reverse)
+    : wan_(wan),
+      site_(site != nullptr && site->size() > 1 ? site : nullptr),
+      wan_reverse_(wan_reverse != nullptr && wan_reverse->size() >= 3 ? wan_reverse : nullptr) {}
 
 void CollectiveAverager::average(optim::StateKind kind, std::span<const std::span<float>> local) {
   using transport::CollectiveOp;
@@ -28,8 +33,37 @@ void CollectiveAverager::average(optim::StateKind kind, std::span<const std::spa
 
   const auto k = static_cast<std::size_t>(kind);
   const std::uint64_t wan_before = wan_.bytes()[CollectiveOp::kAllReduce].sent;
-  wan_.set_label({step_, static_cast<std::uint8_t>(kind), static_cast<std::uint32_t>(r)});
-  wan_.all_reduce_sum(shard);
+  const std::uint64_t reverse_before =
+      wan_reverse_ != nullptr ? wan_reverse_->bytes()[CollectiveOp::kAllReduce].sent : 0;
+  const transport::OpLabel label{step_, static_cast<std::uint8_t>(kind),
+                                 static_cast<std::uint32_t>(r)};
+  wan_.set_label(label);
+  if (wan_reverse_ == nullptr) {
+    wan_.all_reduce_sum(shard);
+  } else {
+    // Two lanes at once, one thread each (a collective serves one thread at a time).
+    const transport::Range a = transport::block(shard.size(), 2, 0);
+    const transport::Range b = transport::block(shard.size(), 2, 1);
+    wan_reverse_->set_label(label);
+    std::exception_ptr lane_error;
+    std::thread lane([&] {
+      try {
+        wan_reverse_->all_reduce_sum(shard.subspan(b.offset, b.count));
+      } catch (...) {
+        lane_error = std::current_exception();
+      }
+    });
+    try {
+      wan_.all_reduce_sum(shard.subspan(a.offset, a.count));
+    } catch (...) {
+      lane.join();
+      throw;
+    }
+    lane.join();
+    if (lane_error) std::rethrow_exception(lane_error);
+    traffic_.wire[static_cast<std::size_t>(kind)] +=
+        wan_reverse_->bytes()[CollectiveOp::kAllReduce].sent - reverse_before;
+  }
   const auto size = static_cast<float>(sites);
   for (float& x : shard) x /= size;  // a division, not a reciprocal: correctly rounded
   traffic_.wire[k] += wan_.bytes()[CollectiveOp::kAllReduce].sent - wan_before;

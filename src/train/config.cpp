@@ -13,6 +13,7 @@
 
 #include "desloc/core/error.hpp"
 #include "desloc/core/hash.hpp"
+#include "desloc/transport/ring_order.hpp"
 
 namespace desloc::train {
 namespace {
@@ -267,6 +268,9 @@ void bind_transport(Binder& b, TransportSection& t) {
             "progress polls before sleeping on the UCX event fd", 0, 1 << 30);
   b.real("deadline_s", t.deadline_s, "every collective must finish within this", 0.0, 1e6, true);
   b.boolean("chunk_headers", t.chunk_headers, "CRC32C and context header on every wide-area chunk");
+  b.integer("lanes", t.lanes,
+            "wide-area rings: 2 = also the reversed ring, using both link directions (3+ sites)", 1,
+            2);
 }
 
 bool valid_site_name(const std::string& s) {
@@ -443,7 +447,9 @@ std::string JobConfig::canonical() const {
                       sync.phase_v, sync.outer, sync.outer_lr, sync.outer_momentum, sync.join_step,
                       sync.join_workers);
   // Sites and ranks shape the data partition and the order of every sum.
-  text += fmt::format(";job:{},{}", fmt::join(site_names(), ","), job.ranks_per_site);
+  // So do the lanes: the second half of each shard sums in the reversed ring's order.
+  text += fmt::format(";job:{},{},{}", fmt::join(site_names(), ","), job.ranks_per_site,
+                      transport::effective_lanes(transport.lanes, sync.workers));
   return text;
 }
 

@@ -99,7 +99,8 @@ std::vector<sync::Replica> replicas_of(std::vector<Worker>& workers) {
 
 // Mean of one state over the in-process workers, without touching them (evaluation, elastic
 // join), in the same order as the training averages.
-std::vector<float> mean_of(std::vector<Worker>& workers, optim::StateKind kind, int ranks) {
+std::vector<float> mean_of(std::vector<Worker>& workers, optim::StateKind kind, int ranks,
+                           int lanes) {
   auto replicas = replicas_of(workers);
   const auto all = sync::state_views(replicas, kind);
   std::vector<float> mean(all[0].begin(), all[0].end());
@@ -107,7 +108,7 @@ std::vector<float> mean_of(std::vector<Worker>& workers, optim::StateKind kind, 
     std::vector<std::vector<float>> copies;
     for (auto& s : all) copies.emplace_back(s.begin(), s.end());
     std::vector<std::span<float>> views(copies.begin(), copies.end());
-    sync::VirtualAverager ring(static_cast<int>(views.size()), sync::SumOrder::kRing, ranks);
+    sync::VirtualAverager ring(static_cast<int>(views.size()), sync::SumOrder::kRing, ranks, lanes);
     ring.average(kind, views);
     mean = std::move(copies[0]);
   }
@@ -201,11 +202,12 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
     workers.push_back(make_worker(rank->site));
   else
     for (int w = 0; w < cfg.sync.workers; ++w) workers.push_back(make_worker(w));
-  sync::VirtualAverager virtual_averager(cfg.sync.workers, sync::SumOrder::kRing, R);
+  const int lanes = cfg.transport.lanes;
+  sync::VirtualAverager virtual_averager(cfg.sync.workers, sync::SumOrder::kRing, R, lanes);
   sync::Averager& averager = networked ? *rank->averager : virtual_averager;
   // The evaluation's parameter mean travels separately, so it never counts as training traffic.
   std::optional<sync::CollectiveAverager> eval_averager;
-  if (networked) eval_averager.emplace(*rank->wan_group, rank->site_group);
+  if (networked) eval_averager.emplace(*rank->wan_group, rank->site_group, rank->wan_reverse);
   std::optional<sync::OuterNesterov> outer;
   if (cfg.sync.outer == "nesterov") outer.emplace(cfg.sync.outer_lr, cfg.sync.outer_momentum);
 
@@ -328,7 +330,7 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
       eval_averager->average(StateKind::kX, std::span<const std::span<float>>(&view, 1));
       if (!rank->leader()) return;
     } else {
-      mean_x = mean_of(workers, StateKind::kX, R);
+      mean_x = mean_of(workers, StateKind::kX, R, lanes);
     }
     std::copy(mean_x.begin(), mean_x.end(), model->params().begin());
     model->params_updated();
@@ -350,10 +352,10 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
         static_cast<int>(workers.size()) >= cfg.sync.join_workers)
       return;
     const bool share_moments = cfg.sync.method == "desloc" || cfg.sync.method == "local_adam";
-    const auto x = mean_of(workers, StateKind::kX, R);
-    const auto u = share_moments ? mean_of(workers, StateKind::kU, R)
+    const auto x = mean_of(workers, StateKind::kX, R, lanes);
+    const auto u = share_moments ? mean_of(workers, StateKind::kU, R, lanes)
                                  : std::vector<float>(layout.total(), 0.0f);
-    const auto v = share_moments ? mean_of(workers, StateKind::kV, R)
+    const auto v = share_moments ? mean_of(workers, StateKind::kV, R, lanes)
                                  : std::vector<float>(layout.total(), 0.0f);
     const std::int64_t optim_t = share_moments ? workers[0].opt.state().t : 0;
     const std::size_t before = workers.size();

@@ -127,6 +127,12 @@ TEST(Launch, TwoSitesOfTwoRanksReproduceTheInProcessRunBitForBit) {
   expect_launch_matches_train("launch2x2", {"west", "east"}, 2);
 }
 
+// Three sites use both wide-area lanes (transport.lanes = 2 by default): half of every shard
+// goes round the reversed ring, and the in-process run sums it in that order too.
+TEST(Launch, ThreeSitesOfTwoRanksWithBothLanesReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x2", {"west", "east", "north"}, 2);
+}
+
 // A child process with its output in a file.
 struct Process {
   pid_t pid = -1;

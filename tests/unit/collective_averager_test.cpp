@@ -138,10 +138,11 @@ TEST(CollectiveAverager, RefusesSeveralLocalReplicas) {
 // open/connect a `desloc worker` uses): the sharded averager equals VirtualAverager in ring
 // order bit for bit, on random (not closed-form) inputs, for shards that are empty, tiny and
 // unaligned; traffic splits into WAN and intra-site bytes.
-class ShardedAveragerTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+class ShardedAveragerTest : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
 
 TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
-  const auto [S, R] = GetParam();
+  const auto [S, R, L] = GetParam();
+  const bool two_lanes = transport::effective_lanes(L, S) == 2;
   Watchdog watchdog(60s);
   for (std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{1003}}) {
     auto value = [&](int site, std::size_t i) {
@@ -152,11 +153,12 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
     for (int s = 0; s < S; ++s)
       for (std::size_t i = 0; i < n; ++i) expect[std::size_t(s)][i] = value(s, i);
     std::vector<std::span<float>> views(expect.begin(), expect.end());
-    sync::VirtualAverager ring(S, sync::SumOrder::kRing, R);
+    sync::VirtualAverager ring(S, sync::SumOrder::kRing, R, L);
     ring.average(optim::StateKind::kU, views);
 
     std::vector<transport::InMemoryAddressBook> site_books(static_cast<std::size_t>(S));
     std::vector<transport::InMemoryAddressBook> wan_books(static_cast<std::size_t>(R));
+    std::vector<transport::InMemoryAddressBook> reverse_books(static_cast<std::size_t>(R));
     transport::CollectiveOptions options;
     options.deadline = 20s;
     options.chunk_bytes = 64;
@@ -169,11 +171,14 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
       for (int r = 0; r < R; ++r)
         threads.emplace_back([&, s, r] {
           const auto me = static_cast<std::size_t>(s * R + r);
-          std::unique_ptr<transport::Collective> site, wan;
+          std::unique_ptr<transport::Collective> site, wan, reverse;
           try {
             const auto deadline = std::chrono::steady_clock::now() + 20s;
             auto site_port = transport::open_ucx_port();
             auto wan_port = transport::open_ucx_port();
+            auto reverse_port = two_lanes ? transport::open_ucx_port() : nullptr;
+            const int back = transport::reversed_rank(s, S);
+            if (two_lanes) reverse_books[std::size_t(r)].publish(back, reverse_port->address());
             site_books[std::size_t(s)].publish(r, site_port->address());
             wan_books[std::size_t(r)].publish(s, wan_port->address());
             site = transport::connect_ucx_collective(
@@ -184,7 +189,11 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
             wan = transport::connect_ucx_collective(
                 std::move(wan_port), s, S, wan_books[std::size_t(r)].lookup((s + 1) % S, deadline),
                 wan_options);
-            sync::CollectiveAverager avg(*wan, site.get());
+            if (two_lanes)
+              reverse = transport::connect_ucx_collective(
+                  std::move(reverse_port), back, S,
+                  reverse_books[std::size_t(r)].lookup((back + 1) % S, deadline), wan_options);
+            sync::CollectiveAverager avg(*wan, site.get(), reverse.get());
             EXPECT_EQ(avg.workers(), S);
             std::vector<float> mine(n);
             for (std::size_t i = 0; i < n; ++i) mine[i] = value(s, i);
@@ -219,11 +228,13 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(SitesByRanks, ShardedAveragerTest,
-                         ::testing::Values(std::make_tuple(2, 1), std::make_tuple(3, 1),
-                                           std::make_tuple(2, 2), std::make_tuple(3, 2),
-                                           std::make_tuple(2, 3)),
+INSTANTIATE_TEST_SUITE_P(SitesByRanksByLanes, ShardedAveragerTest,
+                         ::testing::Values(std::make_tuple(2, 1, 1), std::make_tuple(3, 1, 1),
+                                           std::make_tuple(2, 2, 1), std::make_tuple(3, 2, 1),
+                                           std::make_tuple(2, 3, 1), std::make_tuple(3, 1, 2),
+                                           std::make_tuple(4, 2, 2), std::make_tuple(5, 1, 2)),
                          [](const auto& info) {
                            return std::to_string(std::get<0>(info.param)) + "x" +
-                                  std::to_string(std::get<1>(info.param));
+                                  std::to_string(std::get<1>(info.param)) + "_lanes" +
+                                  std::to_string(std::get<2>(info.param));
                          });

@@ -217,3 +217,23 @@ TEST(Simulator, ComputeNoiseMakesSitesWaitAtSyncs) {
   job.method = "bogus";
   EXPECT_THROW(simulate(t, job), ConfigError);
 }
+
+TEST(Planner, TwoLanesUseBothDirectionsAndHalveTheRingTime) {
+  const Topology t = parse_topology(topology_toml("ABC", 50, triangle, 0.0), "tri.toml");
+  const double one = ring_seconds(t, {"A", "B", "C"}, 6e6, 1);
+  const double two = ring_seconds(t, {"A", "B", "C"}, 6e6, 2);
+  EXPECT_NEAR(two, one / 2, 1e-12);  // symmetric links, zero latency
+  // On the triangle, the reversed ring's halves match the star at B.
+  EXPECT_NEAR(two, star_seconds(t, "B", 6e6), 1e-12);
+  PlanRequest req;
+  req.state_bytes = 6e6;
+  req.steps = 100000;
+  req.lanes = 2;
+  const Plan p = make_plan(t, req);
+  EXPECT_EQ(p.chosen.lanes, 2);
+  EXPECT_NE(p.config_fragment.find("lanes = 2"), std::string::npos) << p.config_fragment;
+  EXPECT_NE(p.chosen.describe().find("2 lanes"), std::string::npos);
+  // Two sites have one link, already used both ways: no second lane.
+  const Topology ab = parse_topology(topology_toml("AB", 50, triangle), "ab.toml");
+  EXPECT_EQ(make_plan(ab, req).chosen.lanes, 1);
+}

@@ -15,14 +15,22 @@ namespace desloc::topology {
 
 std::string Schedule::describe() const {
   if (kind == "star") return "star at " + order.at(0);
-  return fmt::format("ring {} -> {}", fmt::join(order, " -> "), order.at(0));
+  return fmt::format("ring {} -> {}{}", fmt::join(order, " -> "), order.at(0),
+                     lanes == 2 ? " and its reverse (2 lanes)" : "");
 }
 
 double half_life(double beta) { return std::log(0.5) / std::log(beta); }
 
-double ring_seconds(const Topology& t, const std::vector<std::string>& order, double bytes) {
+double ring_seconds(const Topology& t, const std::vector<std::string>& order, double bytes,
+                    int lanes) {
   const std::size_t n = order.size();
   if (n < 2) return 0;
+  if (lanes == 2 && n >= 3) {
+    std::vector<std::string> reversed{order[0]};
+    reversed.insert(reversed.end(), order.rbegin(), order.rend() - 1);
+    return std::max(ring_seconds(t, order, std::ceil(bytes / 2), 1),
+                    ring_seconds(t, reversed, std::floor(bytes / 2), 1));
+  }
   double worst = 0;
   for (std::size_t i = 0; i < n; ++i)
     worst = std::max(
@@ -52,10 +60,13 @@ double overhead(double sync_s, double step_s, std::int64_t kx, std::int64_t ku, 
 
 namespace {
 
-double bottleneck(const Topology& t, const std::vector<std::string>& order) {
+double bottleneck(const Topology& t, const std::vector<std::string>& order, int lanes = 1) {
   double b = std::numeric_limits<double>::infinity();
-  for (std::size_t i = 0; i < order.size(); ++i)
-    b = std::min(b, t.link(order[i], order[(i + 1) % order.size()]).bandwidth_bps);
+  const std::size_t n = order.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    b = std::min(b, t.link(order[i], order[(i + 1) % n]).bandwidth_bps);
+    if (lanes == 2 && n >= 3) b = std::min(b, t.link(order[(i + 1) % n], order[i]).bandwidth_bps);
+  }
   return b;
 }
 
@@ -78,15 +89,16 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   // Rings: the first site fixed (rotations are the same ring), every order of the rest.
   // Sites beyond 9 would make (n-1)! too large; then the order is improved greedily.
   std::vector<std::string> order = names;
-  Schedule best_ring{"ring", order, ring_seconds(t, order, P), bottleneck(t, order)};
+  const int L = names.size() >= 3 ? req.lanes : 1;
+  Schedule best_ring{"ring", order, L, ring_seconds(t, order, P, L), bottleneck(t, order, L)};
   if (names.size() <= 9) {
     std::vector<std::string> rest(names.begin() + 1, names.end());
     std::sort(rest.begin(), rest.end());
     do {
       std::vector<std::string> o{names[0]};
       o.insert(o.end(), rest.begin(), rest.end());
-      const double secs = ring_seconds(t, o, P);
-      if (secs < best_ring.seconds - 1e-12) best_ring = {"ring", o, secs, bottleneck(t, o)};
+      const double secs = ring_seconds(t, o, P, L);
+      if (secs < best_ring.seconds - 1e-12) best_ring = {"ring", o, L, secs, bottleneck(t, o, L)};
     } while (std::next_permutation(rest.begin(), rest.end()));
   } else {
     // Nearest-fastest-neighbour: from each site, go to the unvisited site with the fastest link.
@@ -99,19 +111,22 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
       o.push_back(*it);
       left.erase(it);
     }
-    best_ring = {"ring", o, ring_seconds(t, o, P), bottleneck(t, o)};
+    best_ring = {"ring", o, L, ring_seconds(t, o, P, L), bottleneck(t, o, L)};
   }
   plan.chosen = best_ring;
   plan.candidates.push_back(best_ring);
   if (names.size() > 1) {
-    Schedule config_ring{"ring", names, ring_seconds(t, names, P), bottleneck(t, names)};
+    Schedule config_ring{"ring", names, L, ring_seconds(t, names, P, L), bottleneck(t, names, L)};
     if (config_ring.order != best_ring.order) plan.candidates.push_back(config_ring);
+    if (L == 2)  // what the second lane buys
+      plan.candidates.push_back({"ring", best_ring.order, 1, ring_seconds(t, best_ring.order, P, 1),
+                                 bottleneck(t, best_ring.order, 1)});
     for (const auto& root : names) {
       double b = std::numeric_limits<double>::infinity();
       for (const auto& s : names)
         if (s != root)
           b = std::min({b, t.link(s, root).bandwidth_bps, t.link(root, s).bandwidth_bps});
-      plan.candidates.push_back({"star", {root}, star_seconds(t, root, P), b});
+      plan.candidates.push_back({"star", {root}, 1, star_seconds(t, root, P), b});
     }
   }
   const double sync = plan.chosen.seconds;
@@ -198,9 +213,9 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   plan.config_fragment = fmt::format(
       "# from `desloc plan`: {}, predicted overhead {:.2f}%\n[sync]\nmethod = \"desloc\"\n"
       "kx = {}\nku = {}\nkv = {}\nphase_x = 0\nphase_u = {}\nphase_v = {}\n\n[job]\n"
-      "sites = [{}]  # the ring order\n",
+      "sites = [{}]  # the ring order\n\n[transport]\nlanes = {}\n",
       plan.chosen.describe(), 100 * plan.overhead, plan.kx, plan.ku, plan.kv, plan.phase_u,
-      plan.phase_v, fmt::join(quoted, ", "));
+      plan.phase_v, fmt::join(quoted, ", "), plan.chosen.lanes);
   return plan;
 }
 

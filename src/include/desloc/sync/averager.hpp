@@ -53,7 +53,10 @@ enum class SumOrder {
 // M replicas in one process; a single replica is returned unchanged.
 class VirtualAverager final : public Averager {
  public:
-  explicit VirtualAverager(int workers, SumOrder order = SumOrder::kExact, int shards = 1);
+  // `lanes` (kRing): 2 splits each shard over the ring and the reversed ring, as the networked
+  // averager does with transport.lanes = 2.
+  explicit VirtualAverager(int workers, SumOrder order = SumOrder::kExact, int shards = 1,
+                           int lanes = 1);
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   int workers() const override { return workers_; }
   const Traffic& traffic(int w) const override { return traffic_.at(static_cast<std::size_t>(w)); }
@@ -64,6 +67,7 @@ class VirtualAverager final : public Averager {
   int workers_;
   SumOrder order_;
   int shards_;
+  int lanes_;
   std::vector<Traffic> traffic_;
 };
 

@@ -16,10 +16,14 @@ namespace desloc::sync {
 class CollectiveAverager final : public Averager {
  public:
   // `wan` is this rank's WAN group (size S, rank = the site's ring position); `site` is the
-  // site's group (size R, rank = r), or nullptr when R = 1. Both must outlive the averager.
+  // site's group (size R, rank = r), or nullptr when R = 1; `wan_reverse`, when given, is the
+  // same sites in the reversed ring (rank = transport::reversed_rank), the second lane: the
+  // shard's second half travels it concurrently, on the links' other direction. All must
+  // outlive the averager.
   // Every rank must call average() for the same states in the same order (the SyncPolicy
   // guarantees that: it is a function of t).
-  explicit CollectiveAverager(transport::Collective& wan, transport::Collective* site = nullptr);
+  explicit CollectiveAverager(transport::Collective& wan, transport::Collective* site = nullptr,
+                              transport::Collective* wan_reverse = nullptr);
   // `local` holds exactly one replica, identical on every rank of a site.
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   void begin_step(std::int64_t t) override { step_ = t; }
@@ -31,6 +35,7 @@ class CollectiveAverager final : public Averager {
  private:
   transport::Collective& wan_;
   transport::Collective* site_;
+  transport::Collective* wan_reverse_;
   std::int64_t step_ = -1;
   Traffic traffic_;
   std::vector<float> gathered_;  // R blocks, for the intra-site all-gather

@@ -59,6 +59,9 @@ struct TransportSection {
   int spin_iterations = 64;            // progress polls before sleeping on the event fd
   float deadline_s = 60.0f;            // every collective must finish within this
   bool chunk_headers = true;           // CRC32C + context header on every wide-area chunk
+  // Wide-area rings per WAN group: 2 sends half of each shard round the reversed ring too, so
+  // both directions of every link carry data (from 3 sites on; see transport/ring_order.hpp).
+  int lanes = 2;
 };
 
 struct JobConfig {

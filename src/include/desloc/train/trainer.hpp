@@ -44,10 +44,11 @@ struct RankContext {
   // The wide-area link this rank sends on (its WAN ring successor): every byte it reports as
   // wire traffic crossed "name -> wan_successor".
   std::string wan_successor;
-  sync::Averager* averager = nullptr;           // across sites (CollectiveAverager)
-  transport::Collective* site_group = nullptr;  // the site's R ranks; nullptr when R = 1
-  transport::Collective* wan_group = nullptr;   // rank r of every site
-  std::function<void(std::int64_t)> on_step;    // after each step (heartbeats)
+  sync::Averager* averager = nullptr;            // across sites (CollectiveAverager)
+  transport::Collective* site_group = nullptr;   // the site's R ranks; nullptr when R = 1
+  transport::Collective* wan_group = nullptr;    // rank r of every site
+  transport::Collective* wan_reverse = nullptr;  // the same sites, reversed ring (lane 2), or null
+  std::function<void(std::int64_t)> on_step;     // after each step (heartbeats)
   // Where this rank writes metrics and checkpoints. The leader (site 0, rank 0) uses
   // train.out_dir itself, and alone evaluates; the others use train.out_dir/ranks/<site>-<r>.
   bool leader() const { return site == 0 && rank == 0; }

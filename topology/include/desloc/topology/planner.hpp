@@ -4,6 +4,8 @@
 // Cost model (alpha-beta, per directed link): a ring all-reduce of P bytes over n sites takes
 // 2(n-1) steps, each moving P/n bytes over every ring link at once, so
 //   T_ring = 2(n-1) * max over ring links (latency + P / (n * bandwidth)).
+// With two lanes (transport.lanes = 2, 3+ sites) half of P goes round the reversed ring at the
+// same time, on the links' other direction: T = max(T_ring(P/2), T_reversed(P/2)).
 // Sharding over R ranks per site changes nothing: the R wide-area groups share each link.
 // A star at root r (every other site sends P to r, r sends the sum back) takes
 //   T_star = max_leaf (latency + P / bw(leaf -> r)) + max_leaf (latency + P / bw(r -> leaf)).
@@ -26,14 +28,16 @@ struct PlanRequest {
   double beta2 = 0.95;
   std::int64_t steps = 0;  // train.steps: Kx may not exceed it
   bool overlap = false;    // price syncs as running under the next steps' compute (what-if)
+  int lanes = 1;           // transport.lanes, already reduced by effective_lanes()
 };
 
 struct Schedule {
   std::string kind;                // "ring" or "star"
   std::vector<std::string> order;  // ring order, or {root} for a star
+  int lanes = 1;                   // rings: 2 = also the reversed ring
   double seconds = 0;              // predicted all-reduce time of one state
   double bottleneck_bps = 0;       // slowest link used, payload bytes/s
-  std::string describe() const;    // "ring A -> B -> C -> A" or "star at B"
+  std::string describe() const;    // "ring A -> B -> C -> A [both directions]" or "star at B"
 };
 
 struct Plan {
@@ -51,7 +55,8 @@ struct Plan {
 double half_life(double beta);
 
 // Predicted all-reduce time of `bytes` over `order` as a ring / as a star at `root`.
-double ring_seconds(const Topology& t, const std::vector<std::string>& order, double bytes);
+double ring_seconds(const Topology& t, const std::vector<std::string>& order, double bytes,
+                    int lanes = 1);
 double star_seconds(const Topology& t, const std::string& root, double bytes);
 
 // Overhead of periods (kx, ku, kv) for a sync time and step time, with or without overlap.

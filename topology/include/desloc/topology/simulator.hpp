@@ -20,6 +20,7 @@ struct SimJob {
   std::int64_t phase_x = 0, phase_u = 0, phase_v = 0;
   double state_bytes = 0;         // one state buffer (4 x parameters)
   std::vector<std::string> ring;  // WAN ring order; empty = the topology's site order
+  int lanes = 1;                  // 2 = also the reversed ring (3+ sites)
   bool overlap = false;
   // Step-to-step compute noise: each step takes step_s * exp(N(0, jitter)) at each site,
   // drawn from a fixed seed, so a slow step makes the others wait at the next sync.
