@@ -11,6 +11,7 @@ import argparse
 import json
 import statistics
 import sys
+import tomllib
 from pathlib import Path
 
 
@@ -113,10 +114,14 @@ def main():
             last = statistics.median(min(per_rank[s]) for s in synced_steps) - plain
             first = statistics.median(max(per_rank[s]) for s in synced_steps) - plain
             sent = statistics.median(d["sync_bytes"])
-            wire = sent / payload_rate * 1e3
+            # With two lanes (3+ sites) the bytes leave on two directions of the links at once.
+            cfg = tomllib.load(open(Path(a.results) / "desloc.toml", "rb"))
+            lanes = cfg.get("transport", {}).get("lanes", 2) if a.sites >= 3 else 1
+            wire = sent / (payload_rate * lanes) * 1e3
             print(f"DES-LOC sync steps: the last site to arrive spends +{last:.1f} ms in the sync "
                   f"(the first waits +{first:.1f} ms for the others); the wire alone needs "
-                  f"{wire:.1f} ms for the median {sent / 1e6:.2f} MB at 0.956 x {a.rate}: "
+                  f"{wire:.1f} ms for the median {sent / 1e6:.2f} MB at 0.956 x {a.rate}"
+                  f"{' on both directions (2 lanes)' if lanes == 2 else ''}: "
                   f"{last / wire - 1:+.1%} beyond the wire")
     if "ddp" in rows and base:
         print(f"DDP is communication-bound: {rows['ddp']['median'] / base['median']:.2f}x the "

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""`desloc simulate` against a bench_e2e_netbed.sh run, method by method.
+
+The topology is built from what the test bed configures: every directed link at 0.956 x its
+rate, 0.05 ms latency. The compute step is measured in the same run: the mean of the method's
+steps without a sync (DDP syncs every step, so it takes the compute-only run's). The shared
+VM's speed drifts by 10-15% between runs, so a step time taken from another run would
+swamp the model's error. The step is divided by the log-normal mean exp(jitter^2 / 2), so
+that the simulated mean matches. Each method is simulated with the config the run used (kept
+in its results directory), for the same timed steps. Prints a table and appends `kind,label,predicted_s,measured_s` rows to --csv.
+
+usage: bench/sim_validate.py --results DIR --rates A-B=100,B-C=100,A-C=100 [--label 3s-100m]
+       [--jitter auto|SIGMA] [--csv docs/accuracy.csv]
+"""
+import argparse
+import itertools
+import json
+import math
+import re
+import subprocess
+from pathlib import Path
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    here = Path(__file__).resolve().parent
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--rates", required=True, help="A-B=Mbit,... (symmetric), every pair")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--jitter", default="auto",
+                    help="log-normal sigma of the compute step; auto = from the compute-only "
+                         "run's p10..p90: ln(p90 / p10) / 2.563")
+    ap.add_argument("--methods", default="none,ddp,local_adam,desloc")
+    ap.add_argument("--desloc", default=str(here.parent / "build" / "src" / "desloc"))
+    ap.add_argument("--csv", default="")
+    a = ap.parse_args()
+    res = Path(a.results)
+    rates = {}
+    for item in a.rates.split(","):
+        pair, mbit = item.split("=")
+        x, y = pair.split("-")
+        rates[frozenset((x, y))] = float(mbit)
+    sites = sorted({s for p in rates for s in p})
+
+    def train(method):
+        lines = [json.loads(l) for l in open(res / method / "metrics.jsonl")]
+        return [l for l in lines if l["type"] == "train"][1:]
+
+    def compute(method):  # (mean step ms, jitter) from the steps without a sync
+        quiet = [l["step_ms"] for l in train(method) if not l["synced"]]
+        ordered = sorted(quiet)
+        p10, p90 = ordered[len(ordered) // 10], ordered[len(ordered) * 9 // 10]
+        jitter = math.log(p90 / p10) / 2.563 if a.jitter == "auto" else float(a.jitter)
+        return sum(quiet) / len(quiet) / math.exp(jitter ** 2 / 2), jitter
+
+    print(f"{'method':<11} {'step ms':>8} {'jitter':>7} {'measured s':>11} {'predicted s':>12} {'error':>8}")
+    rows = []
+    for m in a.methods.split(","):
+        step_ms, jitter = compute("none" if m == "ddp" else m)
+        topo = "[meta]\nsource = \"test bed rates x 0.956\"\n"
+        for s in sites:
+            topo += f"[[site]]\nname = \"{s}\"\nstep_ms = {step_ms:.6g}\n"
+        for x, y in itertools.permutations(sites, 2):
+            topo += (f"[[link]]\nfrom = \"{x}\"\nto = \"{y}\"\n"
+                     f"bandwidth_mbit = {0.956 * rates[frozenset((x, y))]:.6g}\nlatency_ms = 0.05\n")
+        (res / "sim_topology.toml").write_text(topo)
+        measured = sum(l["step_ms"] for l in train(m)) / 1e3
+        out = subprocess.run(
+            [a.desloc, "simulate", "--topology", str(res / "sim_topology.toml"), "--config",
+             str(res / f"{m}.toml"), "--steps", str(len(train(m))), "--jitter", f"{jitter:.4f}",
+             "--methods", m], capture_output=True, text=True, check=True).stdout
+        line = next(l for l in out.splitlines() if l.startswith(m + " "))
+        predicted = float(re.split(r"\s+", line)[2])
+        print(f"{m:<11} {step_ms:>8.1f} {jitter:>7.3f} {measured:>11.1f} {predicted:>12.1f} "
+              f"{100 * (predicted / measured - 1):>+7.1f}%")
+        rows.append(f"simulate (job time),{a.label} {m},{predicted:.4g},{measured:.4g}")
+    if a.csv:
+        with open(a.csv, "a") as f:
+            f.write("".join(r + "\n" for r in rows))
+
+
+if __name__ == "__main__":
+    main()
