@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string_view>
 
 #include "desloc/core/error.hpp"
@@ -18,7 +20,109 @@ namespace fs = std::filesystem;
 
 namespace {
 constexpr std::size_t kHeaderBytes = 8 + 4 + 4 + 8 + 4;
+constexpr std::size_t kPayloadHeadBytes = 8 + 8 + 8 + 8 + 4;
+constexpr std::uint64_t kWorkerCounterBytes = 8 + 8 + 8;  // optim_t, loader.epoch, .cursor
+constexpr std::size_t kStreamBlockBytes = std::size_t(1) << 20;
+
+struct FileHeader {
+  std::uint64_t payload_bytes = 0;
+  std::uint32_t crc = 0;
+};
+
+// `header` is the file's first min(file_bytes, kHeaderBytes) bytes.
+FileHeader check_header(const std::string& path, std::span<const std::uint8_t> header,
+                        std::uint64_t file_bytes) {
+  ByteReader r(header, path);
+  char magic[8];
+  r.get_span<char>(std::span<char>(magic, 8), "magic");
+  if (std::memcmp(magic, kCheckpointMagic, 8) != 0)
+    throw DataError("'" + path + "' is not a desloc checkpoint (wrong magic bytes)");
+  const auto version = r.get<std::uint32_t>("version");
+  if (version != kCheckpointVersion)
+    throw DataError(fmt::format("'{}' has checkpoint version {}; this desloc reads version {}",
+                                path, version, kCheckpointVersion));
+  r.get<std::uint32_t>("reserved");
+  FileHeader h;
+  h.payload_bytes = r.get<std::uint64_t>("payload size");
+  h.crc = r.get<std::uint32_t>("crc32c");
+  const std::uint64_t follow = file_bytes - kHeaderBytes;
+  if (follow != h.payload_bytes)
+    throw DataError(fmt::format("'{}' is {}: the header promises {} payload bytes but {} follow",
+                                path, follow < h.payload_bytes ? "truncated" : "oversized",
+                                h.payload_bytes, follow));
+  return h;
 }
+
+struct PayloadHead {
+  std::uint64_t config_hash = 0;
+  std::int64_t step = 0;
+  std::uint64_t tokens_seen = 0;
+  std::uint64_t n = 0;  // parameters per buffer
+  std::uint32_t workers = 0;
+};
+
+PayloadHead read_payload_head(ByteReader& r) {
+  PayloadHead h;
+  h.config_hash = r.get<std::uint64_t>("config_hash");
+  h.step = r.get<std::int64_t>("step");
+  h.tokens_seen = r.get<std::uint64_t>("tokens_seen");
+  h.n = r.get<std::uint64_t>("parameter count");
+  h.workers = r.get<std::uint32_t>("worker count");
+  return h;
+}
+
+// Checks that the workers fit in the `remaining` payload bytes before anything is allocated;
+// returns the bytes per worker (24 counter bytes + 3n floats).
+std::uint64_t check_workers(const std::string& path, const PayloadHead& h,
+                            std::uint64_t remaining) {
+  const std::uint64_t per_worker = kWorkerCounterBytes + h.n * 3 * sizeof(float);
+  if (h.n > (std::uint64_t(1) << 40) || h.workers == 0 || per_worker > remaining / h.workers)
+    throw DataError(fmt::format(
+        "'{}' is inconsistent: {} workers x {} parameters need {} bytes, {} remain", path,
+        h.workers, h.n, h.n > (std::uint64_t(1) << 40) ? 0 : per_worker * h.workers, remaining));
+  return per_worker;
+}
+
+void check_outer(const std::string& path, std::uint64_t outer_n, std::uint64_t remaining) {
+  if (outer_n > remaining || outer_n * 2 * sizeof(float) != remaining)
+    throw DataError(fmt::format(
+        "'{}' is inconsistent: outer optimizer of {} parameters needs {} bytes, {} remain", path,
+        outer_n, outer_n * 2 * sizeof(float), remaining));
+}
+
+// Reads exactly `out.size()` bytes at `offset`, or throws DataError naming the path.
+void read_at(std::ifstream& in, const std::string& path, std::uint64_t offset,
+             std::span<std::uint8_t> out) {
+  in.clear();
+  in.seekg(static_cast<std::streamoff>(offset));
+  if (!in ||
+      !in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size())))
+    throw DataError(
+        fmt::format("short read from '{}': {} bytes at offset {}", path, out.size(), offset));
+}
+
+// "step_<digits>.ckpt" files in dir, newest step first; nothing if dir is absent.
+std::vector<std::pair<std::int64_t, std::string>> checkpoint_files(const std::string& dir) {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return found;
+  // Anything else in the directory (temporary files of an interrupted write, user files) is
+  // ignored.
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    constexpr std::string_view kPrefix = "step_", kSuffix = ".ckpt";
+    if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) continue;
+    const std::string digits =
+        name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+    if (digits.empty() || digits.size() > 18 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    found.emplace_back(std::stoll(digits), entry.path().string());
+  }
+  std::sort(found.begin(), found.end(), std::greater<>());
+  return found;
+}
+}  // namespace
 
 void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   const std::size_t n = ck.workers.empty() ? 0 : ck.workers[0].params.size();
@@ -58,39 +162,21 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
 
 Checkpoint load_checkpoint(const std::string& path) {
   const std::vector<std::uint8_t> bytes = read_file(path);
-  ByteReader header(bytes, path);
-  char magic[8];
-  header.get_span<char>(std::span<char>(magic, 8), "magic");
-  if (std::memcmp(magic, kCheckpointMagic, 8) != 0)
-    throw DataError("'" + path + "' is not a desloc checkpoint (wrong magic bytes)");
-  const auto version = header.get<std::uint32_t>("version");
-  if (version != kCheckpointVersion)
-    throw DataError(fmt::format("'{}' has checkpoint version {}; this desloc reads version {}",
-                                path, version, kCheckpointVersion));
-  header.get<std::uint32_t>("reserved");
-  const auto payload_bytes = header.get<std::uint64_t>("payload size");
-  const auto crc = header.get<std::uint32_t>("crc32c");
-  if (header.remaining() != payload_bytes)
-    throw DataError(fmt::format("'{}' is {}: the header promises {} payload bytes but {} follow",
-                                path,
-                                header.remaining() < payload_bytes ? "truncated" : "oversized",
-                                payload_bytes, header.remaining()));
-  const std::span<const std::uint8_t> payload(bytes.data() + kHeaderBytes, payload_bytes);
-  if (crc32c(payload) != crc) throw DataError("'" + path + "' is corrupt: payload CRC32C mismatch");
+  const FileHeader header = check_header(
+      path, std::span(bytes).first(std::min(bytes.size(), kHeaderBytes)), bytes.size());
+  const std::span<const std::uint8_t> payload(bytes.data() + kHeaderBytes, header.payload_bytes);
+  if (crc32c(payload) != header.crc)
+    throw DataError("'" + path + "' is corrupt: payload CRC32C mismatch");
 
   ByteReader r(payload, path);
+  const PayloadHead head = read_payload_head(r);
+  check_workers(path, head, r.remaining());
   Checkpoint ck;
-  ck.config_hash = r.get<std::uint64_t>("config_hash");
-  ck.step = r.get<std::int64_t>("step");
-  ck.tokens_seen = r.get<std::uint64_t>("tokens_seen");
-  const auto n = r.get<std::uint64_t>("parameter count");
-  const auto workers = r.get<std::uint32_t>("worker count");
-  // Each worker needs 24 counter bytes + 3n floats; check before allocating anything.
-  const std::uint64_t per_worker = 24 + n * 3 * sizeof(float);
-  if (n > (std::uint64_t(1) << 40) || workers == 0 || per_worker * workers > r.remaining())
-    throw DataError(
-        fmt::format("'{}' is inconsistent: {} workers x {} parameters need {} bytes, {} remain",
-                    path, workers, n, per_worker * workers, r.remaining()));
+  ck.config_hash = head.config_hash;
+  ck.step = head.step;
+  ck.tokens_seen = head.tokens_seen;
+  const std::uint64_t n = head.n;
+  const std::uint32_t workers = head.workers;
   ck.workers.resize(workers);
   for (auto& w : ck.workers) {
     w.optim_t = r.get<std::int64_t>("optim_t");
@@ -105,10 +191,7 @@ Checkpoint load_checkpoint(const std::string& path) {
     r.get_span<float>(w.v, "v");
   }
   const auto outer_n = r.get<std::uint64_t>("outer optimizer size");
-  if (outer_n * 2 * sizeof(float) != r.remaining())
-    throw DataError(fmt::format(
-        "'{}' is inconsistent: outer optimizer of {} parameters needs {} bytes, {} remain", path,
-        outer_n, outer_n * 2 * sizeof(float), r.remaining()));
+  check_outer(path, outer_n, r.remaining());
   ck.outer_ref.resize(outer_n);
   ck.outer_momentum.resize(outer_n);
   r.get_span<float>(ck.outer_ref, "outer_ref");
@@ -122,24 +205,7 @@ std::string checkpoint_path(const std::string& dir, std::int64_t step) {
 }
 
 std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return std::nullopt;
-  // Names are "step_<digits>.ckpt"; anything else in the directory (temporary files of an
-  // interrupted write, user files) is ignored.
-  std::vector<std::pair<std::int64_t, std::string>> found;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    constexpr std::string_view kPrefix = "step_", kSuffix = ".ckpt";
-    if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) continue;
-    const std::string digits =
-        name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
-    if (digits.empty() || digits.size() > 18 ||
-        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    found.emplace_back(std::stoll(digits), entry.path().string());
-  }
-  std::sort(found.begin(), found.end(), std::greater<>());
-  for (const auto& [step, path] : found) {
+  for (const auto& [step, path] : checkpoint_files(dir)) {
     try {
       return FoundCheckpoint{path, load_checkpoint(path)};
     } catch (const DataError& e) {
@@ -147,6 +213,77 @@ std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir) {
     }
   }
   return std::nullopt;
+}
+
+CheckpointInfo validate_checkpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError("cannot open '" + path + "': no such file or not readable");
+  in.seekg(0, std::ios::end);
+  const auto file_bytes = static_cast<std::uint64_t>(in.tellg());
+  std::array<std::uint8_t, kHeaderBytes> header_bytes{};
+  const auto header_span =
+      std::span(header_bytes).first(std::min<std::uint64_t>(file_bytes, kHeaderBytes));
+  read_at(in, path, 0, header_span);
+  const FileHeader header = check_header(path, header_span, file_bytes);
+
+  // The same order of checks as load_checkpoint: the CRC first, then the layout.
+  std::vector<std::uint8_t> block(std::min<std::uint64_t>(header.payload_bytes, kStreamBlockBytes));
+  std::uint32_t crc = 0;
+  for (std::uint64_t at = 0; at < header.payload_bytes;) {
+    const auto len = std::min<std::uint64_t>(block.size(), header.payload_bytes - at);
+    const auto part = std::span(block).first(len);
+    read_at(in, path, kHeaderBytes + at, part);
+    crc = crc32c(part, crc);
+    at += len;
+  }
+  if (crc != header.crc) throw DataError("'" + path + "' is corrupt: payload CRC32C mismatch");
+
+  std::array<std::uint8_t, kPayloadHeadBytes> head_bytes{};
+  const auto head_span =
+      std::span(head_bytes).first(std::min<std::uint64_t>(header.payload_bytes, kPayloadHeadBytes));
+  read_at(in, path, kHeaderBytes, head_span);
+  ByteReader head_reader(head_span, path);
+  const PayloadHead head = read_payload_head(head_reader);
+  const std::uint64_t after_head = header.payload_bytes - kPayloadHeadBytes;
+  const std::uint64_t per_worker = check_workers(path, head, after_head);
+  for (std::uint32_t w = 0; w < head.workers; ++w) {
+    std::array<std::uint8_t, 8> raw{};
+    read_at(in, path, kHeaderBytes + kPayloadHeadBytes + w * per_worker, raw);
+    std::int64_t optim_t = 0;
+    std::memcpy(&optim_t, raw.data(), sizeof(optim_t));
+    if (optim_t < 0) throw DataError("'" + path + "' holds a negative optimizer step counter");
+  }
+  const std::uint64_t outer_at = kPayloadHeadBytes + head.workers * per_worker;
+  std::array<std::uint8_t, 8> outer_bytes{};
+  const auto outer_span =
+      std::span(outer_bytes).first(std::min<std::uint64_t>(header.payload_bytes - outer_at, 8));
+  read_at(in, path, kHeaderBytes + outer_at, outer_span);
+  ByteReader outer_reader(outer_span, path);
+  const auto outer_n = outer_reader.get<std::uint64_t>("outer optimizer size");
+  check_outer(path, outer_n, header.payload_bytes - outer_at - 8);
+  if (head.step < 0) throw DataError("'" + path + "' holds a negative step counter");
+  return {head.step, head.config_hash, file_bytes, path};
+}
+
+CheckpointScan scan_checkpoints(const std::string& dir) {
+  CheckpointScan scan;
+  for (const auto& [step, path] : checkpoint_files(dir)) {
+    try {
+      CheckpointInfo info = validate_checkpoint(path);
+      if (info.step != step)
+        throw DataError(
+            fmt::format("'{}' holds step {} but is named for step {}", path, info.step, step));
+      scan.valid.push_back(std::move(info));
+    } catch (const DataError& e) {
+      log::warn("skipping checkpoint {}: {}", path, e.message());
+      scan.rejected.push_back({step, path, e.message()});
+    }
+  }
+  return scan;
+}
+
+std::vector<CheckpointInfo> list_valid_checkpoints(const std::string& dir) {
+  return scan_checkpoints(dir).valid;
 }
 
 }  // namespace desloc::train

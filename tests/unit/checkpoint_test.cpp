@@ -2,12 +2,15 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <span>
 
 #include "desloc/core/error.hpp"
 #include "desloc/core/file_io.hpp"
+#include "desloc/core/hash.hpp"
 #include "desloc/train/checkpoint.hpp"
 
 using namespace desloc;
@@ -136,4 +139,126 @@ TEST_F(CheckpointFile, LatestSkipsCorruptAndPartialFiles) {
   EXPECT_EQ(found->checkpoint.step, 20);
   EXPECT_EQ(found->path, train::checkpoint_path(dir_.string(), 20));
   EXPECT_FALSE(train::find_latest_checkpoint((dir_ / "nothing").string()).has_value());
+}
+
+// Damage of every kind: validate_checkpoint (streaming, no load) rejects it with exactly the
+// message load_checkpoint gives. The payload spans several 1 MiB blocks, so the flipped bit
+// near the end lies in a later block than the first.
+TEST_F(CheckpointFile, ValidateAgreesWithLoadOnEveryDamage) {
+  auto ck = sample();
+  ck.workers[0].params.assign(200'000, 0.25f);  // 2.4 MB per worker
+  ck.workers[0].u.assign(200'000, 0.5f);
+  ck.workers[0].v.assign(200'000, 0.75f);
+  for (std::size_t w = 1; w < ck.workers.size(); ++w) ck.workers[w] = ck.workers[0];
+  const std::string p = path("big.ckpt");
+  train::save_checkpoint(p, ck);
+  const auto info = train::validate_checkpoint(p);
+  EXPECT_EQ(info.step, 42);
+  EXPECT_EQ(info.config_hash, ck.config_hash);
+  EXPECT_EQ(info.file_bytes, fs::file_size(p));
+  EXPECT_EQ(info.path, p);
+  const std::vector<std::uint8_t> good = read_file(p);
+  const std::vector<std::pair<const char*, std::function<void(std::vector<std::uint8_t>&)>>>
+      damages = {
+          {"magic", [](auto& b) { b[0] = 'X'; }},
+          {"version", [](auto& b) { b[8] = 9; }},
+          {"truncated", [](auto& b) { b.resize(b.size() - 100); }},
+          {"truncated", [](auto& b) { b.resize(10); }},
+          {"truncated", [](auto& b) { b.clear(); }},
+          {"oversized", [](auto& b) { b.push_back(0); }},
+          {"CRC", [](auto& b) { b[b.size() - 5] ^= 0x10; }},
+          {"CRC", [](auto& b) { b[40] ^= 0x01; }},
+      };
+  for (const auto& [expect, damage] : damages) {
+    mutate(p, [&](auto& b) {
+      b = good;
+      damage(b);
+    });
+    std::string from_load, from_validate;
+    try {
+      train::load_checkpoint(p);
+    } catch (const DataError& e) {
+      from_load = e.message();
+    }
+    try {
+      train::validate_checkpoint(p);
+    } catch (const DataError& e) {
+      from_validate = e.message();
+    }
+    EXPECT_NE(from_load.find(expect), std::string::npos) << from_load;
+    EXPECT_EQ(from_validate, from_load) << expect;
+  }
+  EXPECT_THROW(train::validate_checkpoint(path("none.ckpt")), DataError);
+}
+
+// A CRC-valid file whose layout is inconsistent (the header and CRC rewritten around a bad
+// worker count) is rejected by both readers alike.
+TEST_F(CheckpointFile, ValidateRejectsInconsistentLayout) {
+  train::save_checkpoint(path("a.ckpt"), sample());
+  mutate(path("a.ckpt"), [](auto& b) {
+    constexpr std::size_t kHeader = 28, kWorkersAt = kHeader + 32;
+    b[kWorkersAt] = 200;  // 200 workers cannot fit
+    const std::span<const std::uint8_t> payload(b.data() + kHeader, b.size() - kHeader);
+    const std::uint32_t crc = crc32c(payload);
+    std::memcpy(b.data() + 24, &crc, 4);
+  });
+  std::string from_load;
+  try {
+    train::load_checkpoint(path("a.ckpt"));
+  } catch (const DataError& e) {
+    from_load = e.message();
+  }
+  EXPECT_NE(from_load.find("inconsistent"), std::string::npos) << from_load;
+  try {
+    train::validate_checkpoint(path("a.ckpt"));
+    ADD_FAILURE() << "validate_checkpoint accepted an inconsistent layout";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.message(), from_load);
+  }
+}
+
+TEST_F(CheckpointFile, ScanSkipsCorruptPartialAndMisnamedFilesNamingEach) {
+  auto ck = sample();
+  const std::string dir = dir_.string();
+  for (std::int64_t s : {10, 20, 30, 40}) {
+    ck.step = s;
+    train::save_checkpoint(train::checkpoint_path(dir, s), ck);
+  }
+  mutate(train::checkpoint_path(dir, 40), [](auto& b) { b[b.size() / 2] ^= 0x10; });
+  mutate(train::checkpoint_path(dir, 30), [](auto& b) { b.resize(b.size() / 2); });
+  fs::copy_file(train::checkpoint_path(dir, 10), train::checkpoint_path(dir, 15));
+  std::ofstream(dir_ / "step_00000050.ckpt.tmp.123") << "interrupted write";  // ignored
+  std::ofstream(dir_ / "notes.txt") << "user file";                           // ignored
+
+  ::testing::internal::CaptureStderr();
+  const train::CheckpointScan scan = train::scan_checkpoints(dir);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+
+  ASSERT_EQ(scan.valid.size(), 2u);
+  EXPECT_EQ(scan.valid[0].step, 20);
+  EXPECT_EQ(scan.valid[0].path, train::checkpoint_path(dir, 20));
+  EXPECT_EQ(scan.valid[1].step, 10);
+  EXPECT_EQ(scan.valid[0].config_hash, ck.config_hash);
+  ASSERT_EQ(scan.rejected.size(), 3u);
+  const std::pair<std::int64_t, const char*> expect[] = {
+      {40, "CRC32C mismatch"}, {30, "truncated"}, {15, "holds step 10 but is named for step 15"}};
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto& r = scan.rejected[i];
+    EXPECT_EQ(r.step, expect[i].first);
+    EXPECT_EQ(r.path, train::checkpoint_path(dir, expect[i].first));
+    EXPECT_NE(r.reason.find(expect[i].second), std::string::npos) << r.reason;
+    EXPECT_NE(r.reason.find(r.path), std::string::npos) << r.reason;
+    // The warning names the file and the reason.
+    EXPECT_NE(log.find("skipping checkpoint " + r.path + ": " + r.reason), std::string::npos)
+        << log;
+  }
+  const auto listed = train::list_valid_checkpoints(dir);
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].step, 20);
+  EXPECT_EQ(listed[1].step, 10);
+  EXPECT_TRUE(train::list_valid_checkpoints((dir_ / "nothing").string()).empty());
+  // find_latest_checkpoint keeps its behaviour: the newest file that loads.
+  const auto latest = train::find_latest_checkpoint(dir);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->checkpoint.step, 20);
 }

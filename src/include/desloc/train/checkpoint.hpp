@@ -53,4 +53,34 @@ struct FoundCheckpoint {
 };
 std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir);
 
+// A checkpoint file that passed every check load_checkpoint makes (header, size, CRC32C,
+// buffer layout) and whose step matches its name.
+struct CheckpointInfo {
+  std::int64_t step = 0;
+  std::uint64_t config_hash = 0;
+  std::uint64_t file_bytes = 0;  // bytes
+  std::string path;
+};
+// A "step_<N>.ckpt" file that failed validation, and why (the DataError's message).
+struct RejectedCheckpoint {
+  std::int64_t step = 0;  // from the file name
+  std::string path;
+  std::string reason;
+};
+struct CheckpointScan {
+  std::vector<CheckpointInfo> valid;         // newest step first
+  std::vector<RejectedCheckpoint> rejected;  // newest step first
+};
+
+// Checks a checkpoint file without loading it: streams it in 1 MiB blocks (CRC32C over the
+// payload), so memory stays flat whatever the model size. Throws the DataError load_checkpoint
+// would throw, naming the path and the reason.
+CheckpointInfo validate_checkpoint(const std::string& path);
+
+// Every "step_<N>.ckpt" in dir, validated one at a time, newest first. Each rejected file is
+// reported with log::warn naming it and the reason. Other files (temporaries of an interrupted
+// write, user files) are ignored. An absent directory yields an empty scan.
+CheckpointScan scan_checkpoints(const std::string& dir);
+std::vector<CheckpointInfo> list_valid_checkpoints(const std::string& dir);
+
 }  // namespace desloc::train

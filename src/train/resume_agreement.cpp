@@ -1,0 +1,228 @@
+// Agreement on the checkpoint step a restarted multi-process job resumes from: each rank's
+// offer travels in a fixed-size block through the site group, then the WAN group, and every
+// rank intersects the same S x R offers.
+#include "desloc/train/resume_agreement.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <span>
+
+#include "desloc/core/error.hpp"
+#include "desloc/core/log.hpp"
+
+namespace desloc::train {
+namespace {
+
+// Offer block (little-endian, kOfferBytes bytes, the same size on every rank):
+//   u32 magic "DSRA" | u32 n_valid | u32 n_rejected | u32 reserved
+//   | i64[K] valid steps, newest first | i64[K] rejected steps, newest first
+//   | char[K][kResumeReasonBytes] rejection reasons, NUL-padded
+constexpr std::uint32_t kOfferMagic = 0x41525344;  // "DSRA"
+constexpr std::size_t K = kResumeOfferSteps;
+constexpr std::size_t kOfferHeaderBytes = 16;
+constexpr std::size_t kValidAt = kOfferHeaderBytes;
+constexpr std::size_t kRejectedAt = kValidAt + K * 8;
+constexpr std::size_t kReasonsAt = kRejectedAt + K * 8;
+constexpr std::size_t kOfferBytes = kReasonsAt + K * kResumeReasonBytes;
+constexpr std::size_t kMaxPassedOverLines = 8;
+constexpr std::size_t kMaxNamesPerLine = 6;
+
+struct Offer {
+  std::uint32_t n_valid = 0;
+  std::vector<std::int64_t> valid;                             // newest first
+  std::vector<std::pair<std::int64_t, std::string>> rejected;  // newest first
+};
+
+template <class T>
+void put(std::vector<std::byte>& block, std::size_t at, T value) {
+  std::memcpy(block.data() + at, &value, sizeof(T));
+}
+template <class T>
+T get(std::span<const std::byte> block, std::size_t at) {
+  T value;
+  std::memcpy(&value, block.data() + at, sizeof(T));
+  return value;
+}
+
+// The reason without the leading "'<path>' ", which the receiver cannot use.
+std::string short_reason(const RejectedCheckpoint& r) {
+  const std::string quoted = "'" + r.path + "' ";
+  std::string reason = r.reason.starts_with(quoted) ? r.reason.substr(quoted.size()) : r.reason;
+  if (reason.size() > kResumeReasonBytes) reason = reason.substr(0, kResumeReasonBytes - 3) + "...";
+  return reason;
+}
+
+std::vector<std::byte> encode_offer(const CheckpointScan& scan) {
+  std::vector<std::int64_t> valid;
+  for (const auto& v : scan.valid) valid.push_back(v.step);
+  std::sort(valid.begin(), valid.end(), std::greater<>());
+  valid.erase(std::unique(valid.begin(), valid.end()), valid.end());
+  if (valid.size() > K) valid.resize(K);
+  // A step that has both a valid and a rejected file (two spellings of one step) is valid.
+  std::vector<const RejectedCheckpoint*> rejected;
+  for (const auto& r : scan.rejected)
+    if (std::find(valid.begin(), valid.end(), r.step) == valid.end() &&
+        std::none_of(rejected.begin(), rejected.end(),
+                     [&](const RejectedCheckpoint* o) { return o->step == r.step; }))
+      rejected.push_back(&r);
+  std::sort(
+      rejected.begin(), rejected.end(),
+      [](const RejectedCheckpoint* a, const RejectedCheckpoint* b) { return a->step > b->step; });
+  if (rejected.size() > K) rejected.resize(K);
+
+  std::vector<std::byte> block(kOfferBytes);
+  put<std::uint32_t>(block, 0, kOfferMagic);
+  put<std::uint32_t>(block, 4, static_cast<std::uint32_t>(valid.size()));
+  put<std::uint32_t>(block, 8, static_cast<std::uint32_t>(rejected.size()));
+  for (std::size_t i = 0; i < valid.size(); ++i)
+    put<std::int64_t>(block, kValidAt + 8 * i, valid[i]);
+  for (std::size_t i = 0; i < rejected.size(); ++i) {
+    put<std::int64_t>(block, kRejectedAt + 8 * i, rejected[i]->step);
+    const std::string reason = short_reason(*rejected[i]);
+    std::memcpy(block.data() + kReasonsAt + kResumeReasonBytes * i, reason.data(), reason.size());
+  }
+  return block;
+}
+
+Offer decode_offer(std::span<const std::byte> block, const std::string& from) {
+  auto bad = [&](const std::string& what) {
+    return DataError(fmt::format(
+        "resume agreement: the checkpoint offer from {} is malformed ({}); are all ranks "
+        "running the same desloc build?",
+        from, what));
+  };
+  if (get<std::uint32_t>(block, 0) != kOfferMagic) throw bad("wrong magic");
+  Offer offer;
+  offer.n_valid = get<std::uint32_t>(block, 4);
+  const auto n_rejected = get<std::uint32_t>(block, 8);
+  if (offer.n_valid > K || n_rejected > K)
+    throw bad(fmt::format("{} valid and {} rejected steps; at most {} each", offer.n_valid,
+                          n_rejected, K));
+  for (std::size_t i = 0; i < offer.n_valid; ++i) {
+    const auto step = get<std::int64_t>(block, kValidAt + 8 * i);
+    if (step < 0 || (!offer.valid.empty() && step >= offer.valid.back()))
+      throw bad("valid steps are not distinct, non-negative and newest first");
+    offer.valid.push_back(step);
+  }
+  for (std::size_t i = 0; i < n_rejected; ++i) {
+    const char* reason =
+        reinterpret_cast<const char*>(block.data() + kReasonsAt + kResumeReasonBytes * i);
+    offer.rejected.emplace_back(get<std::int64_t>(block, kRejectedAt + 8 * i),
+                                std::string(reason, strnlen(reason, kResumeReasonBytes)));
+  }
+  return offer;
+}
+
+// Why `offer` (of rank `name`) lacks `step`.
+std::string why_missing(const Offer& offer, std::int64_t step, const std::string& name) {
+  for (const auto& [s, reason] : offer.rejected)
+    if (s == step) return fmt::format("{} has it but rejected it ({})", name, reason);
+  if (offer.n_valid == K && step < offer.valid.back())
+    return fmt::format("{} did not offer it (older than its {} newest valid checkpoints)", name, K);
+  if (offer.valid.empty()) return fmt::format("{} has no valid checkpoint at all", name);
+  return fmt::format("{} has no checkpoint at step {}", name, step);
+}
+
+}  // namespace
+
+ResumeChoice agree_on_resume_step(const CheckpointScan& mine, transport::Collective* site_group,
+                                  transport::Collective* wan_group,
+                                  const ResumeAgreementOptions& options) {
+  const std::vector<std::byte> my_block = encode_offer(mine);
+
+  // Phase 1: the R offers of this site, in site-group rank order.
+  const int R = site_group != nullptr ? site_group->size() : 1;
+  std::vector<std::byte> site_blocks(static_cast<std::size_t>(R) * kOfferBytes);
+  if (R > 1)
+    site_group->all_gather(my_block, site_blocks);
+  else
+    site_blocks = my_block;
+
+  // Phase 2: every site's R offers, in WAN-group (site) order. Equal R everywhere keeps the
+  // all-gather's blocks equal in size; check that first with 4 bytes per site.
+  const int S = wan_group != nullptr ? wan_group->size() : 1;
+  std::vector<std::byte> all(static_cast<std::size_t>(S) * site_blocks.size());
+  auto site_name = [&](int s) {
+    return static_cast<std::size_t>(s) < options.site_names.size()
+               ? options.site_names[static_cast<std::size_t>(s)]
+               : fmt::format("site {}", s);
+  };
+  if (S > 1) {
+    const auto r32 = static_cast<std::uint32_t>(R);
+    std::vector<std::uint32_t> ranks_per_site(static_cast<std::size_t>(S));
+    wan_group->all_gather(std::as_bytes(std::span(&r32, 1)),
+                          std::as_writable_bytes(std::span(ranks_per_site)));
+    for (int s = 1; s < S; ++s)
+      if (ranks_per_site[static_cast<std::size_t>(s)] != ranks_per_site[0])
+        throw ConfigError(fmt::format(
+            "resume agreement: site {} has {} ranks but site {} has {}; every site must run "
+            "job.ranks_per_site ranks",
+            site_name(s), ranks_per_site[static_cast<std::size_t>(s)], site_name(0),
+            ranks_per_site[0]));
+    wan_group->all_gather(site_blocks, all);
+  } else {
+    all = site_blocks;
+  }
+
+  std::vector<Offer> offers;
+  std::vector<std::string> names;
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < R; ++r) {
+      names.push_back(fmt::format("{}/{}", site_name(s), r));
+      const auto at = static_cast<std::size_t>(s * R + r) * kOfferBytes;
+      offers.push_back(decode_offer(std::span(all).subspan(at, kOfferBytes), names.back()));
+    }
+
+  // The newest step in every offer, and every newer step some rank offered.
+  std::set<std::int64_t> common(offers[0].valid.begin(), offers[0].valid.end());
+  std::map<std::int64_t, int, std::greater<>> holders;
+  for (const Offer& o : offers) {
+    std::set<std::int64_t> keep;
+    for (std::int64_t step : o.valid) {
+      if (common.contains(step)) keep.insert(step);
+      ++holders[step];
+    }
+    common = std::move(keep);
+  }
+  ResumeChoice choice;
+  if (!common.empty()) choice.step = *common.rbegin();
+
+  std::size_t newer = 0;
+  for (const auto& [step, count] : holders) {
+    if (choice.step && step <= *choice.step) break;
+    if (++newer > kMaxPassedOverLines) continue;
+    std::string line = fmt::format("step {}: held by {} of {} ranks;", step, count, offers.size());
+    const char* sep = " ";
+    std::size_t named = 0;
+    for (std::size_t i = 0; i < offers.size(); ++i)
+      if (!std::binary_search(offers[i].valid.begin(), offers[i].valid.end(), step,
+                              std::greater<>()) &&
+          named++ < kMaxNamesPerLine) {
+        line += sep + why_missing(offers[i], step, names[i]);
+        sep = "; ";
+      }
+    if (named > kMaxNamesPerLine)
+      line += fmt::format("; and {} more ranks lack it", named - kMaxNamesPerLine);
+    choice.passed_over.push_back(std::move(line));
+  }
+  if (newer > kMaxPassedOverLines)
+    choice.passed_over.push_back(
+        fmt::format("... and {} older passed-over steps", newer - kMaxPassedOverLines));
+
+  if (options.log) {
+    const std::string who = options.who.empty() ? std::string("resume") : options.who;
+    if (choice.step)
+      log::info("{}: resuming from checkpoint step {}, the newest all {} ranks hold intact", who,
+                *choice.step, offers.size());
+    else
+      log::warn("{}: no checkpoint step is held intact by all {} ranks", who, offers.size());
+    for (const std::string& line : choice.passed_over) log::info("{}: passed over {}", who, line);
+  }
+  return choice;
+}
+
+}  // namespace desloc::train
