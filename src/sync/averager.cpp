@@ -36,25 +36,46 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
       throw Error(std::string("virtual averager: replicas of '") + optim::to_string(kind) +
                   "' differ in length");
   const std::size_t M = local.size();
+  // Payload guard: each replica's health in shards, summed in shard order (as the networked
+  // ranks' site exchange does); rejected replicas contribute zeros and take the others' mean.
+  std::vector<char> left_out(M, 0);
+  std::size_t kept = M;
+  if (M > 1 && guard_.enabled) {
+    std::vector<PayloadHealth> health(M);
+    for (std::size_t w = 0; w < M; ++w)
+      for (int r = 0; r < shards_; ++r) {
+        const transport::Range b = transport::block(n, shards_, r);
+        health[w] += measure_payload(local[w].subspan(b.offset, b.count));
+      }
+    const std::vector<Rejection> rejected = judge_payloads(health, n, guard_, step_, kind);
+    rejections_.insert(rejections_.end(), rejected.begin(), rejected.end());
+    kept = static_cast<std::size_t>(
+        enforce_rejections(rejected, static_cast<int>(M), guard_, /*log=*/true));
+    for (const Rejection& r : rejected) left_out[static_cast<std::size_t>(r.site)] = 1;
+  }
   if (M > 1 && order_ == SumOrder::kRing) {
     std::vector<float> sum;
+    const std::vector<float> zeros(kept < M ? transport::block(n, shards_, 0).count : 0, 0.0f);
     std::vector<std::span<const float>> parts(M);
     for (int r = 0; r < shards_; ++r) {
       const transport::Range b = transport::block(n, shards_, r);
-      for (std::size_t w = 0; w < M; ++w) parts[w] = local[w].subspan(b.offset, b.count);
+      for (std::size_t w = 0; w < M; ++w)
+        parts[w] = left_out[w] ? std::span<const float>(zeros).first(b.count)
+                               : local[w].subspan(b.offset, b.count);
       sum.resize(b.count);
       transport::lane_sum_reference(parts, sum, transport::effective_lanes(lanes_, workers_));
-      const auto m = static_cast<float>(M);
+      const auto m = static_cast<float>(kept);
       for (float& x : sum) x /= m;
       for (std::size_t w = 0; w < M; ++w)
         std::copy(sum.begin(), sum.end(), local[w].begin() + static_cast<std::ptrdiff_t>(b.offset));
     }
   } else if (M > 1) {
-    const double inv = 1.0 / static_cast<double>(M);
+    const double inv = 1.0 / static_cast<double>(kept);
 #pragma omp parallel for schedule(static)
     for (std::size_t i = 0; i < n; ++i) {
       double s = 0.0;
-      for (std::size_t w = 0; w < M; ++w) s += static_cast<double>(local[w][i]);
+      for (std::size_t w = 0; w < M; ++w)
+        if (!left_out[w]) s += static_cast<double>(local[w][i]);
       const auto mean = static_cast<float>(s * inv);
       for (std::size_t w = 0; w < M; ++w) local[w][i] = mean;
     }

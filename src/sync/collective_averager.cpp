@@ -38,6 +38,7 @@ void CollectiveAverager::average(optim::StateKind kind, std::span<const std::spa
   const transport::OpLabel label{step_, static_cast<std::uint8_t>(kind),
                                  static_cast<std::uint32_t>(r)};
   wan_.set_label(label);
+  const int kept = guard(kind, data.size(), shard);
   if (wan_reverse_ == nullptr) {
     wan_.all_reduce_sum(shard);
   } else {
@@ -64,7 +65,7 @@ void CollectiveAverager::average(optim::StateKind kind, std::span<const std::spa
     traffic_.wire[static_cast<std::size_t>(kind)] +=
         wan_reverse_->bytes()[CollectiveOp::kAllReduce].sent - reverse_before;
   }
-  const auto size = static_cast<float>(sites);
+  const auto size = static_cast<float>(kept);
   for (float& x : shard) x /= size;  // a division, not a reciprocal: correctly rounded
   traffic_.wire[k] += wan_.bytes()[CollectiveOp::kAllReduce].sent - wan_before;
 
@@ -83,6 +84,33 @@ void CollectiveAverager::average(optim::StateKind kind, std::span<const std::spa
     }
   }
   traffic_.payload[k] += data.size() * sizeof(float);
+}
+
+int CollectiveAverager::guard(optim::StateKind kind, std::size_t elements, std::span<float> shard) {
+  const int sites = wan_.size();
+  if (!guard_.enabled) return sites;
+  // The site's figure is the sum of its ranks' shard figures in rank order: every rank of the
+  // site holds the same bits, even when one rank's shard is the bad one. The WAN all-gather
+  // then gives every rank of the job the same table, so all take the same decision.
+  PayloadHealth mine = measure_payload(shard);
+  if (site_ != nullptr) {
+    health_.assign(static_cast<std::size_t>(site_->size()), PayloadHealth{});
+    site_->all_gather(std::as_bytes(std::span<const PayloadHealth>(&mine, 1)),
+                      std::as_writable_bytes(std::span<PayloadHealth>(health_)));
+    mine = PayloadHealth{};
+    for (const PayloadHealth& h : health_) mine += h;
+  }
+  health_.assign(static_cast<std::size_t>(sites), PayloadHealth{});
+  wan_.all_gather(std::as_bytes(std::span<const PayloadHealth>(&mine, 1)),
+                  std::as_writable_bytes(std::span<PayloadHealth>(health_)));
+  const std::vector<Rejection> rejected = judge_payloads(health_, elements, guard_, step_, kind);
+  rejections_.insert(rejections_.end(), rejected.begin(), rejected.end());
+  // One warning per site (its rank 0), not one per rank.
+  const bool log = site_ == nullptr || site_->rank() == 0;
+  const int kept = enforce_rejections(rejected, sites, guard_, log);
+  for (const Rejection& r : rejected)
+    if (r.site == wan_.rank()) std::fill(shard.begin(), shard.end(), 0.0f);
+  return kept;
 }
 
 const Traffic& CollectiveAverager::traffic(int w) const {

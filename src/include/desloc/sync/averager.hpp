@@ -6,9 +6,11 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "desloc/optim/optimizer.hpp"
+#include "desloc/sync/payload_guard.hpp"
 
 namespace desloc::sync {
 
@@ -31,11 +33,29 @@ class Averager {
   // workers, 1 for a networked rank) by the mean of that state over all workers of the job.
   // All replicas must have the same length.
   virtual void average(optim::StateKind kind, std::span<const std::span<float>> local) = 0;
-  // The 1-based step whose averages follow; networked averagers label their chunks with it.
-  virtual void begin_step(std::int64_t t) { (void)t; }
+  // The 1-based step whose averages follow; networked averagers label their chunks with it,
+  // and the payload guard's reports carry it.
+  virtual void begin_step(std::int64_t t) { step_ = t; }
   virtual int workers() const = 0;
   // Traffic of worker w (a local replica index).
   virtual const Traffic& traffic(int w) const = 0;
+
+  // The payload guard (on by default): a site whose contribution to an average is non-finite,
+  // or whose norm is far above the others' (judge_payloads), is left out of that average and
+  // receives the mean of the rest; every rank of the job takes the same decision. A warning
+  // names the sites, and rejections() keeps the record. When every site is rejected,
+  // average() throws Error naming them (not a PeerFailure: no new
+  // membership epoch can mend a payload every site got wrong).
+  void set_payload_guard(PayloadGuard guard) { guard_ = std::move(guard); }
+  const PayloadGuard& payload_guard() const { return guard_; }
+  // Every site left out so far, in the order of the averages (several per average possible).
+  const std::vector<Rejection>& rejections() const { return rejections_; }
+  void clear_rejections() { rejections_.clear(); }
+
+ protected:
+  std::int64_t step_ = -1;
+  PayloadGuard guard_;
+  std::vector<Rejection> rejections_;
 };
 
 // How VirtualAverager sums.
@@ -50,7 +70,9 @@ enum class SumOrder {
   kRing,
 };
 
-// M replicas in one process; a single replica is returned unchanged.
+// M replicas in one process; a single replica is returned unchanged. Each replica is a site to
+// the payload guard: its health is measured per shard and summed in shard order, as the
+// networked averager's ranks do, so both reject the same sites and stay equal bit for bit.
 class VirtualAverager final : public Averager {
  public:
   // `lanes` (kRing): 2 splits each shard over the ring and the reversed ring, as the networked

@@ -3,10 +3,15 @@
 // rank-r ranks of all sites form WAN group r, which averages that shard across the sites with
 // a ring all-reduce. An all-gather inside the site then makes every rank of the site identical
 // again. With R = 1 the whole buffer goes over the one WAN group. The trainer cannot tell it
-// from the VirtualAverager, whose kRing order it matches bit for bit.
+// from the VirtualAverager, whose kRing order it matches bit for bit, payload guard included:
+// before each all-reduce the sites swap a 16-byte health summary (an all-gather inside the
+// site, then one over the WAN group) and a rejected site sends zeros.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "desloc/sync/averager.hpp"
 #include "desloc/transport/collective.hpp"
@@ -26,19 +31,22 @@ class CollectiveAverager final : public Averager {
                               transport::Collective* wan_reverse = nullptr);
   // `local` holds exactly one replica, identical on every rank of a site.
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
-  void begin_step(std::int64_t t) override { step_ = t; }
   int workers() const override { return wan_.size(); }
   // Wire bytes are what the collectives actually sent, not a formula: `wire` is the WAN
   // group's, `site_wire` the intra-site all-gather's.
   const Traffic& traffic(int w) const override;
 
  private:
+  // The payload guard's exchange and decision for this rank's shard (zeroed when this site is
+  // rejected); returns the number of sites averaged. Its bytes are not counted in traffic().
+  int guard(optim::StateKind kind, std::size_t elements, std::span<float> shard);
+
   transport::Collective& wan_;
   transport::Collective* site_;
   transport::Collective* wan_reverse_;
-  std::int64_t step_ = -1;
   Traffic traffic_;
-  std::vector<float> gathered_;  // R blocks, for the intra-site all-gather
+  std::vector<float> gathered_;        // R blocks, for the intra-site all-gather
+  std::vector<PayloadHealth> health_;  // R, then S summaries, for the guard's exchange
 };
 
 }  // namespace desloc::sync
