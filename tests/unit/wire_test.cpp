@@ -50,6 +50,27 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(round_trip(hb), hb);
   const Status st{3, 4, {"west/1"}};
   EXPECT_EQ(round_trip(st), st);
+  auto recovered = sample_membership();
+  recovered.resume_step = 96;
+  recovered.note = "site west lost (disconnected)";
+  EXPECT_EQ(round_trip(recovered), recovered);
+  const Recovery rec{2, "site west lost"};
+  EXPECT_EQ(round_trip(rec), rec);
+  const Recover back{2, {64, 96}, {1, 2, 3}, "all_reduce #9 timed out"};
+  EXPECT_EQ(round_trip(back), back);
+  EXPECT_EQ(round_trip(Bye{3, 500}), (Bye{3, 500}));
+}
+
+TEST(Wire, RecoverRejectsTooManyOrNegativeSnapshots) {
+  Recover many{1, std::vector<std::int64_t>(kMaxSnapshots + 1, 5), {}, ""};
+  EXPECT_THROW(encode(many), DataError);
+  Recover negative{1, {-3}, {}, ""};
+  const auto bytes = encode(negative);  // the encoder allows it; the decoder must not
+  FrameDecoder dec("test");
+  dec.feed(bytes);
+  const auto frame = dec.next();
+  ASSERT_TRUE(frame.has_value());
+  EXPECT_THROW(decode<Recover>(*frame), DataError);
 }
 
 TEST(Wire, DecoderAcceptsByteByByteFeedAcrossFrames) {

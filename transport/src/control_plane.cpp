@@ -13,6 +13,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -188,6 +189,7 @@ struct Coordinator::Impl {
     Clock::time_point last_seen;
     bool reported_missing = false;
     std::uint64_t step = 0;  // from the latest heartbeat
+    bool finished = false;   // said Bye: its disconnect is the end of its work, not a failure
   };
 
   explicit Impl(CoordinatorOptions o) : options(std::move(o)) {}
@@ -203,6 +205,14 @@ struct Coordinator::Impl {
   std::map<RankId, Registration> registry;
   std::optional<Membership> membership;
   std::exception_ptr error;
+  // Recovery (elastic): the current epoch failed and the survivors' Recover reports are
+  // being collected.
+  bool recovering = false;
+  Clock::time_point recovery_start;
+  std::string recovery_reason;
+  std::set<std::string> failing_sites;  // dropped when this recovery ends
+  std::map<RankId, Recover> reports;
+  std::map<std::string, std::string> departed_sites;  // site -> "epoch N: why"
 
   // io-thread only
   std::vector<std::weak_ptr<Session>> sessions;  // every live connection, for stop()
@@ -216,6 +226,13 @@ struct Coordinator::Impl {
   void registered(const std::shared_ptr<Session>& s, const RankId& id);
   void heartbeat(const RankId& id, const Heartbeat& hb);
   void rank_closed(const RankId& id, const std::string& peer, const std::string& reason);
+  void bye(const RankId& id, const Bye& b);
+  // Elastic recovery: begin (idempotent; `site` joins the dropped set when non-empty), take a
+  // survivor's report, and open the next epoch once every survivor reported or the timeout
+  // passed.
+  void begin_recovery(const std::string& reason, const std::string& site);
+  void recover_report(const RankId& id, Recover report);
+  void try_finish_recovery(bool timed_out);
   Status status_locked() const;
   // After the membership: every rank that disconnected or went silent, so that the others can
   // name the failed peer when a collective stalls. Sent to every connected rank.
@@ -287,6 +304,9 @@ class Coordinator::Impl::Session : public FramedPeer {
       case State::kRegistered:
         if (frame.type == MessageType::kHeartbeat)
           return coord_.heartbeat(id_, decode<Heartbeat>(frame));
+        if (frame.type == MessageType::kRecover)
+          return coord_.recover_report(id_, decode<Recover>(frame));
+        if (frame.type == MessageType::kBye) return coord_.bye(id_, decode<Bye>(frame));
         throw DataError(
             fmt::format("unexpected {} frame after registration", message_type_name(frame.type)));
       case State::kDone:
@@ -354,6 +374,11 @@ std::optional<Reject> Coordinator::Impl::admit(const Hello& h, const std::string
         fmt::format("rank {} of site '{}' is outside 0..{}; the job has {} ranks per site", h.rank,
                     h.site, options.ranks_per_site - 1, options.ranks_per_site)};
   std::lock_guard lock(mu);
+  if (auto d = departed_sites.find(h.site); d != departed_sites.end())
+    return Reject{RejectCode::kWorldSize,
+                  fmt::format("site '{}' left this job ({}); a site cannot rejoin a running job "
+                              "yet: restart the whole job from its checkpoints",
+                              h.site, d->second)};
   std::set<std::string> sites;
   for (const auto& [k, v] : registry) sites.insert(k.site);
   if (!options.site_names.empty() && std::find(options.site_names.begin(), options.site_names.end(),
@@ -366,6 +391,10 @@ std::optional<Reject> Coordinator::Impl::admit(const Hello& h, const std::string
                   fmt::format("site '{}' would be site number {} but the job expects {} sites "
                               "({}); check the world size in the config",
                               h.site, sites.size() + 1, options.num_sites, fmt::join(sites, ", "))};
+  if (membership && !registry.contains(id))
+    return Reject{RejectCode::kWorldSize,
+                  fmt::format("{} cannot join: the job already runs (membership epoch {})",
+                              id.str(), membership->epoch)};
   if (auto it = registry.find(id); it != registry.end())
     return Reject{RejectCode::kDuplicate,
                   fmt::format("{} is already registered from {}; each (site, rank) must be "
@@ -413,28 +442,187 @@ void Coordinator::Impl::registered(const std::shared_ptr<Session>& s, const Rank
 
 void Coordinator::Impl::heartbeat(const RankId& id, const Heartbeat& hb) {
   std::lock_guard lock(mu);
-  auto& reg = registry.at(id);
+  const auto it = registry.find(id);
+  if (it == registry.end()) return;  // its site left the job; it learns so from the membership
+  auto& reg = it->second;
   reg.last_seen = Clock::now();
   reg.step = hb.step;
   if (reg.reported_missing) {
     log::info("coordinator: {} is heartbeating again (step {})", id.str(), hb.step);
     reg.reported_missing = false;
   }
-  if (membership && hb.epoch != 0 && hb.epoch != membership->epoch)
+  if (membership && hb.epoch != 0 && hb.epoch != membership->epoch && !recovering &&
+      hb.epoch + 1 != membership->epoch)
     log::warn("coordinator: {} reports membership epoch {} but the current one is {}", id.str(),
               hb.epoch, membership->epoch);
 }
 
 void Coordinator::Impl::rank_closed(const RankId& id, const std::string& peer,
                                     const std::string& reason) {
+  bool failed = false;
   {
     std::lock_guard lock(mu);
-    if (auto it = registry.find(id); it != registry.end()) it->second.session.reset();
+    if (auto it = registry.find(id); it != registry.end()) {
+      it->second.session.reset();
+      failed = !it->second.finished;
+    }
   }
+  if (!failed) return;  // finished cleanly, or its site already left the job
   if (!reason.empty())
-    log::warn("coordinator: {} disconnected: {}; it will be listed missing after {} ms", peer,
-              reason, options.heartbeat_timeout.count());
+    log::warn("coordinator: {} disconnected: {}{}", peer, reason,
+              options.elastic ? ""
+                              : fmt::format("; it will be listed missing after {} ms",
+                                            options.heartbeat_timeout.count()));
   broadcast_lost();
+  begin_recovery(fmt::format("{} disconnected ({})", id.str(), reason.empty() ? "closed" : reason),
+                 id.site);
+}
+
+void Coordinator::Impl::bye(const RankId& id, const Bye& b) {
+  std::lock_guard lock(mu);
+  const auto it = registry.find(id);
+  if (it == registry.end()) return;
+  auto& reg = it->second;
+  reg.finished = true;
+  reg.step = b.step;
+  reg.last_seen = Clock::now();
+  log::info("coordinator: {} finished at step {}", id.str(), b.step);
+}
+
+void Coordinator::Impl::begin_recovery(const std::string& reason, const std::string& site) {
+  std::vector<std::shared_ptr<Session>> recipients;
+  std::vector<std::uint8_t> frame;
+  {
+    std::lock_guard lock(mu);
+    if (!membership || !options.elastic || membership->sites.empty()) return;
+    if (!site.empty() && !departed_sites.contains(site)) failing_sites.insert(site);
+    if (recovering) {
+      log::warn("coordinator: also during this recovery: {}", reason);
+      return;
+    }
+    recovering = true;
+    recovery_start = Clock::now();
+    recovery_reason = reason;
+    log::warn(
+        "coordinator: closing membership epoch {}: {}; collecting the survivors' rollback "
+        "points (timeout {} ms)",
+        membership->epoch, reason, options.recovery_timeout.count());
+    frame = encode(Recovery{membership->epoch, reason});
+    for (const auto& [id, reg] : registry)
+      if (reg.session && !reg.finished) recipients.push_back(reg.session);
+  }
+  for (const auto& r : recipients) r->send(frame);
+  try_finish_recovery(false);
+}
+
+void Coordinator::Impl::recover_report(const RankId& id, Recover report) {
+  std::string reason;
+  {
+    std::lock_guard lock(mu);
+    if (!membership) throw DataError("Recover before the membership");
+    if (!options.elastic) {
+      log::warn("coordinator: {} asked to recover, but this job stops on a failure", id.str());
+      return;
+    }
+    if (report.epoch != membership->epoch) {
+      log::info("coordinator: ignoring {}'s Recover for epoch {} (current epoch {})", id.str(),
+                report.epoch, membership->epoch);
+      return;
+    }
+    log::info("coordinator: {} can roll back to step(s) [{}] ({})", id.str(),
+              fmt::join(report.snapshots, ", "), report.reason);
+    if (!recovering) reason = fmt::format("{} reported: {}", id.str(), report.reason);
+    reports[id] = std::move(report);
+  }
+  if (!reason.empty()) begin_recovery(reason, "");
+  try_finish_recovery(false);
+}
+
+void Coordinator::Impl::try_finish_recovery(bool timed_out) {
+  std::vector<std::shared_ptr<Session>> recipients;
+  std::vector<std::uint8_t> frame;
+  {
+    std::lock_guard lock(mu);
+    if (!recovering) return;
+    // A site with any lost rank leaves whole; then every rank of the others must report.
+    for (const auto& [id, reg] : registry)
+      if (!failing_sites.contains(id.site) && (!reg.session || reg.reported_missing)) {
+        log::warn("coordinator: {} is {}; dropping site {}", id.str(),
+                  reg.session ? "silent" : "disconnected", id.site);
+        failing_sites.insert(id.site);
+      }
+    std::vector<std::string> late;
+    for (const auto& [id, reg] : registry)
+      if (!failing_sites.contains(id.site) && !reports.contains(id)) late.push_back(id.str());
+    if (!late.empty()) {
+      if (!timed_out) return;
+      for (const auto& name : late) {
+        const std::string site = name.substr(0, name.rfind('/'));
+        log::warn("coordinator: {} sent no Recover within {} ms; dropping site {}", name,
+                  options.recovery_timeout.count(), site);
+        failing_sites.insert(site);
+      }
+    }
+    Membership m;
+    m.epoch = membership->epoch + 1;
+    for (std::uint32_t i : membership->ring_order) {
+      const std::string& site = membership->sites.at(i);
+      if (!failing_sites.contains(site)) m.sites.push_back(site);
+    }
+    // The newest step every survivor can roll back to.
+    std::optional<std::set<std::int64_t>> common;
+    for (const auto& [id, rep] : reports) {
+      if (failing_sites.contains(id.site)) continue;
+      std::set<std::int64_t> mine(rep.snapshots.begin(), rep.snapshots.end());
+      if (!common) {
+        common = std::move(mine);
+      } else {
+        std::set<std::int64_t> both;
+        std::set_intersection(common->begin(), common->end(), mine.begin(), mine.end(),
+                              std::inserter(both, both.end()));
+        common = std::move(both);
+      }
+    }
+    const double took = seconds_between(recovery_start, Clock::now());
+    std::vector<std::string> dropped(failing_sites.begin(), failing_sites.end());
+    m.note = fmt::format("{}; dropped site(s) [{}]", recovery_reason, fmt::join(dropped, ", "));
+    if (m.sites.size() < std::max<std::size_t>(options.min_sites, 1)) {
+      m.note += fmt::format("; only {} site(s) remain, below the job's minimum of {}: the job ends",
+                            m.sites.size(), std::max<std::size_t>(options.min_sites, 1));
+      m.sites.clear();
+    } else if (!common || common->empty()) {
+      m.note += "; the survivors share no rollback step: the job ends";
+      m.sites.clear();
+    } else {
+      m.resume_step = *common->rbegin();
+    }
+    for (const auto& [id, reg] : registry) {
+      if (reg.session) recipients.push_back(reg.session);
+      if (m.sites.empty() || failing_sites.contains(id.site)) continue;
+      m.members.push_back({id.site, id.rank, reports.at(id).worker_address});
+    }
+    for (std::uint32_t i = 0; i < m.sites.size(); ++i) m.ring_order.push_back(i);
+    for (const auto& site : failing_sites)
+      departed_sites[site] = fmt::format("dropped at epoch {}: {}", m.epoch, recovery_reason);
+    std::erase_if(registry, [&](const auto& kv) { return failing_sites.contains(kv.first.site); });
+    for (auto& [id, reg] : registry)
+      if (const auto it = reports.find(id); it != reports.end())
+        reg.worker_address = it->second.worker_address;
+    if (m.sites.empty())
+      log::error("coordinator: recovery of epoch {} failed after {:.2f} s: {}", membership->epoch,
+                 took, m.note);
+    else
+      log::warn(
+          "coordinator: opening membership epoch {} with {} site(s) [{}], resuming from step "
+          "{} ({:.2f} s after the failure): {}",
+          m.epoch, m.sites.size(), fmt::join(m.sites, ", "), m.resume_step, took, m.note);
+    frame = encode(m);
+    membership = std::move(m);
+    recovering = false;
+    reports.clear();
+    failing_sites.clear();
+  }
+  for (const auto& r : recipients) r->send(frame);
 }
 
 void Coordinator::Impl::broadcast_lost() {
@@ -445,6 +633,7 @@ void Coordinator::Impl::broadcast_lost() {
     if (!membership) return;
     st.expected = static_cast<std::uint32_t>(world());
     for (const auto& [id, reg] : registry) {
+      if (reg.finished) continue;
       if (!reg.session)
         st.missing.push_back(id.str() + " (disconnected)");
       else if (reg.reported_missing)
@@ -500,7 +689,9 @@ void Coordinator::Impl::schedule_check() {
       std::lock_guard lock(mu);
       const auto now = Clock::now();
       for (auto& [id, reg] : registry) {
-        if (reg.reported_missing || now - reg.last_seen <= options.heartbeat_timeout) continue;
+        if (reg.reported_missing || reg.finished ||
+            now - reg.last_seen <= options.heartbeat_timeout)
+          continue;
         reg.reported_missing = true;
         newly_silent = true;
         log::warn("coordinator: {} ({}) silent for {:.1f} s (timeout {} ms); listing it missing",
@@ -517,7 +708,25 @@ void Coordinator::Impl::schedule_check() {
       }
     }
     for (const auto& s : waiting) s->send(status_frame);
-    if (newly_silent) broadcast_lost();
+    if (newly_silent) {
+      broadcast_lost();
+      std::vector<RankId> silent;
+      {
+        std::lock_guard lock(mu);
+        for (const auto& [id, reg] : registry)
+          if (reg.reported_missing && !reg.finished) silent.push_back(id);
+      }
+      for (const auto& id : silent)
+        begin_recovery(fmt::format("{} silent for more than {} ms", id.str(),
+                                   options.heartbeat_timeout.count()),
+                       id.site);
+    }
+    bool overdue = false;
+    {
+      std::lock_guard lock(mu);
+      overdue = recovering && Clock::now() - recovery_start > options.recovery_timeout;
+    }
+    try_finish_recovery(overdue);
     schedule_check();
   });
 }
@@ -637,6 +846,13 @@ std::vector<RankId> Coordinator::missing() const {
   return out;
 }
 
+std::vector<std::string> Coordinator::departed() const {
+  std::lock_guard lock(impl_->mu);
+  std::vector<std::string> out;
+  for (const auto& [site, why] : impl_->departed_sites) out.push_back(site + " (" + why + ")");
+  return out;
+}
+
 std::vector<std::string> Coordinator::unregistered() const {
   std::lock_guard lock(impl_->mu);
   return impl_->unregistered_locked();
@@ -665,7 +881,8 @@ struct RankClient::Impl {
   std::string last_connect_error;
   std::atomic<std::uint64_t> step{0};
   std::atomic<bool> paused{false};
-  std::atomic<bool> closing{false};  // set by close(), read by handlers
+  std::atomic<bool> closing{false};   // set by close(), read by handlers
+  std::atomic<bool> recovery{false};  // a Recovery arrived and no newer membership yet
 
   std::mutex mu;
   std::condition_variable cv;
@@ -793,12 +1010,23 @@ void RankClient::Impl::on_frame(Frame frame) {
       status = std::move(st);
       return;
     }
+    case MessageType::kRecovery: {
+      const auto r = decode<Recovery>(frame);
+      log::warn("{}: the coordinator closed membership epoch {}: {}", who(), r.epoch, r.reason);
+      recovery = true;
+      cv.notify_all();
+      return;
+    }
     case MessageType::kMembership: {
       if (p != Phase::kRegistered && p != Phase::kMember)
         throw DataError("Membership before registration");
       auto m = decode<Membership>(frame);
       {
         std::lock_guard lock(mu);
+        if (membership && m.epoch <= membership->epoch)
+          throw DataError(
+              fmt::format("membership epoch {} after epoch {}", m.epoch, membership->epoch));
+        recovery = false;
         membership = std::move(m);
         status.reset();  // from now on a Status lists lost peers, not unregistered ones
         phase = Phase::kMember;
@@ -905,6 +1133,61 @@ std::vector<std::string> RankClient::lost_peers() const {
 }
 
 void RankClient::pause_heartbeats(bool paused) { impl_->paused = paused; }
+
+bool RankClient::recovery_pending() const { return impl_->recovery.load(); }
+
+Membership RankClient::recover(const Recover& report, Clock::time_point deadline) {
+  auto& im = *impl_;
+  const auto start = Clock::now();
+  auto frame = encode(report);
+  asio::post(im.io, [&im, frame = std::move(frame)]() mutable {
+    if (im.conn && !im.conn->closed()) im.conn->send(std::move(frame));
+  });
+  std::unique_lock lock(im.mu);
+  im.cv.wait_until(lock, deadline, [&] {
+    return im.error || (im.membership && im.membership->epoch > report.epoch);
+  });
+  if (im.membership && im.membership->epoch > report.epoch) return *im.membership;
+  if (im.error) std::rethrow_exception(im.error);
+  throw TimeoutError(fmt::format(
+      "{}: timed out after {:.1f} s waiting for the coordinator {} to open the epoch after {}",
+      im.who(), seconds_between(start, Clock::now()), im.target, report.epoch));
+}
+
+void RankClient::finish() {
+  auto& im = *impl_;
+  if (!im.thread.joinable()) return;
+  std::uint64_t epoch = 0;
+  {
+    std::lock_guard lock(im.mu);
+    if (im.membership) epoch = im.membership->epoch;
+  }
+  auto frame = encode(Bye{epoch, im.step.load()});
+  auto flushed = std::make_shared<std::promise<void>>();
+  auto done = flushed->get_future();
+  asio::post(im.io, [&im, frame = std::move(frame), flushed]() mutable {
+    if (im.conn && !im.conn->closed()) {
+      im.conn->send(std::move(frame));
+      im.conn->finish();
+    }
+    flushed->set_value();
+  });
+  done.wait_for(std::chrono::seconds(2));
+  // The coordinator closes its side once it read the Bye and our half-close; wait for that
+  // (bounded), so the Bye is never lost to a reset.
+  const auto until = Clock::now() + std::chrono::milliseconds(1500);
+  while (Clock::now() < until) {
+    auto answer = std::make_shared<std::promise<bool>>();
+    auto closed = answer->get_future();
+    asio::post(im.io,
+               [&im, answer] { answer->set_value(im.conn == nullptr || im.conn->closed()); });
+    if (closed.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready ||
+        closed.get())
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  close();
+}
 
 void RankClient::close() {
   auto& im = *impl_;

@@ -189,6 +189,8 @@ void write_payload(WireWriter& w, const Membership& m) {
   }
   w.put_count(m.ring_order.size(), "ring_order");
   for (auto i : m.ring_order) w.put<std::uint32_t>(i);
+  w.put<std::int64_t>(m.resume_step);
+  w.put_string(m.note, kMaxReasonBytes, "note");
 }
 void read_payload(WireReader& r, Membership& m) {
   m.epoch = r.get<std::uint64_t>("epoch");
@@ -219,6 +221,9 @@ void read_payload(WireReader& r, Membership& m) {
     seen[idx] = true;
     m.ring_order.push_back(idx);
   }
+  m.resume_step = r.get<std::int64_t>("resume_step");
+  if (m.resume_step < 0) r.fail("resume_step " + std::to_string(m.resume_step) + " is negative");
+  m.note = r.get_string(kMaxReasonBytes, "note");
 }
 
 void write_payload(WireWriter& w, const Heartbeat& m) {
@@ -245,6 +250,49 @@ void read_payload(WireReader& r, Status& m) {
     m.missing.push_back(r.get_string(kMaxSiteNameBytes + 32, "missing[]"));
 }
 
+void write_payload(WireWriter& w, const Recovery& m) {
+  w.put<std::uint64_t>(m.epoch);
+  w.put_string(m.reason, kMaxReasonBytes, "reason");
+}
+void read_payload(WireReader& r, Recovery& m) {
+  m.epoch = r.get<std::uint64_t>("epoch");
+  m.reason = r.get_string(kMaxReasonBytes, "reason");
+}
+
+void write_payload(WireWriter& w, const Recover& m) {
+  w.put<std::uint64_t>(m.epoch);
+  if (m.snapshots.size() > kMaxSnapshots)
+    throw DataError("cannot encode Recover: " + std::to_string(m.snapshots.size()) +
+                    " snapshots, above the limit of " + std::to_string(kMaxSnapshots));
+  w.put_count(m.snapshots.size(), "snapshots");
+  for (auto s : m.snapshots) w.put<std::int64_t>(s);
+  w.put_bytes(m.worker_address, kMaxAddressBytes, "worker_address");
+  w.put_string(m.reason, kMaxReasonBytes, "reason");
+}
+void read_payload(WireReader& r, Recover& m) {
+  m.epoch = r.get<std::uint64_t>("epoch");
+  const std::size_t n = r.get_count(8, "snapshots");
+  if (n > kMaxSnapshots)
+    r.fail("field 'snapshots' has " + std::to_string(n) + " entries, above the limit of " +
+           std::to_string(kMaxSnapshots));
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto s = r.get<std::int64_t>("snapshots[]");
+    if (s < 0) r.fail("snapshot step " + std::to_string(s) + " is negative");
+    m.snapshots.push_back(s);
+  }
+  m.worker_address = r.get_bytes(kMaxAddressBytes, "worker_address");
+  m.reason = r.get_string(kMaxReasonBytes, "reason");
+}
+
+void write_payload(WireWriter& w, const Bye& m) {
+  w.put<std::uint64_t>(m.epoch);
+  w.put<std::uint64_t>(m.step);
+}
+void read_payload(WireReader& r, Bye& m) {
+  m.epoch = r.get<std::uint64_t>("epoch");
+  m.step = r.get<std::uint64_t>("step");
+}
+
 }  // namespace
 
 std::string_view message_type_name(MessageType type) {
@@ -265,6 +313,12 @@ std::string_view message_type_name(MessageType type) {
       return "Heartbeat";
     case MessageType::kStatus:
       return "Status";
+    case MessageType::kRecover:
+      return "Recover";
+    case MessageType::kRecovery:
+      return "Recovery";
+    case MessageType::kBye:
+      return "Bye";
   }
   return "unknown";
 }
@@ -385,6 +439,9 @@ DESLOC_WIRE_INSTANTIATE(Reject)
 DESLOC_WIRE_INSTANTIATE(Membership)
 DESLOC_WIRE_INSTANTIATE(Heartbeat)
 DESLOC_WIRE_INSTANTIATE(Status)
+DESLOC_WIRE_INSTANTIATE(Recovery)
+DESLOC_WIRE_INSTANTIATE(Recover)
+DESLOC_WIRE_INSTANTIATE(Bye)
 #undef DESLOC_WIRE_INSTANTIATE
 
 }  // namespace desloc::transport

@@ -516,7 +516,18 @@ class UcxCollective final : public Collective {
   // reason to stop waiting for it: the successor may simply have finished and left.
   void wait(const OpState& op, Transfer& t) {
     auto successor_failed = [&] { return !t.is_recv && right_->error() != UCS_OK; };
-    worker_->wait_until([&] { return !t.pending() || successor_failed(); }, op.deadline);
+    bool aborted = false;
+    auto abort_requested = [&] {
+      return options_.should_abort && (aborted = aborted || options_.should_abort());
+    };
+    worker_->wait_until([&] { return !t.pending() || successor_failed() || abort_requested(); },
+                        op.deadline);
+    if (t.pending() && aborted) {
+      throw PeerFailure("rank " + std::to_string(rank_) + ": " + std::string(op_name(op.op)) +
+                        " #" + std::to_string(op.seq) +
+                        " aborted: the coordinator closed membership epoch " +
+                        std::to_string(options_.epoch) + " (a peer failed)");
+    }
     if (t.pending() && successor_failed()) {
       throw PeerFailure("rank " + std::to_string(rank_) + ": " + std::string(op_name(op.op)) +
                         " #" + std::to_string(op.seq) + ": the connection to " +

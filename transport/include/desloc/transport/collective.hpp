@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -75,6 +76,10 @@ struct CollectiveOptions {
   bool chunk_headers = false;
   // The membership epoch the group was built in; carried in chunk headers.
   std::uint64_t epoch = 0;
+  // Polled while an operation waits. When it returns true the operation stops waiting and
+  // throws PeerFailure: the control plane has declared this epoch over (a site failed), so
+  // the awaited peer may never come. Empty: wait for the deadline alone.
+  std::function<bool()> should_abort;
 };
 
 // What the next operations are about, carried in chunk headers and checked on receipt: the

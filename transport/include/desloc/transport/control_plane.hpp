@@ -17,7 +17,7 @@ namespace desloc::transport {
 
 // Version of the control protocol (message meaning), carried in Hello. The frame format has
 // its own kWireVersion.
-inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::uint16_t kProtocolVersion = 2;  // 2: recovery epochs
 
 using Clock = std::chrono::steady_clock;
 
@@ -42,6 +42,15 @@ struct CoordinatorOptions {
   // A registered rank with no frame for this long is listed by missing().
   std::chrono::milliseconds heartbeat_timeout{3000};
   std::size_t max_frame_payload = kDefaultMaxPayloadBytes;
+  // After the membership, a lost rank (disconnected, or silent past heartbeat_timeout) takes
+  // its whole site out: the coordinator broadcasts Recovery, collects every survivor's
+  // Recover, and opens the next epoch without that site. False: it only reports the loss (and
+  // the ranks stop with an error naming it).
+  bool elastic = true;
+  // A survivor that has not sent Recover this long after the recovery began is dropped too.
+  std::chrono::milliseconds recovery_timeout{10000};
+  // Fewer live sites than this end the job instead of a new epoch.
+  std::size_t min_sites = 1;
 };
 
 struct RankProgress {
@@ -76,6 +85,8 @@ class Coordinator {
   std::vector<RankId> missing() const;
   // Expected ranks that have not registered yet, as "site/rank" or a summary of unseen sites.
   std::vector<std::string> unregistered() const;
+  // Sites dropped from the job so far, with the epoch that dropped them and why.
+  std::vector<std::string> departed() const;
   // Rethrows (once) an exception that escaped a handler on the coordinator's thread.
   void rethrow_if_failed();
 
@@ -119,9 +130,19 @@ class RankClient {
   // After the membership: the ranks the coordinator reports as disconnected or silent, e.g.
   // "east/0 (disconnected)"; empty while everyone is alive.
   std::vector<std::string> lost_peers() const;
+  // True from the coordinator's Recovery until the next membership arrives: the current epoch
+  // is over and every collective should stop waiting (CollectiveOptions::should_abort).
+  bool recovery_pending() const;
+  // Reports this rank's broken epoch, its rollback snapshots and fresh UCX addresses, and
+  // waits for the next membership (epoch > report.epoch). The caller checks that it is still
+  // a member. TimeoutError at the deadline; PeerFailure if the coordinator went away.
+  Membership recover(const Recover& report, Clock::time_point deadline);
   // Fault injection for tests: a paused client keeps its connection but goes silent, like a
   // frozen process.
   void pause_heartbeats(bool paused);
+  // After the last step: tells the coordinator this rank finished (so its disconnect is no
+  // failure), flushes, and closes.
+  void finish();
   // Drops the connection and joins the thread. Idempotent.
   void close();
 

@@ -30,6 +30,7 @@ inline constexpr std::size_t kMaxReasonBytes = 4096;
 inline constexpr std::size_t kMaxAddressBytes = 64 * 1024;  // UCX worker addresses: ~0.1-4 KiB
 inline constexpr std::size_t kMaxMacBytes = 64;
 inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMaxSnapshots = 16;  // rollback points a rank offers in Recover
 
 enum class MessageType : std::uint16_t {
   kHello = 1,
@@ -40,6 +41,9 @@ enum class MessageType : std::uint16_t {
   kMembership = 6,
   kHeartbeat = 7,
   kStatus = 8,
+  kRecover = 9,
+  kRecovery = 10,
+  kBye = 11,
 };
 std::string_view message_type_name(MessageType type);
 
@@ -138,14 +142,18 @@ struct MemberEntry {
   bool operator==(const MemberEntry&) const = default;
 };
 
-// The job's membership at one epoch. Epochs only grow; a later issue bumps them when a site
-// dies or rejoins, so every consumer must compare epochs rather than assume "the" membership.
+// The job's membership at one epoch. Epochs only grow: the coordinator opens a new one when a
+// site fails, so every consumer must compare epochs rather than assume "the" membership.
 struct Membership {
   static constexpr MessageType kType = MessageType::kMembership;
   std::uint64_t epoch = 0;
   std::vector<std::string> sites;         // site table; indices below refer to it
   std::vector<MemberEntry> members;       // every rank, sorted by (site, rank); site is in `sites`
   std::vector<std::uint32_t> ring_order;  // WAN ring as indices into `sites`, each once
+  // 0 for the first epoch. After a failure: the step every member rolls back to (one of the
+  // snapshots all of them offered in Recover) before continuing in this epoch.
+  std::int64_t resume_step = 0;
+  std::string note;  // why this epoch began, e.g. "site west lost (disconnected)"; "" at first
   bool operator==(const Membership&) const = default;
 };
 
@@ -165,6 +173,34 @@ struct Status {
   std::uint32_t expected = 0;
   std::vector<std::string> missing;  // "site/rank" or a summary such as "1 more site"
   bool operator==(const Status&) const = default;
+};
+
+// Coordinator -> ranks: the current epoch failed (a site was lost, or a rank reported a broken
+// collective). Every rank aborts its collectives and answers with Recover.
+struct Recovery {
+  static constexpr MessageType kType = MessageType::kRecovery;
+  std::uint64_t epoch = 0;  // the epoch being closed
+  std::string reason;
+  bool operator==(const Recovery&) const = default;
+};
+
+// Rank -> coordinator, after its collectives broke: where it can roll back to and how to reach
+// its fresh UCX groups in the next epoch.
+struct Recover {
+  static constexpr MessageType kType = MessageType::kRecover;
+  std::uint64_t epoch = 0;                   // the epoch whose collectives broke
+  std::vector<std::int64_t> snapshots;       // steps this rank holds a rollback snapshot for
+  std::vector<std::uint8_t> worker_address;  // new, as in Hello
+  std::string reason;                        // what this rank saw fail
+  bool operator==(const Recover&) const = default;
+};
+
+// Rank -> coordinator: this rank finished cleanly; its disconnect that follows is no failure.
+struct Bye {
+  static constexpr MessageType kType = MessageType::kBye;
+  std::uint64_t epoch = 0;
+  std::uint64_t step = 0;
+  bool operator==(const Bye&) const = default;
 };
 
 template <class M>
