@@ -65,6 +65,9 @@ transport::CoordinatorOptions coordinator_options(const train::JobConfig& cfg,
   o.config_hash = cfg.hash();
   o.bind_address = bind;
   o.heartbeat_timeout = std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms);
+  o.elastic = cfg.job.on_site_failure == "continue";
+  o.min_sites = static_cast<std::size_t>(cfg.job.min_sites);
+  o.recovery_timeout = std::chrono::seconds(cfg.job.recovery_timeout_s);
   return o;
 }
 
@@ -285,6 +288,7 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
       std::chrono::milliseconds(static_cast<std::int64_t>(cfg.transport.deadline_s * 1e3)) +
       std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms) + 10s;
   auto last_report = Clock::now();
+  const bool elastic = cfg.job.on_site_failure == "continue";
   auto alive = [&] {
     return std::count_if(children.begin(), children.end(),
                          [](const Child& c) { return !c.exited; });
@@ -310,7 +314,13 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
       c.exited = true;
       c.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
       const bool clean = c.status == 0 || (handled_signals > 0 && c.status == 130);
-      if (!clean && first_failure.empty()) {
+      if (!clean && elastic) {
+        if (first_failure.empty()) first_failure = c.name;
+        std::fprintf(stderr,
+                     "launch: rank %s failed (exit status %d); the coordinator drops its site and "
+                     "the others continue (job.on_site_failure = \"continue\")\n",
+                     c.name.c_str(), c.status);
+      } else if (!clean && first_failure.empty()) {
         first_failure = c.name;
         std::fprintf(stderr,
                      "launch: rank %s failed (exit status %d); the others stop at their next "
@@ -346,6 +356,7 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
       std::fprintf(stderr, "launch: %s\n", progress_line(coord, cfg.train.steps).c_str());
     }
   }
+  const auto departed = coord.departed();
   coord.stop();
 
   std::vector<std::string> failed;
@@ -356,6 +367,23 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
   }
   if (failed.empty()) {
     std::fprintf(stderr, "launch: all %d ranks finished\n", world);
+    return 0;
+  }
+  // Elastic: the job succeeded if every failed rank belongs to a site the coordinator dropped
+  // and some site finished.
+  auto dropped = [&](const std::string& rank_name) {
+    const std::string site = rank_name.substr(0, rank_name.rfind('/'));
+    return std::any_of(departed.begin(), departed.end(),
+                       [&](const std::string& d) { return d.rfind(site + " (", 0) == 0; });
+  };
+  const bool survived =
+      elastic && !departed.empty() &&
+      std::all_of(children.begin(), children.end(),
+                  [&](const Child& c) { return c.status == 0 || dropped(c.name); }) &&
+      std::any_of(children.begin(), children.end(), [](const Child& c) { return c.status == 0; });
+  if (survived) {
+    std::fprintf(stderr, "launch: the job finished without site(s): %s\n",
+                 fmt::format("{}", fmt::join(departed, "; ")).c_str());
     return 0;
   }
   if (all_interrupted) {

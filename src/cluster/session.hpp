@@ -2,7 +2,9 @@
 // and its UCX groups. join_job does the rendezvous; training and profiling both start here.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,10 +15,11 @@
 namespace desloc::cluster {
 
 struct Session {
-  std::string name;  // "site/rank"
-  std::vector<std::string> sites;
+  std::string name;                // "site/rank"
+  std::vector<std::string> sites;  // the current epoch's sites in ring order
   int S = 1, R = 1;
-  int site_index = 0, rank = 0;
+  int site_index = 0, rank = 0;  // site_index: position in `sites`, the current ring
+  int home_site = 0;             // index in job.sites: the data partition, fixed for the job
   std::unique_ptr<transport::RankClient> client;
   transport::Membership membership;
   std::unique_ptr<transport::Collective> site_group;   // null when R = 1
@@ -28,6 +31,12 @@ struct Session {
 
   // Barriers on both groups, so nobody tears down its UCX worker while a peer still finishes.
   void leave();
+  // After a broken collective: drops the groups, reports `snapshots` (the steps this rank can
+  // roll back to) to the coordinator, waits for the next epoch and rebuilds the groups over
+  // its sites. Returns the step to roll back to. PeerFailure when this site was dropped or
+  // the job ended.
+  std::int64_t recover(const train::JobConfig& cfg, std::span<const std::int64_t> snapshots,
+                       const std::string& reason);
 };
 
 // Opens the ports, registers with opts.coordinator, waits for the membership and connects the

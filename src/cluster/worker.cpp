@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <span>
 #include <thread>
 
 #include "cluster/session.hpp"
@@ -134,12 +136,142 @@ std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& text,
   return {text.substr(0, colon), static_cast<std::uint16_t>(port)};
 }
 
+namespace {
+
+// This rank's freshly opened UCX ports, and their addresses packed for the control plane.
+// Address slots: 0 the site group, 1 the wide-area group, 2 the site's NCCL id (cuda backend,
+// rank 0), 3 the wide-area group's second lane (the reversed ring), 4 + k (profiling, rank 0
+// only) a pair with site k. An entry is empty when its group has one member.
+struct Ports {
+  std::unique_ptr<transport::UcxPort> site, wan, reverse;
+  std::vector<std::unique_ptr<transport::UcxPort>> pairs;
+  std::vector<std::uint8_t> packed;
+};
+constexpr int kSiteSlot = 0, kWanSlot = 1, kNcclSlot = 2, kReverseSlot = 3, kPairSlot = 4;
+
+bool uses_nccl(const train::JobConfig& cfg) {
+  return cfg.train.backend == "cuda" && cfg.job.ranks_per_site > 1;
+}
+
+// Opens the ports for a world of ss.S sites (at most: a recovery opens them before it knows
+// how many sites survive).
+Ports open_ports(const train::JobConfig& cfg, const Session& ss, bool pair_groups) {
+  const int S = ss.S, R = ss.R;
+  const bool nccl = uses_nccl(cfg);
+  Ports p;
+  if (R > 1 && !nccl) p.site = transport::open_ucx_port(ucx_options(cfg.transport, false));
+  if (S > 1) p.wan = transport::open_ucx_port(ucx_options(cfg.transport, true));
+  if (transport::effective_lanes(cfg.transport.lanes, S) == 2)
+    p.reverse = transport::open_ucx_port(ucx_options(cfg.transport, true));
+  transport::WorkerAddress nccl_id;
+  if (nccl && ss.rank == 0) {
+    const auto id = transport::nccl_unique_id();
+    nccl_id.assign(id.begin(), id.end());
+  }
+  std::vector<transport::WorkerAddress> addresses{
+      p.site ? p.site->address() : transport::WorkerAddress{},
+      p.wan ? p.wan->address() : transport::WorkerAddress{}, nccl_id,
+      p.reverse ? p.reverse->address() : transport::WorkerAddress{}};
+  p.pairs.resize(static_cast<std::size_t>(S));
+  for (int k = 0; k < S; ++k) {
+    if (pair_groups && ss.rank == 0 && k != ss.site_index)
+      p.pairs[std::size_t(k)] = transport::open_ucx_port(ucx_options(cfg.transport, true));
+    addresses.push_back(p.pairs[std::size_t(k)] ? p.pairs[std::size_t(k)]->address()
+                                                : transport::WorkerAddress{});
+  }
+  p.packed = pack_addresses(addresses);
+  return p;
+}
+
+// Builds the session's groups for membership m (whose ring is ss.sites), consuming the ports.
+void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
+                    const transport::Membership& m) {
+  const int S = ss.S, R = ss.R, site_index = ss.site_index;
+  const auto& sites = ss.sites;
+  const std::string& site = sites[std::size_t(site_index)];
+  transport::CollectiveOptions base;
+  base.deadline =
+      std::chrono::milliseconds(static_cast<std::int64_t>(cfg.transport.deadline_s * 1e3));
+  base.chunk_bytes = static_cast<std::size_t>(cfg.transport.chunk_bytes);
+  base.max_inflight_chunks = static_cast<std::size_t>(cfg.transport.inflight_chunks);
+  base.epoch = m.epoch;
+  if (cfg.job.on_site_failure == "continue") {
+    transport::RankClient* client = ss.client.get();
+    base.should_abort = [client] { return client->recovery_pending(); };
+  }
+
+  if (uses_nccl(cfg)) {
+    auto o = base;
+    const auto& root = member(m, site, 0);
+    const auto blob = unpack_address(root.worker_address, kNcclSlot, site + "/0 (NCCL id)");
+    transport::NcclId id{};
+    if (blob.size() != id.size())
+      throw PeerFailure(fmt::format("{}/0 registered a {}-byte NCCL id; expected {}", site,
+                                    blob.size(), id.size()));
+    std::copy(blob.begin(), blob.end(), id.begin());
+    // One GPU per rank of the site: rank r uses device r.
+    ss.site_group = transport::make_nccl_collective(ss.rank, R, id, ss.rank, o);
+    log::info("{}: site group over NCCL on device {}", ss.name, ss.rank);
+  } else if (R > 1) {
+    auto o = base;
+    for (int q = 0; q < R; ++q) o.peer_names.push_back(fmt::format("{}/{}", site, q));
+    const auto& next = member(m, site, static_cast<std::uint32_t>((ss.rank + 1) % R));
+    ss.site_group = transport::connect_ucx_collective(
+        std::move(ports.site), ss.rank, R,
+        unpack_address(next.worker_address, kSiteSlot, fmt::format("{}/{}", next.site, next.rank)),
+        o);
+  }
+  {
+    auto o = base;
+    o.chunk_headers = cfg.transport.chunk_headers;
+    for (const auto& s : sites) o.peer_names.push_back(fmt::format("{}/{}", s, ss.rank));
+    transport::WorkerAddress successor;
+    if (S > 1) {
+      const auto& next =
+          member(m, sites[std::size_t((site_index + 1) % S)], static_cast<std::uint32_t>(ss.rank));
+      successor =
+          unpack_address(next.worker_address, kWanSlot, fmt::format("{}/{}", next.site, next.rank));
+    }
+    ss.wan_group = transport::connect_ucx_collective(S > 1 ? std::move(ports.wan) : nullptr,
+                                                     site_index, S, successor, o);
+  }
+  if (transport::effective_lanes(cfg.transport.lanes, S) == 2) {
+    auto o = base;
+    o.chunk_headers = cfg.transport.chunk_headers;
+    for (int p = 0; p < S; ++p)
+      o.peer_names.push_back(fmt::format("{}/{}", sites[std::size_t((S - p) % S)], ss.rank));
+    const auto& next = member(m, sites[std::size_t((site_index - 1 + S) % S)],
+                              static_cast<std::uint32_t>(ss.rank));
+    ss.wan_reverse = transport::connect_ucx_collective(
+        std::move(ports.reverse), transport::reversed_rank(site_index, S), S,
+        unpack_address(next.worker_address, kReverseSlot,
+                       fmt::format("{}/{}", next.site, next.rank)),
+        o);
+  }
+  ss.pairs.clear();
+  ss.pairs.resize(static_cast<std::size_t>(S));
+  for (int k = 0; k < S; ++k) {
+    if (!ports.pairs[std::size_t(k)]) continue;
+    auto o = base;
+    const int me = site_index < k ? 0 : 1;
+    o.peer_names = me == 0 ? std::vector<std::string>{ss.name, sites[std::size_t(k)] + "/0"}
+                           : std::vector<std::string>{sites[std::size_t(k)] + "/0", ss.name};
+    const auto& other = member(m, sites[std::size_t(k)], 0);
+    ss.pairs[std::size_t(k)] = transport::connect_ucx_collective(
+        std::move(ports.pairs[std::size_t(k)]), me, 2,
+        unpack_address(other.worker_address, kPairSlot + site_index, other.site + "/0"), o);
+  }
+  ss.membership = m;
+}
+
+}  // namespace
+
 Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pair_groups) {
   Session ss;
   ss.sites = cfg.site_names();
   ss.S = static_cast<int>(ss.sites.size());
   ss.R = cfg.job.ranks_per_site;
-  const int S = ss.S, R = ss.R;
+  const int R = ss.R;
   const auto& sites = ss.sites;
   const auto it = std::find(sites.begin(), sites.end(), opts.id.site);
   if (it == sites.end())
@@ -149,53 +281,26 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
     throw ConfigError(
         fmt::format("--rank {}: job.ranks_per_site = {} in {}", opts.id.rank, R, cfg.source));
   ss.site_index = static_cast<int>(it - sites.begin());
+  ss.home_site = ss.site_index;
   ss.rank = opts.id.rank;
-  const int site_index = ss.site_index;
   ss.name = fmt::format("{}/{}", opts.id.site, opts.id.rank);
   const std::string& name = ss.name;
   const auto [host, port] = parse_endpoint(opts.coordinator, "--coordinator");
   const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.rendezvous_timeout_s);
 
-  // 1. Ports first: their addresses travel in the registration. Slot 0: the site group;
-  // slot 1: the wide-area group; slot 2 + k (profiling, rank 0 only): a pair with site k;
-  // slot 2 + S: the site's NCCL id (cuda backend, rank 0), the intra-site group on GPUs.
-  const bool nccl = cfg.train.backend == "cuda" && R > 1;
-  if (nccl && transport::cuda_device_count() < R)
+  // 1. Ports first: their addresses travel in the registration.
+  if (uses_nccl(cfg) && transport::cuda_device_count() < R)
     throw ConfigError(fmt::format(
         "{}: train.backend = \"cuda\" with job.ranks_per_site = {} needs one GPU per rank of a "
         "site for NCCL, but {} device(s) are visible",
         cfg.source, R, transport::cuda_device_count()));
-  auto site_port =
-      R > 1 && !nccl ? transport::open_ucx_port(ucx_options(cfg.transport, false)) : nullptr;
-  auto wan_port = S > 1 ? transport::open_ucx_port(ucx_options(cfg.transport, true)) : nullptr;
-  std::vector<transport::WorkerAddress> addresses{
-      site_port ? site_port->address() : transport::WorkerAddress{},
-      wan_port ? wan_port->address() : transport::WorkerAddress{}};
-  std::vector<std::unique_ptr<transport::UcxPort>> pair_ports(static_cast<std::size_t>(S));
-  const bool pairs = pair_groups && ss.rank == 0;
-  for (int k = 0; k < S; ++k) {
-    if (pairs && k != site_index)
-      pair_ports[std::size_t(k)] = transport::open_ucx_port(ucx_options(cfg.transport, true));
-    addresses.push_back(pair_ports[std::size_t(k)] ? pair_ports[std::size_t(k)]->address()
-                                                   : transport::WorkerAddress{});
-  }
-  transport::WorkerAddress nccl_id;
-  if (nccl && ss.rank == 0) {
-    const auto id = transport::nccl_unique_id();
-    nccl_id.assign(id.begin(), id.end());
-  }
-  addresses.push_back(nccl_id);
-  // Slot 3 + S: the wide-area group's second lane (the reversed ring), from 3 sites on.
-  const bool two_lanes = transport::effective_lanes(cfg.transport.lanes, S) == 2;
-  auto reverse_port =
-      two_lanes ? transport::open_ucx_port(ucx_options(cfg.transport, true)) : nullptr;
-  addresses.push_back(reverse_port ? reverse_port->address() : transport::WorkerAddress{});
+  Ports ports = open_ports(cfg, ss, pair_groups);
 
   // 2. Rendezvous.
   transport::RankClientOptions client_opts;
   client_opts.site = opts.id.site;
   client_opts.rank = static_cast<std::uint32_t>(opts.id.rank);
-  client_opts.worker_address = pack_addresses(addresses);
+  client_opts.worker_address = ports.packed;
   client_opts.config_hash = cfg.hash();
   client_opts.token = job_token(cfg);
   client_opts.heartbeat_interval = std::chrono::milliseconds(cfg.job.heartbeat_ms);
@@ -213,89 +318,77 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
     throw PeerFailure(fmt::format(
         "{}: the coordinator's ring [{}] differs from job.sites [{}]; it runs another config", name,
         fmt::join(ring, ", "), fmt::join(sites, ", ")));
-  transport::CollectiveOptions base;
-  base.deadline =
-      std::chrono::milliseconds(static_cast<std::int64_t>(cfg.transport.deadline_s * 1e3));
-  base.chunk_bytes = static_cast<std::size_t>(cfg.transport.chunk_bytes);
-  base.max_inflight_chunks = static_cast<std::size_t>(cfg.transport.inflight_chunks);
-  base.epoch = m.epoch;
-
-  if (nccl) {
-    auto o = base;
-    const auto& root = member(m, opts.id.site, 0);
-    const auto blob = unpack_address(root.worker_address, 2 + S, opts.id.site + "/0 (NCCL id)");
-    transport::NcclId id{};
-    if (blob.size() != id.size())
-      throw PeerFailure(fmt::format("{}/0 registered a {}-byte NCCL id; expected {}", opts.id.site,
-                                    blob.size(), id.size()));
-    std::copy(blob.begin(), blob.end(), id.begin());
-    // One GPU per rank of the site: rank r uses device r.
-    ss.site_group = transport::make_nccl_collective(opts.id.rank, R, id, opts.id.rank, o);
-    log::info("{}: site group over NCCL on device {}", name, opts.id.rank);
-  } else if (R > 1) {
-    auto o = base;
-    for (int q = 0; q < R; ++q) o.peer_names.push_back(fmt::format("{}/{}", opts.id.site, q));
-    const auto& next = member(m, opts.id.site, static_cast<std::uint32_t>((opts.id.rank + 1) % R));
-    ss.site_group = transport::connect_ucx_collective(
-        std::move(site_port), opts.id.rank, R,
-        unpack_address(next.worker_address, 0, fmt::format("{}/{}", next.site, next.rank)), o);
-  }
-  {
-    auto o = base;
-    o.chunk_headers = cfg.transport.chunk_headers;
-    for (const auto& s : sites) o.peer_names.push_back(fmt::format("{}/{}", s, opts.id.rank));
-    transport::WorkerAddress successor;
-    if (S > 1) {
-      const auto& next = member(m, sites[std::size_t((site_index + 1) % S)],
-                                static_cast<std::uint32_t>(opts.id.rank));
-      successor =
-          unpack_address(next.worker_address, 1, fmt::format("{}/{}", next.site, next.rank));
-    }
-    ss.wan_group =
-        transport::connect_ucx_collective(std::move(wan_port), site_index, S, successor, o);
-  }
-  if (two_lanes) {
-    auto o = base;
-    o.chunk_headers = cfg.transport.chunk_headers;
-    for (int p = 0; p < S; ++p)
-      o.peer_names.push_back(fmt::format("{}/{}", sites[std::size_t((S - p) % S)], opts.id.rank));
-    const auto& next = member(m, sites[std::size_t((site_index - 1 + S) % S)],
-                              static_cast<std::uint32_t>(opts.id.rank));
-    ss.wan_reverse = transport::connect_ucx_collective(
-        std::move(reverse_port), transport::reversed_rank(site_index, S), S,
-        unpack_address(next.worker_address, 3 + S, fmt::format("{}/{}", next.site, next.rank)), o);
-  }
-  ss.pairs.resize(static_cast<std::size_t>(S));
-  for (int k = 0; pairs && k < S; ++k) {
-    if (k == site_index) continue;
-    auto o = base;
-    const int me = site_index < k ? 0 : 1;
-    o.peer_names = me == 0 ? std::vector<std::string>{name, sites[std::size_t(k)] + "/0"}
-                           : std::vector<std::string>{sites[std::size_t(k)] + "/0", name};
-    const auto& other = member(m, sites[std::size_t(k)], 0);
-    ss.pairs[std::size_t(k)] = transport::connect_ucx_collective(
-        std::move(pair_ports[std::size_t(k)]), me, 2,
-        unpack_address(other.worker_address, 2 + site_index, other.site + "/0"), o);
-  }
-  ss.membership = m;
+  connect_groups(cfg, ss, std::move(ports), m);
   return ss;
+}
+
+std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::int64_t> snapshots,
+                              const std::string& reason) {
+  // Tear the broken epoch's groups down first (they abort what is in flight).
+  pairs.clear();
+  wan_reverse.reset();
+  wan_group.reset();
+  site_group.reset();
+  Ports ports = open_ports(cfg, *this, false);
+  transport::Recover report;
+  report.epoch = membership.epoch;
+  report.snapshots.assign(snapshots.begin(), snapshots.end());
+  report.worker_address = ports.packed;
+  report.reason = reason.substr(0, transport::kMaxReasonBytes);
+  const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.recovery_timeout_s) +
+                        std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms) +
+                        std::chrono::seconds(10);
+  const transport::Membership m = client->recover(report, deadline);
+  const std::string site = sites[std::size_t(site_index)];
+  if (m.sites.empty())
+    throw PeerFailure(
+        fmt::format("{}: the coordinator ended the job at epoch {}: {}", name, m.epoch, m.note));
+  std::vector<std::string> ring;
+  for (std::uint32_t i : m.ring_order) ring.push_back(m.sites.at(i));
+  const auto at = std::find(ring.begin(), ring.end(), site);
+  if (at == ring.end())
+    throw PeerFailure(fmt::format("{}: site {} was dropped from the job at epoch {}: {}", name,
+                                  site, m.epoch, m.note));
+  sites = ring;
+  S = static_cast<int>(sites.size());
+  site_index = static_cast<int>(at - ring.begin());
+  connect_groups(cfg, *this, std::move(ports), m);
+  log::warn("{}: membership epoch {}: {} site(s) [{}], rolling back to step {}", name, m.epoch, S,
+            fmt::join(sites, ", "), m.resume_step);
+  return m.resume_step;
 }
 
 train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& opts) {
   Session ss = join_job(cfg, opts, false);
-  sync::CollectiveAverager averager(*ss.wan_group, ss.site_group.get(), ss.wan_reverse.get());
+  std::optional<sync::CollectiveAverager> averager;
   train::RankContext ctx;
-  ctx.site = ss.site_index;
+  ctx.site = ss.home_site;
   ctx.rank = ss.rank;
   ctx.name = ss.name;
-  if (ss.S > 1)
+  auto bind_groups = [&] {
+    averager.emplace(*ss.wan_group, ss.site_group.get(), ss.wan_reverse.get());
     ctx.wan_successor =
-        fmt::format("{}/{}", ss.sites[std::size_t((ss.site_index + 1) % ss.S)], ss.rank);
-  ctx.averager = &averager;
-  ctx.site_group = ss.site_group.get();
-  ctx.wan_group = ss.wan_group.get();
-  ctx.wan_reverse = ss.wan_reverse.get();
+        ss.S > 1 ? fmt::format("{}/{}", ss.sites[std::size_t((ss.site_index + 1) % ss.S)], ss.rank)
+                 : std::string();
+    ctx.averager = &*averager;
+    ctx.site_group = ss.site_group.get();
+    ctx.wan_group = ss.wan_group.get();
+    ctx.wan_reverse = ss.wan_reverse.get();
+    // The first live site's rank 0 evaluates (site 0 unless it failed).
+    ctx.evaluates = ss.site_index == 0 && ss.rank == 0;
+    ctx.epoch = ss.membership.epoch;
+  };
+  bind_groups();
   ctx.on_step = [&ss](std::int64_t step) { ss.client->set_step(static_cast<std::uint64_t>(step)); };
+  if (cfg.job.on_site_failure == "continue") {
+    ctx.recovery_pending = [&ss] { return ss.client->recovery_pending(); };
+    ctx.recover = [&](std::span<const std::int64_t> snapshots, const std::string& reason) {
+      averager.reset();
+      const std::int64_t resume = ss.recover(cfg, snapshots, reason);
+      bind_groups();
+      return resume;
+    };
+  }
   // A stalled collective only knows which neighbour went quiet; the coordinator knows who left.
   auto with_lost = [&ss, &cfg](const std::string& message) {
     const auto until = Clock::now() + std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms);
@@ -318,8 +411,9 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
     throw TransportError(with_lost(e.message()));
   }
   // Leave together: nobody tears down its UCX worker while a peer still finishes the last
-  // operation.
+  // operation. Then tell the coordinator this rank finished, so its exit is no failure.
   ss.leave();
+  ss.client->finish();
   return result;
 }
 

@@ -253,6 +253,12 @@ void bind_job(Binder& b, JobSection& j) {
   b.integer("heartbeat_ms", j.heartbeat_ms, "rank -> coordinator heartbeat period", 10, 60000);
   b.integer("heartbeat_timeout_ms", j.heartbeat_timeout_ms,
             "silence after which a rank is listed missing", 50, 600000);
+  b.string("on_site_failure", j.on_site_failure,
+           "\"continue\": drop a failed site and go on in a new epoch; \"stop\": end the job",
+           {"continue", "stop"});
+  b.integer("min_sites", j.min_sites, "fewer live sites than this end the job", 1, 4096);
+  b.integer("recovery_timeout_s", j.recovery_timeout_s,
+            "a survivor must report for the next membership epoch within this", 1, 86400);
 }
 void bind_transport(Binder& b, TransportSection& t) {
   b.string("tls", t.tls, "wide-area UCX_TLS (only tcp crosses network namespaces)");

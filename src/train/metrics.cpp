@@ -28,24 +28,34 @@ std::int64_t step_of(const std::string& line) {
 MetricsWriter::MetricsWriter(const std::string& path, bool resume, std::int64_t resume_step)
     : path_(path) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  if (resume && std::filesystem::exists(path)) {
-    std::ifstream in(path);
-    std::string line, kept;
-    std::size_t dropped = 0;
-    while (std::getline(in, line)) {
-      if (step_of(line) > resume_step) {
-        ++dropped;
-        continue;
-      }
-      kept += line + "\n";
-    }
-    write_file_atomic(path,
-                      std::span(reinterpret_cast<const std::uint8_t*>(kept.data()), kept.size()));
-    if (dropped > 0)
-      log::info("metrics: dropped {} records after step {} from {}", dropped, resume_step, path);
-  }
+  if (resume && std::filesystem::exists(path)) drop_after(resume_step);
   file_ = std::fopen(path.c_str(), resume ? "a" : "w");
   if (file_ == nullptr) throw_errno("cannot open metrics file", path);
+}
+
+void MetricsWriter::drop_after(std::int64_t step) {
+  std::ifstream in(path_);
+  std::string line, kept;
+  std::size_t dropped = 0;
+  while (std::getline(in, line)) {
+    if (step_of(line) > step) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  write_file_atomic(path_,
+                    std::span(reinterpret_cast<const std::uint8_t*>(kept.data()), kept.size()));
+  if (dropped > 0)
+    log::info("metrics: dropped {} records after step {} from {}", dropped, step, path_);
+}
+
+void MetricsWriter::rewind(std::int64_t step) {
+  if (file_ != nullptr && std::fclose(file_) != 0) throw_errno("cannot close metrics file", path_);
+  file_ = nullptr;
+  drop_after(step);
+  file_ = std::fopen(path_.c_str(), "a");
+  if (file_ == nullptr) throw_errno("cannot reopen metrics file", path_);
 }
 
 MetricsWriter::~MetricsWriter() {

@@ -18,8 +18,12 @@ class MetricsWriter {
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
   void write_line(const std::string& json_object);
+  // A rollback to `step` (elastic recovery): drops the records after it, which are replayed.
+  void rewind(std::int64_t step);
 
  private:
+  void drop_after(std::int64_t step);
+
   std::string path_;
   std::FILE* file_ = nullptr;
 };

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <deque>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -204,10 +205,22 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
     for (int w = 0; w < cfg.sync.workers; ++w) workers.push_back(make_worker(w));
   const int lanes = cfg.transport.lanes;
   sync::VirtualAverager virtual_averager(cfg.sync.workers, sync::SumOrder::kRing, R, lanes);
-  sync::Averager& averager = networked ? *rank->averager : virtual_averager;
+  // A networked rank's averager changes when a recovery rebuilds the groups.
+  sync::Averager* averager = networked ? rank->averager : &virtual_averager;
   // The evaluation's parameter mean travels separately, so it never counts as training traffic.
   std::optional<sync::CollectiveAverager> eval_averager;
   if (networked) eval_averager.emplace(*rank->wan_group, rank->site_group, rank->wan_reverse);
+  // Traffic of averagers that earlier membership epochs used (a recovery replaces it).
+  sync::Traffic traffic_base;
+  auto traffic_of = [&](int w) {
+    sync::Traffic t = averager->traffic(w);
+    for (std::size_t k = 0; k < t.wire.size(); ++k) {
+      t.payload[k] += traffic_base.payload[k];
+      t.wire[k] += traffic_base.wire[k];
+      t.site_wire[k] += traffic_base.site_wire[k];
+    }
+    return t;
+  };
   std::optional<sync::OuterNesterov> outer;
   if (cfg.sync.outer == "nesterov") outer.emplace(cfg.sync.outer_lr, cfg.sync.outer_momentum);
 
@@ -264,7 +277,7 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
 
   MetricsWriter metrics(metrics_path(cfg, rank), opts.resume, result.start_step);
   const bool tty = opts.progress == 1 || (opts.progress == -1 && ::isatty(STDERR_FILENO));
-  const int sites = cfg.sync.workers;
+  int sites = cfg.sync.workers;  // live sites: fewer after a site failed
   const std::string site_list = fmt::format("{}", fmt::join(cfg.site_names(), ","));
   ProgressReporter progress(result.start_step, total, tty, cfg.train.log_every, opts.quiet);
   if (!opts.resume) {
@@ -321,14 +334,14 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
     const auto t0 = clock::now();
     std::vector<float> mean_x;
     if (eval_site0) {
-      if (networked && !rank->leader()) return;
+      if (networked && !rank->evaluates) return;
       mean_x = workers[0].x;
     } else if (networked) {
       mean_x = workers[0].x;
       std::span<float> view(mean_x);
       eval_averager->begin_step(step);
       eval_averager->average(StateKind::kX, std::span<const std::span<float>>(&view, 1));
-      if (!rank->leader()) return;
+      if (!rank->evaluates) return;
     } else {
       mean_x = mean_of(workers, StateKind::kX, R, lanes);
     }
@@ -391,6 +404,101 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
   float site_stop = 0.0f;
   const auto run_start = clock::now();
   std::int64_t step = result.start_step;
+
+  // Elastic recovery (a networked rank with job.on_site_failure = "continue"): before every
+  // step that talks across sites, the rank keeps a snapshot of everything the step changes.
+  // When a collective breaks (a site died, a link failed) the coordinator opens a new epoch
+  // over the survivors at the newest step all of them hold, and each rolls back to it: a
+  // partial average of the failed epoch is never applied. Survivors are at most one
+  // cross-site exchange apart (passing one needs every rank in it), so two snapshots suffice.
+  struct Snapshot {
+    std::int64_t step = 0;
+    std::vector<float> x, u, v;
+    std::int64_t optim_t = 0;
+    std::vector<data::LoaderState> loaders;
+    std::uint64_t tokens_seen = 0;
+    std::vector<float> outer_ref, outer_momentum;
+    std::uint64_t wire = 0;  // WAN bytes sent before this step
+  };
+  std::deque<Snapshot> snapshots;
+  const bool elastic = networked && static_cast<bool>(rank->recover);
+  auto talks_across_sites = [&](std::int64_t t) {
+    const bool eval_due = (cfg.train.eval_every > 0 && t % cfg.train.eval_every == 0) || t == total;
+    return policy.at(t).any() || (eval_due && !eval_site0);
+  };
+  auto take_snapshot = [&] {
+    while (!snapshots.empty() && snapshots.back().step >= step) snapshots.pop_back();
+    Snapshot sn;
+    const Worker& w = workers[0];
+    sn.step = step;
+    sn.x = w.x;
+    sn.u = w.opt.state().u;
+    sn.v = w.opt.state().v;
+    sn.optim_t = w.opt.state().t;
+    for (const auto& l : w.loaders) sn.loaders.push_back(l.state());
+    sn.tokens_seen = tokens_seen;
+    if (outer) {
+      sn.outer_ref = outer->reference();
+      sn.outer_momentum = outer->momentum();
+    }
+    sn.wire = traffic_of(0).total_wire();
+    snapshots.push_back(std::move(sn));
+    while (snapshots.size() > 2) snapshots.pop_front();
+  };
+  int recoveries = 0;
+  auto recover = [&](const std::string& what) {
+    const auto t_fail = clock::now();
+    const std::int64_t failed_at = step + 1;
+    const std::uint64_t wire_at_failure = traffic_of(0).total_wire();
+    const sync::Traffic old = averager->traffic(0);
+    for (std::size_t k = 0; k < old.wire.size(); ++k) {
+      traffic_base.payload[k] += old.payload[k];
+      traffic_base.wire[k] += old.wire[k];
+      traffic_base.site_wire[k] += old.site_wire[k];
+    }
+    eval_averager.reset();
+    averager = nullptr;
+    std::vector<std::int64_t> offer;
+    for (const auto& sn : snapshots) offer.push_back(sn.step);
+    log::warn("{}: step {} failed ({}); recovering with rollback point(s) [{}]", rank->name,
+              failed_at, what, fmt::join(offer, ", "));
+    const std::int64_t resume = rank->recover(offer, what);
+    averager = rank->averager;
+    eval_averager.emplace(*rank->wan_group, rank->site_group, rank->wan_reverse);
+    const auto it = std::find_if(snapshots.begin(), snapshots.end(),
+                                 [&](const Snapshot& sn) { return sn.step == resume; });
+    if (it == snapshots.end())
+      throw PeerFailure(fmt::format(
+          "{}: the coordinator resumes at step {}, which this rank holds no snapshot of ([{}])",
+          rank->name, resume, fmt::join(offer, ", ")));
+    Worker& w = workers[0];
+    w.x = it->x;
+    w.opt.state().u = it->u;
+    w.opt.state().v = it->v;
+    w.opt.state().t = it->optim_t;
+    for (std::size_t i = 0; i < w.loaders.size(); ++i) w.loaders[i].restore(it->loaders[i]);
+    tokens_seen = it->tokens_seen;
+    if (outer) {
+      outer->reference() = it->outer_ref;
+      outer->momentum() = it->outer_momentum;
+    }
+    const std::uint64_t resent = wire_at_failure - it->wire;
+    snapshots.erase(std::next(it), snapshots.end());
+    step = resume;
+    sites = rank->wan_group->size();
+    ++recoveries;
+    const double took = std::chrono::duration<double>(clock::now() - t_fail).count();
+    metrics.rewind(resume);
+    metrics.write_line(fmt::format(
+        R"({{"type":"recovery","step":{},"failed_step":{},"epoch":{},"sites":{},)"
+        R"("replayed_steps":{},"recover_s":{},"bytes_resent":{}}})",
+        resume, failed_at, rank->epoch, sites, failed_at - 1 - resume, json_number(took), resent));
+    progress.message(fmt::format(
+        "{}: membership epoch {} with {} site(s); rolled back to step {} ({} step(s) to replay, "
+        "{} WAN bytes to resend), {:.2f} s after noticing the failure",
+        rank->name, rank->epoch, sites, resume, failed_at - 1 - resume, resent, took));
+  };
+
   while (step < total) {
     if (opts.stop_after >= 0 && step >= opts.stop_after) break;
     if ((!networked && g_stop_signal != 0) || stop_agreed) {
@@ -402,102 +510,118 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
       break;
     }
     const std::int64_t t = step + 1;  // the 1-based number of the step being taken
-    maybe_join(t, policy.at(t));
-    site_losses.resize(workers.size());  // workers may have joined
-    const auto t0 = clock::now();
+    if (elastic && talks_across_sites(t)) take_snapshot();
+    try {
+      if (elastic && rank->recovery_pending())
+        throw PeerFailure(
+            fmt::format("{}: the coordinator closed membership epoch {}", rank->name, rank->epoch));
+      maybe_join(t, policy.at(t));
+      site_losses.resize(workers.size());  // workers may have joined
+      const auto t0 = clock::now();
 
-    double loss_sum = 0.0;
-    auto gradient = [&](std::size_t i) {
-      Worker& w = workers[i];
-      std::copy(w.x.begin(), w.x.end(), model->params().begin());
-      model->params_updated();
-      std::vector<std::vector<float>> micro_loss(w.loaders.size(), std::vector<float>(1));
-      for (std::size_t m = 0; m < w.loaders.size(); ++m) {
-        w.loaders[m].next(inputs, targets);
-        const float loss = model->forward_backward({inputs, targets, B, T});
-        if (!std::isfinite(loss))
-          throw Error(
-              fmt::format("loss is not finite ({}) at step {} on {}; lower schedule.lr or enable "
-                          "optim.clip (last good checkpoint: {})",
-                          loss, t, networked ? rank->name : fmt::format("worker {} rank {}", i, m),
-                          result.last_checkpoint.empty() ? "none" : result.last_checkpoint));
-        const auto g = model->grads();
-        std::copy(g.begin(), g.end(), w.micro_g.empty() ? w.g.begin() : w.micro_g[m].begin());
-        micro_loss[m][0] = loss;
+      double loss_sum = 0.0;
+      auto gradient = [&](std::size_t i) {
+        Worker& w = workers[i];
+        std::copy(w.x.begin(), w.x.end(), model->params().begin());
+        model->params_updated();
+        std::vector<std::vector<float>> micro_loss(w.loaders.size(), std::vector<float>(1));
+        for (std::size_t m = 0; m < w.loaders.size(); ++m) {
+          w.loaders[m].next(inputs, targets);
+          const float loss = model->forward_backward({inputs, targets, B, T});
+          if (!std::isfinite(loss))
+            throw Error(fmt::format(
+                "loss is not finite ({}) at step {} on {}; lower schedule.lr or enable "
+                "optim.clip (last good checkpoint: {})",
+                loss, t, networked ? rank->name : fmt::format("worker {} rank {}", i, m),
+                result.last_checkpoint.empty() ? "none" : result.last_checkpoint));
+          const auto g = model->grads();
+          std::copy(g.begin(), g.end(), w.micro_g.empty() ? w.g.begin() : w.micro_g[m].begin());
+          micro_loss[m][0] = loss;
+        }
+        float site_loss = micro_loss[0][0];
+        if (!w.micro_g.empty()) {  // in-process: the site's R ranks, summed as the ring would
+          site_mean(w.micro_g, w.g);
+          std::vector<float> mean(1);
+          site_mean(micro_loss, mean);
+          site_loss = mean[0];
+        } else if (networked && rank->site_group != nullptr) {
+          rank->site_group->all_reduce_sum(w.g);
+          const auto r = static_cast<float>(R);
+          for (float& x : w.g) x /= r;
+          // The loss and this rank's stop request ride one small all-reduce: element 0 sums in
+          // rank order, as site_mean's does.
+          std::array<float, 2> small{site_loss, g_stop_signal != 0 ? 1.0f : 0.0f};
+          rank->site_group->all_reduce_sum(small);
+          site_loss = small[0] / r;
+          site_stop = small[1];
+        } else if (networked) {
+          site_stop = g_stop_signal != 0 ? 1.0f : 0.0f;
+        }
+        site_losses.at(i) = site_loss;
+        loss_sum += site_loss;
+      };
+      std::vector<sync::Replica> replicas = replicas_of(workers);
+      const float lr = optim::learning_rate(cfg.schedule, step, total);
+      const sync::StepReport report =
+          sync::run_synced_step(t, policy, *averager, replicas, gradient, lr,
+                                {&cfg.clip, outer ? &*outer : nullptr, false});
+      const float grad_norm = report.grad_norm;
+      ++step;
+      tokens_seen += tokens_per_step;
+      if (networked) {
+        if (cfg.sync.method == "none") {
+          stop_agreed = site_stop > 0.0f;
+        } else if (report.due.any()) {
+          std::array<float, 1> flag{site_stop};
+          rank->wan_group->set_label({t, 255, static_cast<std::uint32_t>(rank->rank)});
+          rank->wan_group->all_reduce_sum(flag);
+          stop_agreed = flag[0] > 0.0f;
+        }
+        if (rank->on_step) rank->on_step(step);
       }
-      float site_loss = micro_loss[0][0];
-      if (!w.micro_g.empty()) {  // in-process: the site's R ranks, summed as the ring would
-        site_mean(w.micro_g, w.g);
-        std::vector<float> mean(1);
-        site_mean(micro_loss, mean);
-        site_loss = mean[0];
-      } else if (networked && rank->site_group != nullptr) {
-        rank->site_group->all_reduce_sum(w.g);
-        const auto r = static_cast<float>(R);
-        for (float& x : w.g) x /= r;
-        // The loss and this rank's stop request ride one small all-reduce: element 0 sums in
-        // rank order, as site_mean's does.
-        std::array<float, 2> small{site_loss, g_stop_signal != 0 ? 1.0f : 0.0f};
-        rank->site_group->all_reduce_sum(small);
-        site_loss = small[0] / r;
-        site_stop = small[1];
-      } else if (networked) {
-        site_stop = g_stop_signal != 0 ? 1.0f : 0.0f;
+
+      const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
+      const double tps = double(tokens_per_step) * double(sites) / step_s;
+      const float loss = static_cast<float>(loss_sum / double(workers.size()));
+      result.last_train_loss = loss;
+      const sync::Traffic traffic = traffic_of(0);
+      // Every worker's wire total: equal under a ring, except for workers that joined late.
+      std::string by_worker, loss_by_site;
+      for (std::size_t i = 0; i < workers.size(); ++i) {
+        by_worker +=
+            fmt::format("{}{}", i ? "," : "", traffic_of(static_cast<int>(i)).total_wire());
+        loss_by_site += fmt::format("{}{}", i ? "," : "", json_exact(site_losses[i]));
       }
-      site_losses.at(i) = site_loss;
-      loss_sum += site_loss;
-    };
-    std::vector<sync::Replica> replicas = replicas_of(workers);
-    const float lr = optim::learning_rate(cfg.schedule, step, total);
-    const sync::StepReport report = sync::run_synced_step(
-        t, policy, averager, replicas, gradient, lr, {&cfg.clip, outer ? &*outer : nullptr, false});
-    const float grad_norm = report.grad_norm;
-    ++step;
-    tokens_seen += tokens_per_step;
-    if (networked) {
-      if (cfg.sync.method == "none") {
-        stop_agreed = site_stop > 0.0f;
-      } else if (report.due.any()) {
-        std::array<float, 1> flag{site_stop};
-        rank->wan_group->set_label({t, 255, static_cast<std::uint32_t>(rank->rank)});
-        rank->wan_group->all_reduce_sum(flag);
-        stop_agreed = flag[0] > 0.0f;
-      }
-      if (rank->on_step) rank->on_step(step);
+      const std::uint64_t site_bytes =
+          networked && rank->site_group != nullptr ? rank->site_group->bytes().total().sent : 0;
+      metrics.write_line(fmt::format(
+          R"({{"type":"train","step":{},"loss":{},"lr":{},"grad_norm":{},"tokens_per_s":{},"step_ms":{},)"
+          R"("tokens":{},"workers":{},"synced":"{}{}{}{}","bytes_sent":{},)"
+          R"("bytes_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},)"
+          R"("payload_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},"bytes_sent_by_worker":[{}],)"
+          R"("loss_by_site":[{}],"site_bytes_sent":{}}})",
+          step, json_number(loss), json_number(lr), json_number(grad_norm), json_number(tps),
+          json_number(step_s * 1e3), tokens_seen, workers.size(), report.due.grad ? "g" : "",
+          report.due.x ? "x" : "", report.due.u ? "u" : "", report.due.v ? "v" : "",
+          traffic.total_wire(), traffic.wire[0], traffic.wire[1], traffic.wire[2], traffic.wire[3],
+          traffic.payload[0], traffic.payload[1], traffic.payload[2], traffic.payload[3], by_worker,
+          loss_by_site, site_bytes));
+      progress.step(step, loss, lr, tps);
+
+      const bool last = step == total;
+      if ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last) run_eval(step);
+      if ((cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0) || last)
+        save(step);
+    } catch (const TransportError& e) {
+      if (!elastic) throw;
+      recover(e.message());
+    } catch (const TimeoutError& e) {
+      if (!elastic) throw;
+      recover(e.message());
+    } catch (const PeerFailure& e) {
+      if (!elastic) throw;
+      recover(e.message());
     }
-
-    const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
-    const double tps = double(tokens_per_step) * double(sites) / step_s;
-    const float loss = static_cast<float>(loss_sum / double(workers.size()));
-    result.last_train_loss = loss;
-    const sync::Traffic& traffic = averager.traffic(0);
-    // Every worker's wire total: equal under a ring, except for workers that joined late.
-    std::string by_worker, loss_by_site;
-    for (std::size_t i = 0; i < workers.size(); ++i) {
-      by_worker +=
-          fmt::format("{}{}", i ? "," : "", averager.traffic(static_cast<int>(i)).total_wire());
-      loss_by_site += fmt::format("{}{}", i ? "," : "", json_exact(site_losses[i]));
-    }
-    const std::uint64_t site_bytes =
-        networked && rank->site_group != nullptr ? rank->site_group->bytes().total().sent : 0;
-    metrics.write_line(fmt::format(
-        R"({{"type":"train","step":{},"loss":{},"lr":{},"grad_norm":{},"tokens_per_s":{},"step_ms":{},)"
-        R"("tokens":{},"workers":{},"synced":"{}{}{}{}","bytes_sent":{},)"
-        R"("bytes_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},)"
-        R"("payload_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},"bytes_sent_by_worker":[{}],)"
-        R"("loss_by_site":[{}],"site_bytes_sent":{}}})",
-        step, json_number(loss), json_number(lr), json_number(grad_norm), json_number(tps),
-        json_number(step_s * 1e3), tokens_seen, workers.size(), report.due.grad ? "g" : "",
-        report.due.x ? "x" : "", report.due.u ? "u" : "", report.due.v ? "v" : "",
-        traffic.total_wire(), traffic.wire[0], traffic.wire[1], traffic.wire[2], traffic.wire[3],
-        traffic.payload[0], traffic.payload[1], traffic.payload[2], traffic.payload[3], by_worker,
-        loss_by_site, site_bytes));
-    progress.step(step, loss, lr, tps);
-
-    const bool last = step == total;
-    if ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last) run_eval(step);
-    if ((cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0) || last)
-      save(step);
   }
   if (step < total && step > result.start_step)
     save(step);  // stop_after or a signal: keep the work
@@ -505,7 +629,7 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
 
   result.steps_done = step;
   result.workers = static_cast<int>(workers.size());
-  result.bytes_sent_per_worker = averager.traffic(0).total_wire();
+  result.bytes_sent_per_worker = traffic_of(0).total_wire();
   const double secs = std::chrono::duration<double>(clock::now() - run_start).count();
   if (step > result.start_step && secs > 0)
     result.tokens_per_s =

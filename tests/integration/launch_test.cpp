@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster_env.hpp"
 #include "desloc/train/checkpoint.hpp"
 #include "test_env.hpp"
 
@@ -133,52 +134,6 @@ TEST(Launch, ThreeSitesOfTwoRanksWithBothLanesReproduceTheInProcessRunBitForBit)
   expect_launch_matches_train("launch3x2", {"west", "east", "north"}, 2);
 }
 
-// A child process with its output in a file.
-struct Process {
-  pid_t pid = -1;
-  fs::path log;
-  int status = -1;
-
-  static Process start(const std::vector<std::string>& args, const fs::path& log,
-                       const std::vector<std::pair<std::string, std::string>>& env = {}) {
-    Process p;
-    p.log = log;
-    p.pid = ::fork();
-    if (p.pid == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> argv;
-      std::vector<std::string> copy = args;
-      for (auto& a : copy) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    return p;
-  }
-  // Exit status, or -1 if still running at the deadline (then it is killed).
-  int wait(std::chrono::milliseconds limit) {
-    const auto end = Clock::now() + limit;
-    while (Clock::now() < end) {
-      int st = 0;
-      if (::waitpid(pid, &st, WNOHANG) == pid) {
-        status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        return status;
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    return -1;
-  }
-  std::string output() const {
-    std::ifstream in(log);
-    return {std::istreambuf_iterator<char>(in), {}};
-  }
-};
-
 // Port 1 (tcpmux) is reserved and nothing listens there: connecting is refused at once.
 constexpr int kClosedPort = 1;
 
@@ -200,34 +155,6 @@ TEST(LaunchFaults, UnreachableCoordinatorFailsWithinTheRendezvousDeadlineNamingI
   EXPECT_LT(secs, 15.0);
   EXPECT_NE(w.output().find("127.0.0.1:1"), std::string::npos) << w.output();
 }
-
-struct Cluster {
-  fs::path dir;
-  Process coordinator;
-  int port = 0;
-
-  // Starts `desloc coordinator` on an ephemeral port and reads the port from its first line.
-  void start(const fs::path& cfg) {
-    coordinator = Process::start(
-        {DESLOC_CLI, "coordinator", "--config", cfg.string(), "--listen", "127.0.0.1:0"},
-        dir / "coordinator.log");
-    const auto end = Clock::now() + 10s;
-    while (Clock::now() < end && port == 0) {
-      const std::string out = coordinator.output();
-      const auto at = out.find("listening on 127.0.0.1:");
-      if (at != std::string::npos) port = std::atoi(out.c_str() + at + 23);
-      std::this_thread::sleep_for(20ms);
-    }
-    ASSERT_NE(port, 0) << coordinator.output();
-  }
-  Process worker(const fs::path& cfg, const std::string& site, int rank,
-                 const std::vector<std::pair<std::string, std::string>>& env = {}) {
-    return Process::start({DESLOC_CLI, "worker", "--config", cfg.string(), "--site", site, "--rank",
-                           std::to_string(rank), "--coordinator",
-                           "127.0.0.1:" + std::to_string(port), "--no-progress"},
-                          dir / (site + "-" + std::to_string(rank) + ".log"), env);
-  }
-};
 
 std::string faults_toml(const fs::path& out, const std::string& token, const std::string& lr,
                         int steps) {
@@ -275,6 +202,9 @@ TEST(LaunchFaults, SiteKilledMidSyncMakesEverySurvivorExitWithinTheDeadlineNamin
   // kx = 2 and checkpoints every 2 steps: the kill lands between syncs or inside one.
   std::string toml = faults_toml(c.dir / "out", "t", "0.01", 2000);
   toml.replace(toml.find("checkpoint_every = 0"), 20, "checkpoint_every = 2");
+  // This job stops on a failure; tests/integration/fault_test.cpp covers continuing.
+  toml.replace(toml.find("heartbeat_timeout_ms = 2000"), 27,
+               "heartbeat_timeout_ms = 2000\non_site_failure = \"stop\"");
   const fs::path cfg = write_text(c.dir / "job.toml", toml);
   c.start(cfg);
   Process west = c.worker(cfg, "west", 0);

@@ -45,6 +45,12 @@ struct JobSection {
   int rendezvous_timeout_s = 60;    // every rank must register within this
   int heartbeat_ms = 500;           // rank -> coordinator liveness period
   int heartbeat_timeout_ms = 5000;  // silence after which the coordinator lists a rank missing
+  // When a site fails (a rank exits, goes silent, or its link breaks): "continue" opens a new
+  // membership epoch without it and the survivors roll back to their newest common snapshot;
+  // "stop" ends the job with an error naming it.
+  std::string on_site_failure = "continue";
+  int min_sites = 1;            // fewer live sites than this end the job
+  int recovery_timeout_s = 30;  // a survivor must report for the next epoch within this
 };
 
 // [transport]: UCX settings for the two collectives every rank holds.

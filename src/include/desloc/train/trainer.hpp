@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 
 #include "desloc/sync/averager.hpp"
@@ -50,8 +51,18 @@ struct RankContext {
   transport::Collective* wan_reverse = nullptr;  // the same sites, reversed ring (lane 2), or null
   std::function<void(std::int64_t)> on_step;     // after each step (heartbeats)
   // Where this rank writes metrics and checkpoints. The leader (site 0, rank 0) uses
-  // train.out_dir itself, and alone evaluates; the others use train.out_dir/ranks/<site>-<r>.
+  // train.out_dir itself; the others use train.out_dir/ranks/<site>-<r>.
   bool leader() const { return site == 0 && rank == 0; }
+  // This rank evaluates the mean model: rank 0 of the first live site (the leader while
+  // site 0 lives).
+  bool evaluates = false;
+  std::uint64_t epoch = 1;  // the membership epoch of the groups above
+  // Elastic recovery (job.on_site_failure = "continue"); empty otherwise. recovery_pending:
+  // the coordinator closed the epoch. recover: rebuilds the groups in the next epoch (the
+  // pointers above change) and returns the step to roll back to, one of `snapshots`.
+  std::function<bool()> recovery_pending;
+  std::function<std::int64_t(std::span<const std::int64_t> snapshots, const std::string& reason)>
+      recover;
 };
 
 // Runs training. Throws ConfigError/DataError with context (file, key, step) on bad input,

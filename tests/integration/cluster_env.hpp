@@ -1,0 +1,100 @@
+// Multi-process test helpers: a child process with its output in a log file, and a job run by
+// hand (`desloc coordinator` plus `desloc worker` processes), for fault injection.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "test_env.hpp"
+
+namespace desloc::test {
+
+// A child process with its output in a file.
+struct Process {
+  pid_t pid = -1;
+  fs::path log;
+  int status = -1;
+
+  static Process start(const std::vector<std::string>& args, const fs::path& log,
+                       const std::vector<std::pair<std::string, std::string>>& env = {}) {
+    Process p;
+    p.log = log;
+    p.pid = ::fork();
+    if (p.pid == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv;
+      std::vector<std::string> copy = args;
+      for (auto& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    return p;
+  }
+  // Exit status, or -1 if still running at the deadline (then it is killed).
+  int wait(std::chrono::milliseconds limit) {
+    using Clock = std::chrono::steady_clock;
+    const auto end = Clock::now() + limit;
+    while (Clock::now() < end) {
+      int st = 0;
+      if (::waitpid(pid, &st, WNOHANG) == pid) {
+        status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        return status;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  std::string output() const {
+    std::ifstream in(log);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+};
+
+// A job run by hand: the coordinator on an ephemeral port, and workers started one by one.
+struct Cluster {
+  fs::path dir;
+  Process coordinator;
+  int port = 0;
+
+  // Starts `desloc coordinator` on an ephemeral port and reads the port from its first line.
+  void start(const fs::path& cfg) {
+    using Clock = std::chrono::steady_clock;
+    coordinator = Process::start(
+        {DESLOC_CLI, "coordinator", "--config", cfg.string(), "--listen", "127.0.0.1:0"},
+        dir / "coordinator.log");
+    const auto end = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < end && port == 0) {
+      const std::string out = coordinator.output();
+      const auto at = out.find("listening on 127.0.0.1:");
+      if (at != std::string::npos) port = std::atoi(out.c_str() + at + 23);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_NE(port, 0) << coordinator.output();
+  }
+  Process worker(const fs::path& cfg, const std::string& site, int rank,
+                 const std::vector<std::pair<std::string, std::string>>& env = {}) {
+    return Process::start({DESLOC_CLI, "worker", "--config", cfg.string(), "--site", site, "--rank",
+                           std::to_string(rank), "--coordinator",
+                           "127.0.0.1:" + std::to_string(port), "--no-progress"},
+                          dir / (site + "-" + std::to_string(rank) + ".log"), env);
+  }
+};
+
+}  // namespace desloc::test
