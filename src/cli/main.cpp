@@ -226,6 +226,10 @@ int main(int argc, char** argv) {
   launch->add_option("--out-dir", lopts.out_dir, "override train.out_dir");
   bool launch_quiet = false;
   launch->add_flag("--quiet", launch_quiet, "no progress lines, only warnings and errors");
+  bool launch_resume = false;
+  launch->add_flag("--resume", launch_resume,
+                   "restart the job from the newest checkpoint every rank holds intact (corrupt "
+                   "or partial ones are skipped and named)");
 
   // desloc coordinator
   auto* coordinator = app.add_subcommand(
@@ -257,6 +261,9 @@ int main(int argc, char** argv) {
   worker->add_option("--threads", worker_overrides.threads, "override train.threads");
   worker->add_flag("--no-progress", worker_no_progress, "plain log lines instead of a bar");
   worker->add_flag("--quiet", wopts.train.quiet, "no progress lines, only warnings and errors");
+  worker->add_flag("--resume", wopts.train.resume,
+                   "continue from the newest checkpoint that every rank of the job holds intact "
+                   "(every rank must be given --resume)");
   std::string worker_profile;
   worker->add_option("--profile", worker_profile,
                      "measure the topology instead of training; site 0 writes this file");
@@ -358,6 +365,7 @@ int main(int argc, char** argv) {
       const auto cfg = load_with(launch_config, {lopts.out_dir, -1});
       lopts.config_path = launch_config;
       lopts.progress = !launch_quiet;
+      if (launch_resume) lopts.worker_args.push_back("--resume");
       return desloc::cluster::run_launch(cfg, lopts);
     }
     if (*profile) {

@@ -32,6 +32,7 @@
 #include "desloc/sync/sync_policy.hpp"
 #include "desloc/sync/synced_step.hpp"
 #include "desloc/train/checkpoint.hpp"
+#include "desloc/train/resume_agreement.hpp"
 #include "desloc/transport/ring_order.hpp"
 #include "train/metrics.hpp"
 #include "train/progress.hpp"
@@ -173,10 +174,6 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
           "{}: sync.join_step: elastic join runs in-process only (`desloc train`); a "
           "multi-process job changes membership through the coordinator (not built yet)",
           cfg.source));
-    if (opts.resume)
-      throw ConfigError(
-          "--resume: a multi-process job cannot resume yet (the ranks must first agree on a "
-          "common checkpoint step); rerun it, or resume the in-process run with `desloc train`");
   }
 
   const data::DatasetInfo dataset = data::load_dataset(cfg.data.dir);
@@ -231,7 +228,22 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
   const std::string ckpt_dir = checkpoint_dir(cfg, rank);
 
   if (opts.resume) {
-    auto found = find_latest_checkpoint(ckpt_dir);
+    std::optional<FoundCheckpoint> found;
+    if (networked) {
+      // A restarted job resumes where every rank can: the newest step all of them hold intact.
+      const auto choice =
+          agree_on_resume_step(scan_checkpoints(ckpt_dir), rank->site_group, rank->wan_group,
+                               {cfg.site_names(), rank->name, rank->leader()});
+      if (!choice.step)
+        throw DataError(fmt::format(
+            "--resume: the job's ranks share no intact checkpoint step ({}'s are in '{}'); run "
+            "without --resume to start fresh",
+            rank->name, ckpt_dir));
+      const std::string path = checkpoint_path(ckpt_dir, *choice.step);
+      found = FoundCheckpoint{path, load_checkpoint(path)};
+    } else {
+      found = find_latest_checkpoint(ckpt_dir);
+    }
     if (!found)
       throw DataError("--resume: no valid checkpoint in '" + ckpt_dir +
                       "'; run without --resume to start fresh");

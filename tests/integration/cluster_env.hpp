@@ -76,6 +76,8 @@ struct Cluster {
   // Starts `desloc coordinator` on an ephemeral port and reads the port from its first line.
   void start(const fs::path& cfg) {
     using Clock = std::chrono::steady_clock;
+    std::error_code ignored;
+    fs::remove(dir / "coordinator.log", ignored);  // a restart must not read the old port
     coordinator = Process::start(
         {DESLOC_CLI, "coordinator", "--config", cfg.string(), "--listen", "127.0.0.1:0"},
         dir / "coordinator.log");
@@ -89,11 +91,18 @@ struct Cluster {
     ASSERT_NE(port, 0) << coordinator.output();
   }
   Process worker(const fs::path& cfg, const std::string& site, int rank,
-                 const std::vector<std::pair<std::string, std::string>>& env = {}) {
-    return Process::start({DESLOC_CLI, "worker", "--config", cfg.string(), "--site", site, "--rank",
-                           std::to_string(rank), "--coordinator",
-                           "127.0.0.1:" + std::to_string(port), "--no-progress"},
-                          dir / (site + "-" + std::to_string(rank) + ".log"), env);
+                 const std::vector<std::pair<std::string, std::string>>& env = {},
+                 const std::vector<std::string>& extra_args = {}) {
+    std::vector<std::string> args{DESLOC_CLI,      "worker",
+                                  "--config",      cfg.string(),
+                                  "--site",        site,
+                                  "--rank",        std::to_string(rank),
+                                  "--coordinator", "127.0.0.1:" + std::to_string(port),
+                                  "--no-progress"};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    // A restarted rank appends to its log, so the first life's output stays readable.
+    const fs::path log = dir / (site + "-" + std::to_string(rank) + ".log");
+    return Process::start(args, extra_args.empty() ? log : fs::path(log.string() + ".2"), env);
   }
 };
 
