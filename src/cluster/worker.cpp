@@ -367,6 +367,9 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   ctx.name = ss.name;
   auto bind_groups = [&] {
     averager.emplace(*ss.wan_group, ss.site_group.get(), ss.wan_reverse.get());
+    sync::PayloadGuard guard;  // names the sites in its warnings (ring positions)
+    guard.site_names = ss.sites;
+    averager->set_payload_guard(guard);
     ctx.wan_successor =
         ss.S > 1 ? fmt::format("{}/{}", ss.sites[std::size_t((ss.site_index + 1) % ss.S)], ss.rank)
                  : std::string();

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <limits>
@@ -67,6 +68,49 @@ class StopSignals {
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
   return fmt::format("{:.7g}", v);
+}
+
+// A JSON string literal (quotes included) for free text such as a reason.
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// Fault injection for the fault suite: $DESLOC_INJECT_POISON = "SITE:STEP[:nan|huge]" corrupts
+// that site's parameters right before their first average at or after STEP, as a bug or a
+// hostile site would; the payload guard must leave it out of that average.
+struct Poison {
+  std::string site;
+  std::int64_t step = 0;
+  bool huge = false;  // x1000 instead of NaN
+};
+std::optional<Poison> poison_from_environment() {
+  const char* env = std::getenv("DESLOC_INJECT_POISON");
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  const std::string text(env);
+  const auto a = text.find(':');
+  const auto b = text.find(':', a == std::string::npos ? a : a + 1);
+  if (a == std::string::npos)
+    throw ConfigError("$DESLOC_INJECT_POISON = '" + text + "': expected SITE:STEP[:nan|huge]");
+  Poison p;
+  p.site = text.substr(0, a);
+  p.step = std::atoll(text.substr(a + 1, b == std::string::npos ? b : b - a - 1).c_str());
+  p.huge = b != std::string::npos && text.substr(b + 1) == "huge";
+  log::warn(
+      "fault injection: site {} sends a {} parameter payload at its first x average from "
+      "step {}",
+      p.site, p.huge ? "1000x" : "NaN", p.step);
+  return p;
 }
 
 std::string json_exact(float v) {
@@ -204,6 +248,13 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
   sync::VirtualAverager virtual_averager(cfg.sync.workers, sync::SumOrder::kRing, R, lanes);
   // A networked rank's averager changes when a recovery rebuilds the groups.
   sync::Averager* averager = networked ? rank->averager : &virtual_averager;
+  {
+    sync::PayloadGuard guard;
+    guard.site_names = cfg.site_names();
+    virtual_averager.set_payload_guard(guard);
+  }
+  const std::optional<Poison> poison = poison_from_environment();
+  bool poisoned = false;
   // The evaluation's parameter mean travels separately, so it never counts as training traffic.
   std::optional<sync::CollectiveAverager> eval_averager;
   if (networked) eval_averager.emplace(*rank->wan_group, rank->site_group, rank->wan_reverse);
@@ -570,6 +621,16 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
           site_stop = g_stop_signal != 0 ? 1.0f : 0.0f;
         }
         site_losses.at(i) = site_loss;
+        // Fault injection: after the gradient, before the averages of this step.
+        const int site_of_i = networked ? rank->site : static_cast<int>(i);
+        if (poison && !poisoned && t >= poison->step && policy.at(t).x &&
+            cfg.site_names().at(static_cast<std::size_t>(site_of_i)) == poison->site) {
+          if (poison->huge)
+            for (float& x : w.x) x *= 1000.0f;
+          else
+            w.x[0] = std::numeric_limits<float>::quiet_NaN();
+          poisoned = true;
+        }
         loss_sum += site_loss;
       };
       std::vector<sync::Replica> replicas = replicas_of(workers);
@@ -618,6 +679,12 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
           traffic.total_wire(), traffic.wire[0], traffic.wire[1], traffic.wire[2], traffic.wire[3],
           traffic.payload[0], traffic.payload[1], traffic.payload[2], traffic.payload[3], by_worker,
           loss_by_site, site_bytes));
+      for (const sync::Rejection& rj : averager->rejections())
+        metrics.write_line(fmt::format(
+            R"({{"type":"rejection","step":{},"state":"{}","site":{},"reason":{}}})", rj.step,
+            optim::to_string(rj.state), json_string(averager->payload_guard().site_name(rj.site)),
+            json_string(rj.reason)));
+      averager->clear_rejections();
       progress.step(step, loss, lr, tps);
 
       const bool last = step == total;

@@ -116,9 +116,11 @@ struct Job {
   std::vector<std::vector<Process>> ranks;  // [site][rank]
   std::vector<std::string> sites{"west", "east", "north"};
   int R = 1;
+  std::vector<std::pair<std::string, std::string>> env;  // for every rank
 
-  Job(const std::string& tag, int ranks_per_site, int lanes, const std::string& extra_job = "")
-      : cluster{fresh_dir(tag), {}, 0}, R(ranks_per_site) {
+  Job(const std::string& tag, int ranks_per_site, int lanes, const std::string& extra_job = "",
+      std::vector<std::pair<std::string, std::string>> rank_env = {})
+      : cluster{fresh_dir(tag), {}, 0}, R(ranks_per_site), env(std::move(rank_env)) {
     cfg = write_text(cluster.dir / "job.toml",
                      elastic_toml(cluster.dir / "out", R, lanes, extra_job));
     start({});
@@ -131,7 +133,7 @@ struct Job {
     for (const auto& s : sites) {
       ranks.emplace_back();
       for (int r = 0; r < R; ++r)
-        ranks.back().push_back(cluster.worker(cfg, s, r, {}, worker_args));
+        ranks.back().push_back(cluster.worker(cfg, s, r, env, worker_args));
     }
   }
   fs::path leader_metrics() const { return cluster.dir / "out" / "metrics.jsonl"; }
@@ -251,6 +253,42 @@ TEST(FaultSuite, BelowTheMinimumSiteCountTheJobEndsWithTheReason) {
   }
   report_row("kill -9 a site with job.min_sites = 3", 0.0, seconds(killed_at, Clock::now()), 0.0,
              0.0, "stopped with the designed error");
+}
+
+// A poisoned site (its x NaN, or 1000x too large, at one average): the payload guard leaves
+// it out of that average on every rank, names it in the metrics, and it heals by taking the
+// others' mean; the job finishes near the fault-free loss.
+void expect_poison_is_rejected(const std::string& tag, const std::string& kind, int R, int lanes) {
+  Job job(tag, R, lanes, "",
+          {{"DESLOC_INJECT_POISON", "east:" + std::to_string(kSteps / 3) + ":" + kind}});
+  const double val = expect_leader_finishes(job);
+  for (std::size_t s = 0; s < job.ranks.size(); ++s) {
+    for (int r = 0; r < R; ++r) {
+      if (s != 0 || r != 0) {
+        EXPECT_EQ(job.ranks[s][std::size_t(r)].wait(60s), 0);
+      }
+    }
+  }
+  std::ifstream in(job.leader_metrics());
+  std::string line, rejection;
+  while (std::getline(in, line))
+    if (line.find("\"type\":\"rejection\"") != std::string::npos) rejection += line + "\n";
+  EXPECT_NE(rejection.find("\"site\":\"east\""), std::string::npos) << rejection;
+  EXPECT_NE(rejection.find(kind == "huge" ? "median" : "non-finite"), std::string::npos)
+      << rejection;
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_NEAR(val, ref, kLossTolerance);
+  report_row(kind == "huge" ? "one site sends x scaled 1000x (payload guard)"
+                            : "one site sends a NaN in x (payload guard)",
+             0.0, 0.0, val - ref, 0.0, "east left out of that average and healed; finished");
+}
+
+TEST(FaultSuite, NonFinitePayloadFromOneSiteIsLeftOutAndTheJobFinishes) {
+  expect_poison_is_rejected("poison_nan", "nan", 1, 1);
+}
+
+TEST(FaultSuite, OutlierPayloadFromOneSiteIsLeftOutOnEveryShardAndLane) {
+  expect_poison_is_rejected("poison_huge", "huge", 2, 2);
 }
 
 TEST(FaultSuite, WholeJobRestartResumesFromTheNewestCheckpointEverySiteHoldsIntact) {
