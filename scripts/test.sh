@@ -7,3 +7,9 @@ cd "$(dirname "$0")/.."
 ./scripts/install_deps.sh
 ./scripts/build.sh
 ctest --test-dir build --output-on-failure -j "${DESLOC_TEST_JOBS:-2}" --timeout 900 "$@"
+# The fuzz targets (clang, ASan + UBSan): seeds and regressions replayed, then 20 s per target.
+if [[ "${CI:-}" == "true" || "${DESLOC_FUZZ:-0}" == "1" ]]; then
+  ./scripts/fuzz.sh
+else
+  echo "test: fuzzing skipped; run ./scripts/fuzz.sh (or DESLOC_FUZZ=1 ./scripts/test.sh)"
+fi

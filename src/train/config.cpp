@@ -62,7 +62,9 @@ class Binder {
         v = static_cast<double>(n->as_integer()->get());
       else
         type_error(key, *n, "a number");
-      if (!(v >= min && v <= max) || (min_exclusive && v == min)) {
+      // The bounds hold for the float that is stored: 1e-50 is > 0 but becomes 0.0f.
+      const double stored = static_cast<float>(v);
+      if (!(v >= min && v <= max) || (min_exclusive && (v == min || stored == min))) {
         throw ConfigError(fmt::format("{}: {}.{} = {} is out of range: must be {} {} and <= {}",
                                       where(file_, n->source()), section_, key, v,
                                       min_exclusive ? ">" : ">=", min, max));
@@ -220,7 +222,9 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
            "\"none\", \"ddp\", \"favg\" (FAVG+OPT), \"favg_reset\", \"local_adam\" or \"desloc\"",
            {"none", "ddp", "favg", "favg_reset", "local_adam", "desloc"});
   b.integer("workers", s.workers, "in-process virtual workers (sites) M", 1, 4096);
-  b.integer64("kx", s.kx, "parameter-average period Kx (the K of favg, favg_reset, local_adam)", 1);
+  // At most INT64_MAX / 6, so that the default Kv = 6 * kx cannot overflow.
+  b.integer64("kx", s.kx, "parameter-average period Kx (the K of favg, favg_reset, local_adam)", 1,
+              INT64_MAX / 6);
   b.comment_next();
   b.integer64("ku", s.ku, "desloc: first-moment period Ku (0 = 3 * kx)", 0);
   b.comment_next();
