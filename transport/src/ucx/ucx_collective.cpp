@@ -138,7 +138,22 @@ class UcxCollective final : public Collective {
   }
 
   ~UcxCollective() override {
-    if (right_) right_->close(/*force=*/!broken_.empty() || right_->error() != UCS_OK);
+    if (!stuck_ && right_ &&
+        !right_->close(/*force=*/!broken_.empty() || right_->error() != UCS_OK))
+      stuck_ = true;
+    if (stuck_) {
+      // UCX 1.13 asserts (or, without assertions, frees memory still in use) when a worker
+      // is destroyed with requests in flight, which a cut link leaves behind: the kernel
+      // still retries the sends. Keep the context, worker, endpoint and transfer records
+      // alive, never progressed again, until the process exits.
+      log::warn(
+          "rank {}: keeping a broken UCX group's resources until exit ({} requests, or "
+          "the endpoint close, still in flight after the abort)",
+          rank_, std::count_if(transfers_.begin(), transfers_.end(), [](const Transfer& t) {
+            return t.pending();
+          }));
+      (void)res_.release();  // intentionally leaked
+    }
   }
 
   int rank() const override { return rank_; }
@@ -575,7 +590,7 @@ class UcxCollective final : public Collective {
       if (t.pending() && t.is_recv && t.request != nullptr)
         ucp_request_cancel(worker_->get(), t.request);
     }
-    if (right_) right_->close(/*force=*/true, std::chrono::milliseconds(1000));
+    if (right_ && !right_->close(/*force=*/true, std::chrono::milliseconds(1000))) stuck_ = true;
     try {
       const bool drained = worker_->wait_until(
           [&] {
@@ -583,8 +598,10 @@ class UcxCollective final : public Collective {
                                 [](const Transfer& t) { return t.pending(); });
           },
           Clock::now() + std::chrono::milliseconds(1000));
-      if (!drained)
+      if (!drained) {
+        stuck_ = true;
         log::warn("rank {}: some UCX requests were still pending after aborting", rank_);
+      }
     } catch (const std::exception& e) {
       log::warn("rank {}: draining UCX requests after a failure: {}", rank_, e.what());
     }
@@ -600,12 +617,22 @@ class UcxCollective final : public Collective {
   ByteCounters counters_;
   std::string broken_;  // why the group became unusable; empty while healthy
   std::vector<float> scratch_;
-  // Declaration order is teardown order in reverse: endpoint, worker, context, then the
-  // transfer records UCX callbacks may still write to while the worker is destroyed.
-  std::deque<Transfer> transfers_;
-  std::optional<UcxContext> context_;
-  std::optional<UcxWorker> worker_;
-  std::optional<UcxEndpoint> right_;
+  // The UCX resources live on the heap so that a group whose abort left requests in flight
+  // can leak them instead of destroying them under UCX (see the destructor). Declaration order
+  // is teardown order in reverse: endpoint, worker, context, then the transfer records UCX
+  // callbacks may still write to while the worker is destroyed.
+  struct Resources {
+    std::deque<Transfer> transfers;
+    std::optional<UcxContext> context;
+    std::optional<UcxWorker> worker;
+    std::optional<UcxEndpoint> right;
+  };
+  std::unique_ptr<Resources> res_ = std::make_unique<Resources>();
+  std::deque<Transfer>& transfers_ = res_->transfers;
+  std::optional<UcxContext>& context_ = res_->context;
+  std::optional<UcxWorker>& worker_ = res_->worker;
+  std::optional<UcxEndpoint>& right_ = res_->right;
+  bool stuck_ = false;  // requests were still in flight after an abort
 };
 
 }  // namespace

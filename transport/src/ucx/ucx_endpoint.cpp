@@ -45,18 +45,18 @@ UcxEndpoint& UcxEndpoint::operator=(UcxEndpoint&& other) noexcept {
   return *this;
 }
 
-void UcxEndpoint::close(bool force, std::chrono::milliseconds grace) noexcept {
-  if (!state_ || !state_->ep) return;
+bool UcxEndpoint::close(bool force, std::chrono::milliseconds grace) noexcept {
+  if (!state_ || !state_->ep) return true;
   ucp_request_param_t params{};
   params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   params.flags = force && state_->peer_mode ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t request = ucp_ep_close_nbx(state_->ep, &params);
   state_->ep = nullptr;
-  if (request == nullptr) return;
+  if (request == nullptr) return true;
   if (UCS_PTR_IS_ERR(request)) {
     log::warn("closing the UCX endpoint to rank {} failed: {}", peer_rank_,
               status_text(UCS_PTR_STATUS(request)));
-    return;
+    return true;
   }
   try {
     const bool done =
@@ -66,11 +66,11 @@ void UcxEndpoint::close(bool force, std::chrono::milliseconds grace) noexcept {
       // Not freed: UCX still owns it and releases it with the worker.
       log::warn("closing the UCX endpoint to rank {} did not finish within {} ms", peer_rank_,
                 grace.count());
-      return;
+      return false;
     }
   } catch (const std::exception& e) {
     log::warn("closing the UCX endpoint to rank {}: {}", peer_rank_, e.what());
-    return;
+    return false;
   }
   const ucs_status_t status = ucp_request_check_status(request);
   ucp_request_free(request);
@@ -79,6 +79,7 @@ void UcxEndpoint::close(bool force, std::chrono::milliseconds grace) noexcept {
       status != UCS_ERR_ENDPOINT_TIMEOUT) {
     log::debug("closing the UCX endpoint to rank {}: {}", peer_rank_, status_text(status));
   }
+  return true;
 }
 
 }  // namespace desloc::transport::ucx

@@ -31,8 +31,10 @@ class UcxEndpoint {
 
   // Closes now. force = fail outstanding sends at once (after a timeout or peer failure);
   // otherwise flush them first, for at most `grace`. Without peer failure detection UCX cannot
-  // force, so it flushes for at most `grace`. Never throws; logs what went wrong.
-  void close(bool force,
+  // force, so it flushes for at most `grace`. Never throws; logs what went wrong. Returns false
+  // when the close is still in flight after `grace` (a cut link): the worker must then not be
+  // destroyed, UCX 1.13 asserts on it.
+  bool close(bool force,
              std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) noexcept;
 
  private:
