@@ -250,7 +250,8 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
   }
   ss.pairs.clear();
   ss.pairs.resize(static_cast<std::size_t>(S));
-  for (int k = 0; k < S; ++k) {
+  // Pair ports exist only for profiling (opened for the world at the time, never in a recovery).
+  for (int k = 0; k < S && std::size_t(k) < ports.pairs.size(); ++k) {
     if (!ports.pairs[std::size_t(k)]) continue;
     auto o = base;
     const int me = site_index < k ? 0 : 1;
@@ -304,6 +305,7 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   client_opts.config_hash = cfg.hash();
   client_opts.token = job_token(cfg);
   client_opts.heartbeat_interval = std::chrono::milliseconds(cfg.job.heartbeat_ms);
+  client_opts.tls = {cfg.job.tls, "", "", cfg.job.tls_ca, ""};
   ss.client = std::make_unique<transport::RankClient>(client_opts);
   log::info("{}: registering with the coordinator at {}:{}", name, host, port);
   ss.client->connect(host, port, deadline);
@@ -314,10 +316,23 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   // job.sites, which the coordinator's ring order equals (it is configured with them).
   std::vector<std::string> ring;
   for (std::uint32_t i : m.ring_order) ring.push_back(m.sites.at(i));
-  if (ring != sites)
+  // A running job that takes this site back has fewer sites, in the same order.
+  std::vector<std::string> kept;
+  for (const auto& s : sites)
+    if (std::find(ring.begin(), ring.end(), s) != ring.end()) kept.push_back(s);
+  const auto at = std::find(ring.begin(), ring.end(), opts.id.site);
+  if (kept != ring || at == ring.end() || (m.epoch == 1 && ring != sites))
     throw PeerFailure(fmt::format(
-        "{}: the coordinator's ring [{}] differs from job.sites [{}]; it runs another config", name,
+        "{}: the coordinator's ring [{}] does not fit job.sites [{}]; it runs another config", name,
         fmt::join(ring, ", "), fmt::join(sites, ", ")));
+  if (m.epoch > 1)
+    log::warn(
+        "{}: rejoining a running job at membership epoch {} with {} site(s) [{}]; the "
+        "state at step {} comes from a peer",
+        name, m.epoch, ring.size(), fmt::join(ring, ", "), m.resume_step);
+  ss.sites = ring;
+  ss.S = static_cast<int>(ring.size());
+  ss.site_index = static_cast<int>(at - ring.begin());
   connect_groups(cfg, ss, std::move(ports), m);
   return ss;
 }
@@ -380,6 +395,14 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
     // The first live site's rank 0 evaluates (site 0 unless it failed).
     ctx.evaluates = ss.site_index == 0 && ss.rank == 0;
     ctx.epoch = ss.membership.epoch;
+    ctx.joining_sites.clear();
+    ctx.joining = false;
+    for (const auto& site : ss.membership.joining) {
+      const auto at = std::find(ss.sites.begin(), ss.sites.end(), site);
+      ctx.joining_sites.push_back(static_cast<int>(at - ss.sites.begin()));
+      ctx.joining = ctx.joining || at - ss.sites.begin() == ss.site_index;
+    }
+    ctx.join_step = ss.membership.resume_step;
   };
   bind_groups();
   ctx.on_step = [&ss](std::int64_t step) { ss.client->set_step(static_cast<std::uint64_t>(step)); };

@@ -4,11 +4,13 @@
 #include <atomic>
 #include <cstdio>
 #include <mutex>
+#include <utility>
 
 namespace desloc::log {
 namespace {
 std::atomic<Level> g_level{Level::kInfo};
 std::mutex g_mutex;
+Sink g_sink;  // guarded by g_mutex
 constexpr const char* kTags[] = {"debug", "info", "warn", "error"};
 }  // namespace
 
@@ -19,6 +21,12 @@ void write(Level l, std::string_view message) {
   std::lock_guard lock(g_mutex);
   std::fprintf(stderr, "[desloc %s] %.*s\n", kTags[static_cast<int>(l)],
                static_cast<int>(message.size()), message.data());
+  if (g_sink) g_sink(l, message);
+}
+
+void set_sink(Sink sink) {
+  std::lock_guard lock(g_mutex);
+  g_sink = std::move(sink);
 }
 
 }  // namespace desloc::log

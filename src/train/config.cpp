@@ -263,6 +263,11 @@ void bind_job(Binder& b, JobSection& j) {
   b.integer("min_sites", j.min_sites, "fewer live sites than this end the job", 1, 4096);
   b.integer("recovery_timeout_s", j.recovery_timeout_s,
             "a survivor must report for the next membership epoch within this", 1, 86400);
+  b.boolean("tls", j.tls, "TLS on the control connections (coordinator <-> ranks)");
+  b.string("tls_cert", j.tls_cert, "coordinator's PEM certificate chain (with tls)");
+  b.string("tls_key", j.tls_key, "coordinator's PEM private key (with tls)");
+  b.string("tls_ca", j.tls_ca,
+           "PEM CA the ranks trust for the coordinator's certificate (\"\" = system CAs)");
 }
 void bind_transport(Binder& b, TransportSection& t) {
   b.string("tls", t.tls, "wide-area UCX_TLS (only tcp crosses network namespaces)");

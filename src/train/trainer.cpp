@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "desloc/core/error.hpp"
+#include "desloc/core/hash.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/data/loader.hpp"
 #include "desloc/model/model.hpp"
@@ -337,13 +338,22 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
     for (auto& w : workers) w.x = x0;  // every worker starts from the same point
     if (outer) outer->reset(x0);
   }
+  // A restarted site rejoining a running job starts at the epoch's resume step; its state
+  // arrives from a peer before its first step (transfer_state below).
+  const bool rejoining = networked && rank->joining && !opts.resume;
+  if (rejoining) {
+    result.start_step = rank->join_step;
+    log::info("{}: rejoining at step {}; waiting for the state from a peer", rank->name,
+              rank->join_step);
+  }
 
-  MetricsWriter metrics(metrics_path(cfg, rank), opts.resume, result.start_step);
+  // A rejoining site keeps the records of its first life (up to the step it rejoins at).
+  MetricsWriter metrics(metrics_path(cfg, rank), opts.resume || rejoining, result.start_step);
   const bool tty = opts.progress == 1 || (opts.progress == -1 && ::isatty(STDERR_FILENO));
   int sites = cfg.sync.workers;  // live sites: fewer after a site failed
   const std::string site_list = fmt::format("{}", fmt::join(cfg.site_names(), ","));
   ProgressReporter progress(result.start_step, total, tty, cfg.train.log_every, opts.quiet);
-  if (!opts.resume) {
+  if (!opts.resume && !rejoining) {
     metrics.write_line(fmt::format(
         R"({{"type":"run","name":"{}","method":"{}","workers":{},"kx":{},"ku":{},"kv":{},"outer":"{}",)"
         R"("parameters":{},"batch":{},"seq_len":{},"steps":{},"config_hash":"{:016x}",)"
@@ -484,6 +494,7 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
     std::uint64_t wire = 0;  // WAN bytes sent before this step
   };
   std::deque<Snapshot> snapshots;
+  bool pending_transfer = rejoining;  // sites join in this epoch: send or take the state
   const bool elastic = networked && static_cast<bool>(rank->recover);
   auto talks_across_sites = [&](std::int64_t t) {
     const bool eval_due = (cfg.train.eval_every > 0 && t % cfg.train.eval_every == 0) || t == total;
@@ -528,6 +539,13 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
     const std::int64_t resume = rank->recover(offer, what);
     averager = rank->averager;
     eval_averager.emplace(*rank->wan_group, rank->site_group, rank->wan_reverse);
+    pending_transfer = !rank->joining_sites.empty();
+    if (rank->joining) {  // this rank offered no usable snapshot: a peer sends the state
+      step = resume;
+      sites = rank->wan_group->size();
+      metrics.rewind(resume);
+      return;
+    }
     const auto it = std::find_if(snapshots.begin(), snapshots.end(),
                                  [&](const Snapshot& sn) { return sn.step == resume; });
     if (it == snapshots.end())
@@ -562,6 +580,110 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
         rank->name, rank->epoch, sites, resume, failed_at - 1 - resume, resent, took));
   };
 
+  // Brings the sites that join in this epoch up to date. For each joining site (in ring order)
+  // its nearest ring predecessor that is not joining is the donor (the ring is the planner's
+  // choice from measured bandwidth, so that link is a measured one): WAN ring r carries block
+  // r of x, u and v behind a header (step, optimizer step, CRC32C of each block), and the
+  // receiver checks every block before using it. The joining site's ranks then all-gather
+  // their blocks. Everyone else passes scratch buffers.
+  auto transfer_state = [&] {
+    transport::Collective& wan = *rank->wan_group;
+    const int S = wan.size(), me = wan.rank();
+    const auto& joining = rank->joining_sites;
+    auto is_joining = [&](int site) {
+      return std::find(joining.begin(), joining.end(), site) != joining.end();
+    };
+    Worker& w = workers[0];
+    const std::size_t n = layout.total();
+    const int ranks = rank->site_group != nullptr ? rank->site_group->size() : 1;
+    const int r = rank->site_group != nullptr ? rank->site_group->rank() : 0;
+    const transport::Range mine = transport::block(n, ranks, r);
+    std::array<std::vector<float>*, 3> states{&w.x, &w.opt.state().u, &w.opt.state().v};
+    std::vector<float> scratch(mine.count);
+    const auto t0 = clock::now();
+    std::uint64_t moved = 0;
+    for (const int j : joining) {
+      int donor = j;
+      do donor = (donor - 1 + S) % S;
+      while (is_joining(donor) && donor != j);
+      if (donor == j)
+        throw PeerFailure(
+            fmt::format("{}: every site of epoch {} is joining; none can donate "
+                        "the state",
+                        rank->name, rank->epoch));
+      const bool giving = me == donor, receiving = me == j;
+      auto crc_of = [&](std::span<const float> v) {
+        return crc32c({reinterpret_cast<const std::uint8_t*>(v.data()), v.size_bytes()});
+      };
+      std::array<std::int64_t, 5> head{step, w.opt.state().t, 0, 0, 0};
+      for (int k = 0; k < 3; ++k)
+        if (giving)
+          head[std::size_t(2 + k)] = crc_of(
+              std::span<const float>(*states[std::size_t(k)]).subspan(mine.offset, mine.count));
+      wan.set_label({step, 255, static_cast<std::uint32_t>(r)});
+      wan.broadcast(std::as_writable_bytes(std::span(head)), donor);
+      for (int k = 0; k < 3; ++k) {
+        std::span<float> buf =
+            giving || receiving
+                ? std::span<float>(*states[std::size_t(k)]).subspan(mine.offset, mine.count)
+                : std::span<float>(scratch);
+        wan.set_label({step, static_cast<std::uint8_t>(k + 1), static_cast<std::uint32_t>(r)});
+        wan.broadcast(buf, donor);
+        moved += buf.size_bytes();
+        if (receiving && crc_of(buf) != static_cast<std::uint32_t>(head[std::size_t(2 + k)]))
+          throw PeerFailure(fmt::format(
+              "{}: the state transfer from {} failed its CRC32C check (block {} of '{}'); the "
+              "job retries in a new epoch",
+              rank->name, donor, r,
+              k == 0   ? "x"
+              : k == 1 ? "u"
+                       : "v"));
+      }
+      if (receiving) {
+        if (head[0] != step)
+          throw PeerFailure(fmt::format("{}: the donor sent the state of step {}, expected {}",
+                                        rank->name, head[0], step));
+        w.opt.state().t = head[1];
+      }
+      if (outer) {  // the outer optimizer's state is the same on every site: send it whole
+        for (std::vector<float>* v : {&outer->reference(), &outer->momentum()}) {
+          std::vector<float> tmp = giving || receiving ? *v : std::vector<float>(v->size());
+          wan.broadcast(std::span<float>(tmp), donor);
+          if (receiving) *v = std::move(tmp);
+        }
+      }
+    }
+    if (rank->joining) {
+      if (rank->site_group != nullptr) {  // the site's ranks share their blocks
+        const std::size_t blk = transport::block(n, ranks, 0).count;
+        std::vector<float> gathered(blk * static_cast<std::size_t>(ranks));
+        for (std::vector<float>* v : states) {
+          std::copy_n(v->begin() + static_cast<std::ptrdiff_t>(mine.offset), mine.count,
+                      gathered.begin() + static_cast<std::ptrdiff_t>(r * blk));
+          rank->site_group->all_gather(std::span<const float>(gathered).subspan(r * blk, blk),
+                                       gathered);
+          for (int q = 0; q < ranks; ++q) {
+            const transport::Range b = transport::block(n, ranks, q);
+            std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(q * blk), b.count,
+                        v->begin() + static_cast<std::ptrdiff_t>(b.offset));
+          }
+        }
+      }
+      // Its own data partition, at the position of a site that never left.
+      for (auto& l : w.loaders) l.skip(static_cast<std::uint64_t>(step));
+      tokens_seen = static_cast<std::uint64_t>(step) * tokens_per_step;
+      const double took = std::chrono::duration<double>(clock::now() - t0).count();
+      metrics.write_line(fmt::format(
+          R"({{"type":"rejoin","step":{},"epoch":{},"sites":{},"state_bytes":{},"transfer_s":{}}})",
+          step, rank->epoch, S, moved, json_number(took)));
+      progress.message(fmt::format(
+          "{}: rejoined at step {} (epoch {}, {} sites): {} bytes of state in {:.2f} s, CRC32C "
+          "checked",
+          rank->name, step, rank->epoch, S, moved, took));
+      rank->joining = false;
+    }
+    rank->joining_sites.clear();
+  };
   while (step < total) {
     if (opts.stop_after >= 0 && step >= opts.stop_after) break;
     if ((!networked && g_stop_signal != 0) || stop_agreed) {
@@ -573,8 +695,15 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
       break;
     }
     const std::int64_t t = step + 1;  // the 1-based number of the step being taken
-    if (elastic && talks_across_sites(t)) take_snapshot();
+    // A rejoining rank has nothing worth a snapshot until its state arrived.
+    if (elastic && talks_across_sites(t) && !(pending_transfer && rank->joining)) take_snapshot();
     try {
+      if (pending_transfer) {
+        const bool was_joining = rank->joining;
+        transfer_state();
+        pending_transfer = false;
+        if (was_joining && elastic && talks_across_sites(t)) take_snapshot();
+      }
       if (elastic && rank->recovery_pending())
         throw PeerFailure(
             fmt::format("{}: the coordinator closed membership epoch {}", rank->name, rank->epoch));

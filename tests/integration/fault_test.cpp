@@ -255,6 +255,39 @@ TEST(FaultSuite, BelowTheMinimumSiteCountTheJobEndsWithTheReason) {
              0.0, "stopped with the designed error");
 }
 
+TEST(FaultSuite, KilledSiteRestartsRejoinsFromAPeerAndTheJobFinishesOnAllSites) {
+  Job job("rejoin", 1, 1);
+  ASSERT_TRUE(job.reach(kSteps / 4)) << job.ranks[0][0].output();
+  const auto killed_at = Clock::now();
+  ::kill(job.ranks[1][0].pid, SIGKILL);
+  job.ranks[1][0].wait(5s);
+  const auto heard = wait_for_text(job.ranks[0][0], "closed membership epoch 1", 10s);
+  ASSERT_TRUE(heard.has_value()) << job.ranks[0][0].output();
+  ASSERT_TRUE(wait_for_text(job.ranks[0][0], "rolled back to step", 30s).has_value());
+  // East comes back (a fresh process, no state): it rejoins at the next epoch.
+  const auto restarted_at = Clock::now();
+  job.ranks[1][0] = job.cluster.worker(job.cfg, "east", 0, {}, {"--threads", "1"});
+  const auto rejoined = wait_for_text(job.ranks[1][0], "rejoined at step", 60s);
+  ASSERT_TRUE(rejoined.has_value()) << job.ranks[1][0].output() << job.cluster.coordinator.output();
+  const double val = expect_leader_finishes(job);
+  for (auto* p : {&job.ranks[1][0], &job.ranks[2][0]}) EXPECT_EQ(p->wait(60s), 0) << p->output();
+  EXPECT_NE(job.cluster.coordinator.output().find("opening membership epoch 3 with 3 site(s) "
+                                                  "[west, east, north]"),
+            std::string::npos)
+      << job.cluster.coordinator.output();
+  // East's metrics keep its first life and go on from the step it rejoined at.
+  const fs::path east = job.cluster.dir / "out" / "ranks" / "east-0" / "metrics.jsonl";
+  EXPECT_EQ(leader_step(east), kSteps);
+  const auto state_bytes = last_field(east, "rejoin", "state_bytes");
+  ASSERT_TRUE(state_bytes.has_value());
+  EXPECT_EQ(*state_bytes, 3.0 * 4.0 * last_field(east, "run", "parameters").value_or(0));
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_NEAR(val, ref, kLossTolerance);
+  report_row("kill -9 a site, restart it: rejoins from its ring predecessor",
+             seconds(killed_at, *heard), seconds(restarted_at, *rejoined), val - ref, *state_bytes,
+             "dropped east, east rejoined at epoch 3, finished on 3 sites");
+}
+
 // A poisoned site (its x NaN, or 1000x too large, at one average): the payload guard leaves
 // it out of that average on every rank, names it in the metrics, and it heals by taking the
 // others' mean; the job finishes near the fault-free loss.

@@ -1,13 +1,16 @@
 // Control plane over real TCP on 127.0.0.1: ranks are threads with their own RankClient.
-// Covers rendezvous, every refusal, hostile frames, heartbeat loss and membership timeouts.
+// Covers rendezvous, every refusal, hostile frames (replayed, truncated, oversized), TLS,
+// heartbeat loss and membership timeouts.
 #include "desloc/transport/control_plane.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +20,7 @@
 #include <thread>
 
 #include "desloc/core/error.hpp"
+#include "desloc/core/log.hpp"
 
 namespace desloc::transport {
 namespace {
@@ -50,6 +54,50 @@ class Watchdog {
   std::condition_variable cv_;
   bool done_ = false;
   std::thread thread_;
+};
+
+// Records what the process logs, so a test can check that a refusal was logged with its reason.
+// The coordinator logs on its own thread, so lookups wait (bounded) for the line.
+class LogRecorder {
+ public:
+  LogRecorder() {
+    log::set_sink([this](log::Level, std::string_view line) {
+      std::lock_guard lock(mu_);
+      lines_.emplace_back(line);
+      cv_.notify_all();
+    });
+  }
+  ~LogRecorder() { log::set_sink(nullptr); }
+  LogRecorder(const LogRecorder&) = delete;
+  LogRecorder& operator=(const LogRecorder&) = delete;
+
+  // The first line holding every fragment, or "" if none arrived within `limit`.
+  std::string wait_for(const std::vector<std::string>& fragments,
+                       std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+    std::unique_lock lock(mu_);
+    std::string found;
+    cv_.wait_for(lock, limit, [&] {
+      for (const auto& line : lines_) {
+        bool all = true;
+        for (const auto& f : fragments) all = all && line.find(f) != std::string::npos;
+        if (all) found = line;
+        if (all) return true;
+      }
+      return false;
+    });
+    return found;
+  }
+  std::string all() {
+    std::lock_guard lock(mu_);
+    std::string out = "logged:\n";
+    for (const auto& line : lines_) out += "  " + line + "\n";
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> lines_;
 };
 
 constexpr std::uint64_t kHash = 0xfeedfacecafebeefull;
@@ -204,6 +252,32 @@ int raw_connect(std::uint16_t port) {
   return fd;
 }
 
+// "127.0.0.1:PORT" of our end, as the coordinator names this connection in its log.
+std::string local_name(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  return "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+}
+
+bool send_all(int fd, const std::uint8_t* data, std::size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::send(fd, data, n, MSG_NOSIGNAL);
+    if (k <= 0) return false;
+    data += k;
+    n -= static_cast<std::size_t>(k);
+  }
+  return true;
+}
+
+std::vector<Frame> frames_of(const std::vector<std::uint8_t>& bytes) {
+  FrameDecoder dec("recorded stream");
+  dec.feed(bytes);
+  std::vector<Frame> frames;
+  while (auto f = dec.next()) frames.push_back(std::move(*f));
+  return frames;
+}
+
 // Reads until EOF and returns the frames the coordinator sent; `eof` says it closed on us.
 std::vector<Frame> read_until_eof(int fd, bool& eof) {
   FrameDecoder dec("coordinator");
@@ -234,7 +308,136 @@ void expect_dropped_with(int fd, RejectCode code, const std::string& needle) {
   EXPECT_NE(r.reason.find(needle), std::string::npos) << r.reason;
 }
 
+// Relays one rank's connection to the coordinator and records both directions, as an
+// eavesdropper on the path would see them.
+class RecordingRelay {
+ public:
+  explicit RecordingRelay(std::uint16_t upstream) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::listen(listen_fd_, 1) != 0 ||
+        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      throw std::runtime_error("relay: cannot listen on 127.0.0.1");
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this, upstream] { run(upstream); });
+  }
+  ~RecordingRelay() {
+    stop_ = true;
+    thread_.join();
+    ::close(listen_fd_);
+  }
+  RecordingRelay(const RecordingRelay&) = delete;
+  RecordingRelay& operator=(const RecordingRelay&) = delete;
+
+  std::uint16_t port() const { return port_; }
+  std::vector<std::uint8_t> from_rank() {
+    std::lock_guard lock(mu_);
+    return recorded_[0];
+  }
+  std::vector<std::uint8_t> from_coordinator() {
+    std::lock_guard lock(mu_);
+    return recorded_[1];
+  }
+
+ private:
+  void run(std::uint16_t upstream) {
+    int fds[2] = {-1, -1};  // rank side, coordinator side
+    while (!stop_ && fds[0] < 0) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 20) > 0) fds[0] = ::accept(listen_fd_, nullptr, nullptr);
+    }
+    if (fds[0] >= 0) fds[1] = raw_connect(upstream);
+    std::uint8_t buf[4096];
+    bool open = fds[0] >= 0 && fds[1] >= 0;
+    while (open && !stop_) {
+      pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
+      if (::poll(p, 2, 20) <= 0) continue;
+      for (int i = 0; i < 2 && open; ++i) {
+        if ((p[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+        const ssize_t n = ::recv(fds[i], buf, sizeof(buf), 0);
+        if (n <= 0) {
+          open = false;
+          break;
+        }
+        {
+          std::lock_guard lock(mu_);
+          recorded_[i].insert(recorded_[i].end(), buf, buf + n);
+        }
+        open = send_all(fds[1 - i], buf, static_cast<std::size_t>(n));
+      }
+    }
+    for (int fd : fds)
+      if (fd >= 0) ::close(fd);
+  }
+
+  int listen_fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::vector<std::uint8_t> recorded_[2];  // [0] rank -> coordinator, [1] the reverse
+  std::thread thread_;
+};
+
+TEST_F(ControlPlane, ReplayedAuthResponseIsRefusedAndRealRanksComplete) {
+  LogRecorder logs;
+  Coordinator coord(coord_options(1, 2));
+  const auto port = coord.start(0);
+  RecordingRelay relay(port);
+  RankClient real(rank_options("east", 0));
+  real.connect("127.0.0.1", relay.port(), in(5s));  // registered, through the relay
+
+  // What the eavesdropper saw: the challenge and the rank's valid answer to it.
+  const auto to_rank = frames_of(relay.from_coordinator());
+  const auto rank_bytes = relay.from_rank();
+  const auto from_rank = frames_of(rank_bytes);
+  ASSERT_GE(to_rank.size(), 1u);
+  ASSERT_EQ(to_rank[0].type, MessageType::kChallenge);
+  ASSERT_GE(from_rank.size(), 2u);
+  ASSERT_EQ(from_rank[0].type, MessageType::kAuthResponse);
+  const auto seen_nonce = decode<Challenge>(to_rank[0]).nonce;
+  ASSERT_TRUE(JobToken::from_string("job-secret")
+                  .verify(seen_nonce, decode<AuthResponse>(from_rank[0]).mac))
+      << "the recorded AuthResponse should be a valid answer on its own connection";
+
+  // Replay it byte for byte on a new connection, then ask for east/1's slot.
+  const int fd = raw_connect(port);
+  ASSERT_GE(fd, 0);
+  const std::string who = local_name(fd);
+  std::vector<std::uint8_t> replay(
+      rank_bytes.begin(),
+      rank_bytes.begin() +
+          static_cast<std::ptrdiff_t>(kFrameHeaderBytes + from_rank[0].payload.size()));
+  const auto hello = encode(Hello{kProtocolVersion, "east", 1, {'x'}, kHash});
+  replay.insert(replay.end(), hello.begin(), hello.end());
+  ASSERT_TRUE(send_all(fd, replay.data(), replay.size()));
+  bool eof = false;
+  const auto frames = read_until_eof(fd, eof);
+  ::close(fd);
+  EXPECT_TRUE(eof) << "the coordinator did not close the replaying connection";
+  ASSERT_EQ(frames.size(), 2u) << "expected Challenge + Reject";
+  ASSERT_EQ(frames[0].type, MessageType::kChallenge);
+  EXPECT_NE(decode<Challenge>(frames[0]).nonce, seen_nonce) << "a nonce was reused";
+  const auto reject = decode<Reject>(frames[1]);
+  EXPECT_EQ(reject.code, RejectCode::kAuth);
+  EXPECT_NE(reject.reason.find("wrong job token"), std::string::npos) << reject.reason;
+  EXPECT_NE(logs.wait_for({"refusing connection " + who, "(auth)", "wrong job token"}), "")
+      << logs.all();
+
+  // The real ranks are unaffected: east/1 takes its slot and both get the membership.
+  RankClient second(rank_options("east", 1));
+  second.connect("127.0.0.1", port, in(5s));
+  const auto m = second.wait_membership(in(5s));
+  EXPECT_EQ(real.wait_membership(in(5s)), m);
+  ASSERT_EQ(m.members.size(), 2u);
+  EXPECT_EQ(m.members[1], (MemberEntry{"east", 1, {'e', 1}}));
+}
+
 TEST_F(ControlPlane, HostileFramesCloseOnlyThatConnection) {
+  LogRecorder logs;
   Coordinator coord(coord_options(1, 2));
   const auto port = coord.start(0);
 
@@ -247,18 +450,28 @@ TEST_F(ControlPlane, HostileFramesCloseOnlyThatConnection) {
 
   const int oversized = raw_connect(port);
   ASSERT_GE(oversized, 0);
+  const std::string oversized_name = local_name(oversized);
   auto header = encode(AuthResponse{});
   header.resize(kFrameHeaderBytes);
   header[8] = 0, header[9] = 0, header[10] = 0, header[11] = 0x40;  // 1 GiB claimed
   ASSERT_GT(::send(oversized, header.data(), header.size(), 0), 0);
   expect_dropped_with(oversized, RejectCode::kProtocol, "exceeds the limit");
   ::close(oversized);
+  EXPECT_NE(logs.wait_for({"refusing connection " + oversized_name, "(protocol)",
+                           "payload length 1073741824 bytes exceeds the limit"}),
+            "")
+      << logs.all();
 
   const int truncated = raw_connect(port);  // half a frame, then gone
   ASSERT_GE(truncated, 0);
+  const std::string truncated_name = local_name(truncated);
   const auto frame = encode(AuthResponse{std::vector<std::uint8_t>(32, 1)});
   ASSERT_GT(::send(truncated, frame.data(), frame.size() / 2, 0), 0);
   ::close(truncated);
+  EXPECT_NE(logs.wait_for({"connection " + truncated_name, "closed before registering",
+                           "mid-frame (" + std::to_string(frame.size() / 2) + " bytes"}),
+            "")
+      << logs.all();
 
   // The coordinator still serves real ranks.
   const auto ms = run_ranks(port, {rank_options("east", 0), rank_options("east", 1)});
@@ -276,6 +489,33 @@ TEST_F(ControlPlane, StalledHandshakeIsDroppedAtItsDeadline) {
   expect_dropped_with(fd, RejectCode::kHandshakeTimeout, "200 ms");
   EXPECT_LT(Clock::now() - t0, 6s);
   ::close(fd);
+}
+
+TEST_F(ControlPlane, TruncatedFrameThenStallIsDroppedAtTheHandshakeDeadline) {
+  LogRecorder logs;
+  auto o = coord_options(1, 1);
+  o.handshake_timeout = 300ms;
+  Coordinator coord(o);
+  const auto port = coord.start(0);
+  const int fd = raw_connect(port);
+  ASSERT_GE(fd, 0);
+  const std::string who = local_name(fd);
+  const auto frame = encode(AuthResponse{std::vector<std::uint8_t>(32, 1)});
+  const std::size_t half = frame.size() / 2;
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(send_all(fd, frame.data(), half));  // ... and then nothing more
+  expect_dropped_with(fd, RejectCode::kHandshakeTimeout,
+                      "stalled mid-frame, " + std::to_string(half) + " bytes");
+  const auto waited = Clock::now() - t0;
+  EXPECT_GE(waited, 250ms);  // not before the deadline...
+  EXPECT_LT(waited, 6s);     // ...and soon after it
+  ::close(fd);
+  EXPECT_NE(logs.wait_for({"refusing connection " + who, "(handshake-timeout)", "300 ms",
+                           "stalled mid-frame"}),
+            "")
+      << logs.all();
+  const auto ms = run_ranks(port, {rank_options("east", 0)});
+  EXPECT_EQ(ms[0].members.size(), 1u);
 }
 
 TEST_F(ControlPlane, SilentRankIsListedMissingWithinTheTimeout) {
@@ -349,6 +589,179 @@ TEST_F(ControlPlane, UnreachableCoordinatorTimesOut) {
     EXPECT_NE(e.message().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
         << e.message();
   }
+}
+
+// --- TLS
+
+// A throwaway PKI made with the openssl CLI: a CA that signed the coordinator's certificate
+// (valid for 127.0.0.1 and localhost) and an unrelated CA. Removed at exit.
+class TestPki {
+ public:
+  TestPki() {
+    if (std::system("openssl version >/dev/null 2>&1") != 0) {
+      error_ = "the openssl CLI is not installed (apt-get install openssl)";
+      return;
+    }
+    dir_ = std::filesystem::temp_directory_path() / ("desloc_pki_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    std::ofstream(dir_ / "server.ext") << "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                                          "basicConstraints=CA:FALSE\n"
+                                          "extendedKeyUsage=serverAuth\n";
+    const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+    for (const std::string& cmd : {
+             "openssl req -x509 " + key +
+                 " -days 2 -subj /CN=desloc-test-ca -keyout ca.key -out ca.pem",
+             "openssl req -x509 " + key +
+                 " -days 2 -subj /CN=desloc-other-ca -keyout other.key -out other.pem",
+             "openssl req " + key +
+                 " -subj /CN=desloc-test-coordinator -keyout server.key -out server.csr",
+             std::string("openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key "
+                         "-CAcreateserial -days 2 -extfile server.ext -out server.pem"),
+         }) {
+      const std::string line = "cd '" + dir_.string() + "' && " + cmd + " >>openssl.log 2>&1";
+      if (std::system(line.c_str()) != 0) {
+        error_ = "`" + cmd + "` failed; see " + (dir_ / "openssl.log").string();
+        return;
+      }
+    }
+  }
+  ~TestPki() {
+    std::error_code ignored;
+    if (!dir_.empty() && error_.empty()) std::filesystem::remove_all(dir_, ignored);
+  }
+  const std::string& error() const { return error_; }
+  std::string file(const char* name) const { return (dir_ / name).string(); }
+
+ private:
+  std::filesystem::path dir_;
+  std::string error_;  // why the PKI could not be made; empty when it was
+};
+
+const TestPki& test_pki() {
+  static const TestPki pki;
+  return pki;
+}
+
+class ControlPlaneTls : public ControlPlane {
+ protected:
+  void SetUp() override {
+    const auto& err = test_pki().error();
+    if (err.empty()) return;
+    const char* ci = std::getenv("CI");
+    if (ci != nullptr && std::string(ci) == "true") FAIL() << "TLS tests cannot run: " << err;
+    GTEST_SKIP() << "TLS tests skipped: " << err << " (under CI=true this is a failure)";
+  }
+  static CoordinatorOptions tls_coord(std::size_t sites, std::size_t ranks) {
+    auto o = coord_options(sites, ranks);
+    o.tls = {true, test_pki().file("server.pem"), test_pki().file("server.key"), "", ""};
+    return o;
+  }
+  static RankClientOptions tls_rank(const std::string& site, std::uint32_t rank,
+                                    const char* ca = "ca.pem") {
+    auto o = rank_options(site, rank);
+    o.tls = {true, "", "", test_pki().file(ca), ""};
+    return o;
+  }
+  // connect()'s error, expected to be an E; "" (and a test failure) if it was not refused so.
+  template <class E>
+  static std::string refusal(std::uint16_t port, const RankClientOptions& o) {
+    RankClient c(o);
+    try {
+      c.connect("127.0.0.1", port, in(5s));
+      ADD_FAILURE() << "connect succeeded; expected a refusal";
+    } catch (const E& e) {
+      return e.message();
+    } catch (const Error& e) {
+      ADD_FAILURE() << "refused with the wrong error type: " << e.message();
+    }
+    return "";
+  }
+};
+
+TEST_F(ControlPlaneTls, RendezvousWorksEndToEnd) {
+  LogRecorder logs;
+  Coordinator coord(tls_coord(2, 1));
+  const auto port = coord.start(0);
+  EXPECT_NE(logs.wait_for({"listening on", "(TLS)"}), "") << logs.all();
+  const auto ms = run_ranks(port, {tls_rank("east", 0), tls_rank("west", 0)});
+  EXPECT_EQ(ms[0], ms[1]);
+  EXPECT_EQ(ms[0].members.size(), 2u);
+  EXPECT_EQ(coord.registered(), 2u);
+}
+
+TEST_F(ControlPlaneTls, ClientTrustingAnotherCaIsRefused) {
+  LogRecorder logs;
+  Coordinator coord(tls_coord(1, 1));
+  const auto port = coord.start(0);
+  const auto msg = refusal<ConfigError>(port, tls_rank("east", 0, "other.pem"));
+  EXPECT_NE(msg.find("TLS handshake with the coordinator 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("certificate verify failed"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unable to get local issuer certificate"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tls_ca"), std::string::npos) << msg;
+  EXPECT_NE(logs.wait_for({"refusing connection", "(tls)", "TLS handshake failed"}), "")
+      << logs.all();
+  // A rank that trusts the right CA still gets in.
+  EXPECT_EQ(run_ranks(port, {tls_rank("east", 0)})[0].members.size(), 1u);
+}
+
+TEST_F(ControlPlaneTls, CertificateForAnotherNameIsRefused) {
+  Coordinator coord(tls_coord(1, 1));
+  const auto port = coord.start(0);
+  auto o = tls_rank("east", 0);
+  o.tls.server_name = "coordinator.example";
+  const auto msg = refusal<ConfigError>(port, o);
+  EXPECT_NE(msg.find("does not name 'coordinator.example'"), std::string::npos) << msg;
+  o.tls.server_name = "localhost";  // on the certificate, though we dial 127.0.0.1
+  EXPECT_EQ(run_ranks(port, {o})[0].members.size(), 1u);
+}
+
+TEST_F(ControlPlaneTls, PlaintextClientIsRefusedAndTheCoordinatorKeepsServing) {
+  LogRecorder logs;
+  auto co = tls_coord(1, 1);
+  co.handshake_timeout = 500ms;
+  Coordinator coord(co);
+  const auto port = coord.start(0);
+  const auto t0 = Clock::now();
+  const auto msg = refusal<ConfigError>(port, rank_options("east", 0));
+  EXPECT_LT(Clock::now() - t0, 4s);  // bounded by the handshake timeout, not the rank's deadline
+  EXPECT_NE(msg.find("no TLS handshake within 500 ms"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("requires TLS"), std::string::npos) << msg;
+  EXPECT_NE(logs.wait_for({"refusing connection", "(tls)", "no TLS handshake within 500 ms"}), "")
+      << logs.all();
+  EXPECT_EQ(coord.registered(), 0u);
+  EXPECT_EQ(run_ranks(port, {tls_rank("east", 0)})[0].members.size(), 1u);
+}
+
+TEST_F(ControlPlaneTls, TlsClientAgainstPlaintextCoordinatorFails) {
+  Coordinator coord(coord_options(1, 1));
+  const auto port = coord.start(0);
+  const auto msg = refusal<PeerFailure>(port, tls_rank("east", 0));
+  EXPECT_NE(msg.find("TLS handshake with the coordinator 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("tls = true"), std::string::npos) << msg;
+}
+
+TEST_F(ControlPlaneTls, MissingOrMismatchedFilesAreConfigErrors) {
+  auto expect_config_error = [](auto make, const std::string& needle) {
+    try {
+      make();
+      ADD_FAILURE() << "no ConfigError; expected one containing '" << needle << "'";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
+    }
+  };
+  auto co = tls_coord(1, 1);
+  co.tls.cert_file.clear();
+  expect_config_error([&] { Coordinator c(co); }, "tls_cert");
+  co = tls_coord(1, 1);
+  co.tls.key_file = test_pki().file("absent.key");
+  expect_config_error([&] { Coordinator c(co); }, "absent.key");
+  co.tls.key_file = test_pki().file("other.key");
+  expect_config_error([&] { Coordinator c(co); }, "must be the private key of the certificate");
+  expect_config_error([] { RankClient c(tls_rank("east", 0, "absent.pem")); }, "absent.pem");
 }
 
 TEST(JobTokenTest, FromFileStripsNewlineAndRejectsMissingOrEmpty) {

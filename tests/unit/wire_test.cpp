@@ -53,6 +53,7 @@ TEST(Wire, EveryMessageRoundTrips) {
   auto recovered = sample_membership();
   recovered.resume_step = 96;
   recovered.note = "site west lost (disconnected)";
+  recovered.joining = {recovered.sites.at(0)};
   EXPECT_EQ(round_trip(recovered), recovered);
   const Recovery rec{2, "site west lost"};
   EXPECT_EQ(round_trip(rec), rec);

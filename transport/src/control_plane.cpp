@@ -22,6 +22,8 @@
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
 
+#include "control_stream.hpp"
+
 namespace desloc::transport {
 namespace {
 
@@ -54,19 +56,22 @@ bool valid_site_name(const std::string& s) {
   });
 }
 
-// One framed TCP connection: a read loop feeding a FrameDecoder, a write queue (Asio allows
-// one async_write in flight), and a graceful close. Subclasses see frames and the close.
+// One framed connection over TCP or TLS (`tls` non-null; its handshake is the subclass's, before
+// start_reading): a read loop feeding a FrameDecoder, a write queue (Asio allows one
+// async_write in flight), and a graceful close. Subclasses see frames and the close.
 // Everything runs on the owning io_context's single thread.
 class FramedPeer : public std::enable_shared_from_this<FramedPeer> {
  public:
-  FramedPeer(tcp::socket socket, std::string name, std::size_t max_payload)
-      : socket_(std::move(socket)),
+  FramedPeer(tcp::socket socket, ssl::context* tls, std::string name, std::size_t max_payload)
+      : stream_(std::move(socket), tls),
         name_(std::move(name)),
         decoder_(name_, max_payload),
-        linger_(socket_.get_executor()) {}
+        linger_(stream_.socket().get_executor()) {}
   virtual ~FramedPeer() = default;
 
-  tcp::socket& socket() { return socket_; }
+  tcp::socket& socket() { return stream_.socket(); }
+  ControlStream& stream() { return stream_; }
+  std::size_t buffered() const { return decoder_.buffered(); }  // bytes of a partial frame
   const std::string& name() const { return name_; }
   void set_name(std::string name) { name_ = std::move(name); }
   bool closed() const { return closed_; }
@@ -100,7 +105,7 @@ class FramedPeer : public std::enable_shared_from_this<FramedPeer> {
 
  private:
   void do_read() {
-    socket_.async_read_some(
+    stream_.async_read_some(
         asio::buffer(read_buf_),
         [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
           self->handle_read(ec, n);
@@ -111,7 +116,7 @@ class FramedPeer : public std::enable_shared_from_this<FramedPeer> {
     if (closed_) return;
     if (ec) {
       if (finishing_) return close_with("");
-      if (ec == asio::error::eof)
+      if (is_end_of_stream(ec))
         return close_with(decoder_.buffered() > 0
                               ? fmt::format("peer closed the connection mid-frame ({} bytes of a "
                                             "partial frame buffered)",
@@ -138,8 +143,8 @@ class FramedPeer : public std::enable_shared_from_this<FramedPeer> {
 
   void do_write() {
     writing_ = true;
-    asio::async_write(
-        socket_, asio::buffer(queue_.front()),
+    stream_.async_write(
+        asio::buffer(queue_.front()),
         [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
           self->writing_ = false;
           if (self->closed_) return;
@@ -152,7 +157,7 @@ class FramedPeer : public std::enable_shared_from_this<FramedPeer> {
 
   void shutdown_send() {
     boost::system::error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
   }
 
   void close_with(const std::string& reason) {
@@ -160,12 +165,12 @@ class FramedPeer : public std::enable_shared_from_this<FramedPeer> {
     closed_ = true;
     linger_.cancel();
     boost::system::error_code ignored;
-    socket_.close(ignored);
+    stream_.socket().close(ignored);
     queue_.clear();
     on_closed(reason);
   }
 
-  tcp::socket socket_;
+  ControlStream stream_;
   std::string name_;
   FrameDecoder decoder_;
   asio::steady_timer linger_;
@@ -190,11 +195,14 @@ struct Coordinator::Impl {
     bool reported_missing = false;
     std::uint64_t step = 0;  // from the latest heartbeat
     bool finished = false;   // said Bye: its disconnect is the end of its work, not a failure
+    bool joining = false;    // its site left and is rejoining: not yet in the membership
   };
 
   explicit Impl(CoordinatorOptions o) : options(std::move(o)) {}
 
   CoordinatorOptions options;
+  // Set when options.tls.enabled. Before io: every stream (held by io's handlers) must go first.
+  std::unique_ptr<ssl::context> tls_context;
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer check_timer{io};
@@ -244,22 +252,41 @@ struct Coordinator::Impl {
 class Coordinator::Impl::Session : public FramedPeer {
  public:
   Session(tcp::socket socket, std::string name, Impl& coord)
-      : FramedPeer(std::move(socket), std::move(name), coord.options.max_frame_payload),
+      : FramedPeer(std::move(socket), coord.tls_context.get(), std::move(name),
+                   coord.options.max_frame_payload),
         coord_(coord),
         handshake_timer_(coord.io) {}
 
   void start() {
+    // Fresh per connection, so an AuthResponse recorded on one connection is no answer on
+    // another.
     nonce_ = random_nonce();
     handshake_timer_.expires_after(coord_.options.handshake_timeout);
     handshake_timer_.async_wait([self = std::static_pointer_cast<Session>(shared_from_this())](
                                     const boost::system::error_code& ec) {
-      if (ec || self->closed() || self->state_ == State::kRegistered) return;
+      if (ec || self->closed() || self->state_ == State::kRegistered ||
+          self->state_ == State::kDone)
+        return;
+      const auto limit = self->coord_.options.handshake_timeout.count();
+      if (self->state_ == State::kTlsHandshake)
+        return self->refuse_tls(fmt::format("no TLS handshake within {} ms", limit));
+      const auto partial = self->buffered();
       self->refuse(RejectCode::kHandshakeTimeout,
-                   fmt::format("did not complete the handshake within {} ms; dropping it",
-                               self->coord_.options.handshake_timeout.count()));
+                   fmt::format("did not complete the handshake within {} ms{}; dropping it", limit,
+                               partial == 0 ? std::string()
+                                            : fmt::format(" (stalled mid-frame, {} bytes of a "
+                                                          "partial frame buffered)",
+                                                          partial)));
     });
-    send(encode(Challenge{nonce_}));
-    start_reading();
+    if (!stream().tls()) return challenge();
+    state_ = State::kTlsHandshake;
+    stream().tls_stream().async_handshake(
+        ssl::stream_base::server, [self = std::static_pointer_cast<Session>(shared_from_this())](
+                                      const boost::system::error_code& ec) {
+          if (self->closed() || self->state_ != State::kTlsHandshake) return;
+          if (ec) return self->refuse_tls("TLS handshake failed: " + describe_tls_error(ec));
+          self->challenge();
+        });
   }
 
   void refuse(RejectCode code, const std::string& reason) {
@@ -272,7 +299,28 @@ class Coordinator::Impl::Session : public FramedPeer {
   }
 
  private:
-  enum class State { kAwaitAuth, kAwaitHello, kRegistered, kDone };
+  enum class State { kTlsHandshake, kAwaitAuth, kAwaitHello, kRegistered, kDone };
+
+  void challenge() {
+    state_ = State::kAwaitAuth;
+    send(encode(Challenge{nonce_}));
+    start_reading();
+  }
+
+  // Without a TLS session nothing can go out over TLS, so the Reject is sent in plaintext: a
+  // rank that was not configured for TLS reads it as the reason it was refused.
+  void refuse_tls(const std::string& reason) {
+    log::warn("coordinator: refusing {} (tls): {}", name(), reason);
+    state_ = State::kDone;
+    handshake_timer_.cancel();
+    boost::system::error_code ignored;
+    socket().cancel(ignored);  // a handshake still in progress ends with operation_aborted
+    stream().fall_back_to_plain();
+    send(encode(Reject{RejectCode::kAuth,
+                       reason + "; this coordinator requires TLS: set [job] tls = true and "
+                                "tls_ca on every rank"}));
+    finish();
+  }
 
   void on_frame(Frame frame) override {
     switch (state_) {
@@ -309,6 +357,7 @@ class Coordinator::Impl::Session : public FramedPeer {
         if (frame.type == MessageType::kBye) return coord_.bye(id_, decode<Bye>(frame));
         throw DataError(
             fmt::format("unexpected {} frame after registration", message_type_name(frame.type)));
+      case State::kTlsHandshake:  // frames are read only after the handshake
       case State::kDone:
         return;
     }
@@ -374,11 +423,21 @@ std::optional<Reject> Coordinator::Impl::admit(const Hello& h, const std::string
         fmt::format("rank {} of site '{}' is outside 0..{}; the job has {} ranks per site", h.rank,
                     h.site, options.ranks_per_site - 1, options.ranks_per_site)};
   std::lock_guard lock(mu);
-  if (auto d = departed_sites.find(h.site); d != departed_sites.end())
-    return Reject{RejectCode::kWorldSize,
-                  fmt::format("site '{}' left this job ({}); a site cannot rejoin a running job "
-                              "yet: restart the whole job from its checkpoints",
-                              h.site, d->second)};
+  if (auto d = departed_sites.find(h.site); d != departed_sites.end()) {
+    // A restarted site rejoins: once all its ranks are here, the next epoch takes it in.
+    if (!options.elastic)
+      return Reject{RejectCode::kWorldSize,
+                    fmt::format("site '{}' left this job ({}) and the job does not take sites "
+                                "back (job.on_site_failure = \"stop\")",
+                                h.site, d->second)};
+    if (auto it = registry.find(id); it != registry.end())
+      return Reject{RejectCode::kDuplicate,
+                    fmt::format("{} is already rejoining from {}", id.str(), it->second.peer)};
+    Registration reg{nullptr, peer, h.worker_address, Clock::now(), false};
+    reg.joining = true;
+    registry[id] = std::move(reg);
+    return std::nullopt;
+  }
   std::set<std::string> sites;
   for (const auto& [k, v] : registry) sites.insert(k.site);
   if (!options.site_names.empty() && std::find(options.site_names.begin(), options.site_names.end(),
@@ -407,13 +466,23 @@ std::optional<Reject> Coordinator::Impl::admit(const Hello& h, const std::string
 void Coordinator::Impl::registered(const std::shared_ptr<Session>& s, const RankId& id) {
   std::vector<std::shared_ptr<Session>> recipients;
   std::vector<std::uint8_t> frame;
+  std::string rejoin;  // a site whose ranks are all back
   {
     std::lock_guard lock(mu);
     auto& reg = registry.at(id);
     reg.session = s;
-    log::info("coordinator: registered {} from {} ({}/{})", id.str(), reg.peer, registry.size(),
-              world());
-    if (registry.size() < world() || membership) {
+    if (reg.joining) {
+      std::size_t here = 0;
+      for (const auto& [k, v] : registry)
+        if (k.site == id.site && v.joining && v.session) ++here;
+      log::info("coordinator: {} rejoins from {} ({}/{} of its site)", id.str(), reg.peer, here,
+                options.ranks_per_site);
+      if (here == options.ranks_per_site) rejoin = id.site;
+      frame = encode(status_locked());
+      recipients.push_back(s);
+    } else if (registry.size() < world() || membership) {
+      log::info("coordinator: registered {} from {} ({}/{})", id.str(), reg.peer, registry.size(),
+                world());
       frame = encode(status_locked());
       recipients.push_back(s);
     } else {
@@ -438,6 +507,7 @@ void Coordinator::Impl::registered(const std::shared_ptr<Session>& s, const Rank
     }
   }
   for (const auto& r : recipients) r->send(frame);
+  if (!rejoin.empty()) begin_recovery(fmt::format("site {} rejoins", rejoin), "");
 }
 
 void Coordinator::Impl::heartbeat(const RankId& id, const Heartbeat& hb) {
@@ -553,7 +623,8 @@ void Coordinator::Impl::try_finish_recovery(bool timed_out) {
       }
     std::vector<std::string> late;
     for (const auto& [id, reg] : registry)
-      if (!failing_sites.contains(id.site) && !reports.contains(id)) late.push_back(id.str());
+      if (!failing_sites.contains(id.site) && !reg.joining && !reports.contains(id))
+        late.push_back(id.str());
     if (!late.empty()) {
       if (!timed_out) return;
       for (const auto& name : late) {
@@ -563,16 +634,35 @@ void Coordinator::Impl::try_finish_recovery(bool timed_out) {
         failing_sites.insert(site);
       }
     }
+    // Joining sites: restarted ones with every rank registered, and members that offer no
+    // rollback point (they lost their state, e.g. in an interrupted transfer). Each gets the
+    // state from a peer in the new epoch.
+    std::set<std::string> joining;
+    {
+      std::map<std::string, std::size_t> back;
+      for (const auto& [id, reg] : registry)
+        if (reg.joining && reg.session && !failing_sites.contains(id.site)) ++back[id.site];
+      for (const auto& [site, n] : back)
+        if (n == options.ranks_per_site) joining.insert(site);
+      for (const auto& [id, rep] : reports)
+        if (rep.snapshots.empty() && !failing_sites.contains(id.site)) joining.insert(id.site);
+    }
     Membership m;
     m.epoch = membership->epoch + 1;
-    for (std::uint32_t i : membership->ring_order) {
-      const std::string& site = membership->sites.at(i);
-      if (!failing_sites.contains(site)) m.sites.push_back(site);
+    {
+      std::vector<std::string> order = options.site_names;
+      for (const auto& site : membership->sites)
+        if (std::find(order.begin(), order.end(), site) == order.end()) order.push_back(site);
+      const auto& live = membership->sites;
+      for (const auto& site : order)
+        if (!failing_sites.contains(site) &&
+            (joining.contains(site) || std::find(live.begin(), live.end(), site) != live.end()))
+          m.sites.push_back(site);
     }
     // The newest step every survivor can roll back to.
     std::optional<std::set<std::int64_t>> common;
     for (const auto& [id, rep] : reports) {
-      if (failing_sites.contains(id.site)) continue;
+      if (failing_sites.contains(id.site) || joining.contains(id.site)) continue;
       std::set<std::int64_t> mine(rep.snapshots.begin(), rep.snapshots.end());
       if (!common) {
         common = std::move(mine);
@@ -585,7 +675,9 @@ void Coordinator::Impl::try_finish_recovery(bool timed_out) {
     }
     const double took = seconds_between(recovery_start, Clock::now());
     std::vector<std::string> dropped(failing_sites.begin(), failing_sites.end());
-    m.note = fmt::format("{}; dropped site(s) [{}]", recovery_reason, fmt::join(dropped, ", "));
+    m.note = recovery_reason;
+    if (!dropped.empty()) m.note += fmt::format("; dropped site(s) [{}]", fmt::join(dropped, ", "));
+    if (!joining.empty()) m.note += fmt::format("; joining [{}]", fmt::join(joining, ", "));
     if (m.sites.size() < std::max<std::size_t>(options.min_sites, 1)) {
       m.note += fmt::format("; only {} site(s) remain, below the job's minimum of {}: the job ends",
                             m.sites.size(), std::max<std::size_t>(options.min_sites, 1));
@@ -599,15 +691,27 @@ void Coordinator::Impl::try_finish_recovery(bool timed_out) {
     for (const auto& [id, reg] : registry) {
       if (reg.session) recipients.push_back(reg.session);
       if (m.sites.empty() || failing_sites.contains(id.site)) continue;
-      m.members.push_back({id.site, id.rank, reports.at(id).worker_address});
+      if (reg.joining && !joining.contains(id.site)) continue;  // not all its ranks are back
+      const auto report = reports.find(id);
+      m.members.push_back(
+          {id.site, id.rank,
+           report != reports.end() ? report->second.worker_address : reg.worker_address});
     }
+    if (!m.sites.empty())
+      for (const auto& site : m.sites)
+        if (joining.contains(site)) m.joining.push_back(site);
     for (std::uint32_t i = 0; i < m.sites.size(); ++i) m.ring_order.push_back(i);
     for (const auto& site : failing_sites)
       departed_sites[site] = fmt::format("dropped at epoch {}: {}", m.epoch, recovery_reason);
     std::erase_if(registry, [&](const auto& kv) { return failing_sites.contains(kv.first.site); });
-    for (auto& [id, reg] : registry)
+    for (auto& [id, reg] : registry) {
       if (const auto it = reports.find(id); it != reports.end())
         reg.worker_address = it->second.worker_address;
+      if (reg.joining && joining.contains(id.site) && !m.sites.empty()) {
+        reg.joining = false;
+        departed_sites.erase(id.site);
+      }
+    }
     if (m.sites.empty())
       log::error("coordinator: recovery of epoch {} failed after {:.2f} s: {}", membership->epoch,
                  took, m.note);
@@ -755,6 +859,7 @@ Coordinator::Coordinator(CoordinatorOptions options) {
         "coordinator: no job token configured; set `token` or a token file so no "
         "unauthenticated peer can join");
   impl_ = std::make_shared<Impl>(std::move(options));
+  if (impl_->options.tls.enabled) impl_->tls_context = make_server_tls_context(impl_->options.tls);
 }
 
 Coordinator::~Coordinator() {
@@ -784,8 +889,9 @@ std::uint16_t Coordinator::start(std::uint16_t port) {
   im.do_accept();
   im.schedule_check();
   im.thread = std::thread([&im] { im.run(); });
-  log::info("coordinator: listening on {}:{} for {} sites x {} ranks", im.options.bind_address,
-            im.bound_port.load(), im.options.num_sites, im.options.ranks_per_site);
+  log::info("coordinator: listening on {}:{}{} for {} sites x {} ranks", im.options.bind_address,
+            im.bound_port.load(), im.options.tls.enabled ? " (TLS)" : "", im.options.num_sites,
+            im.options.ranks_per_site);
   return im.bound_port;
 }
 
@@ -862,16 +968,27 @@ std::vector<std::string> Coordinator::unregistered() const {
 
 struct RankClient::Impl {
   class Connection;
-  enum class Phase { kIdle, kConnecting, kAwaitChallenge, kAwaitWelcome, kRegistered, kMember };
+  enum class Phase {
+    kIdle,
+    kConnecting,
+    kTlsHandshake,
+    kAwaitChallenge,
+    kAwaitWelcome,
+    kRegistered,
+    kMember
+  };
 
   explicit Impl(RankClientOptions o) : options(std::move(o)) {}
 
   RankClientOptions options;
+  std::unique_ptr<ssl::context> tls_context;  // set when options.tls.enabled; outlives conn
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
   tcp::resolver resolver{io};
   asio::steady_timer retry_timer{io};
   asio::steady_timer heartbeat_timer{io};
+  // Why the coordinator's certificate failed verification, from the verify callback.
+  std::shared_ptr<std::string> tls_failure = std::make_shared<std::string>();
   std::shared_ptr<Connection> conn;
   std::thread thread;
   std::string target;  // "HOST:PORT" for messages
@@ -907,6 +1024,7 @@ struct RankClient::Impl {
     cv.notify_all();
   }
   void attempt_connect();
+  void start_tls();  // after the TCP connect: handshake, verify the coordinator, then frames
   void schedule_heartbeat();
   void on_frame(Frame frame);
 };
@@ -914,7 +1032,7 @@ struct RankClient::Impl {
 class RankClient::Impl::Connection : public FramedPeer {
  public:
   Connection(tcp::socket socket, Impl& client)
-      : FramedPeer(std::move(socket), "coordinator " + client.target,
+      : FramedPeer(std::move(socket), client.tls_context.get(), "coordinator " + client.target,
                    client.options.max_frame_payload),
         client_(client) {}
 
@@ -959,10 +1077,40 @@ void RankClient::Impl::attempt_connect() {
                                 });
                                 return;
                               }
+                              if (conn->stream().tls()) return start_tls();
                               set_phase(Phase::kAwaitChallenge);
                               conn->start_reading();
                             });
       });
+}
+
+void RankClient::Impl::start_tls() {
+  set_phase(Phase::kTlsHandshake);
+  auto& stream = conn->stream().tls_stream();
+  verify_server(stream, options.tls.server_name.empty() ? host : options.tls.server_name,
+                tls_failure);
+  stream.async_handshake(ssl::stream_base::client, [this](const boost::system::error_code& ec) {
+    if (closing) return;
+    if (!ec) {
+      set_phase(Phase::kAwaitChallenge);
+      conn->start_reading();
+      return;
+    }
+    const auto what = fmt::format("{}: TLS handshake with the coordinator {} failed: {}", who(),
+                                  target, describe_tls_error(ec));
+    // A certificate we do not trust is a setting to fix (or someone else answering);
+    // anything else is the peer, e.g. a coordinator without TLS.
+    if (!tls_failure->empty())
+      fail(std::make_exception_ptr(ConfigError(
+          fmt::format("{}: {}; check that [job] tls_ca holds the CA that signed the "
+                      "coordinator's certificate and that the certificate names the host the "
+                      "ranks connect to",
+                      what, *tls_failure))));
+    else
+      fail(std::make_exception_ptr(PeerFailure(
+          what + "; check that the coordinator runs with [job] tls = true and is reachable")));
+    conn->abort("");
+  });
 }
 
 void RankClient::Impl::on_frame(Frame frame) {
@@ -1057,7 +1205,10 @@ void RankClient::Impl::schedule_heartbeat() {
 }
 
 RankClient::RankClient(RankClientOptions options)
-    : impl_(std::make_shared<Impl>(std::move(options))) {}
+    : impl_(std::make_shared<Impl>(std::move(options))) {
+  if (impl_->options.tls.enabled)
+    impl_->tls_context = make_client_tls_context(impl_->options.tls, impl_->who());
+}
 
 RankClient::~RankClient() { close(); }
 
@@ -1092,6 +1243,7 @@ void RankClient::connect(const std::string& host, std::uint16_t port, Clock::tim
   }
   if (!done) {
     const char* stage = "connecting to";
+    if (im.phase == Impl::Phase::kTlsHandshake) stage = "in the TLS handshake with";
     if (im.phase == Impl::Phase::kAwaitChallenge) stage = "waiting for the challenge from";
     if (im.phase == Impl::Phase::kAwaitWelcome) stage = "waiting to be welcomed by";
     lock.unlock();

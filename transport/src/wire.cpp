@@ -191,6 +191,8 @@ void write_payload(WireWriter& w, const Membership& m) {
   for (auto i : m.ring_order) w.put<std::uint32_t>(i);
   w.put<std::int64_t>(m.resume_step);
   w.put_string(m.note, kMaxReasonBytes, "note");
+  w.put_count(m.joining.size(), "joining");
+  for (const auto& site : m.joining) w.put_string(site, kMaxSiteNameBytes, "joining[]");
 }
 void read_payload(WireReader& r, Membership& m) {
   m.epoch = r.get<std::uint64_t>("epoch");
@@ -224,6 +226,12 @@ void read_payload(WireReader& r, Membership& m) {
   m.resume_step = r.get<std::int64_t>("resume_step");
   if (m.resume_step < 0) r.fail("resume_step " + std::to_string(m.resume_step) + " is negative");
   m.note = r.get_string(kMaxReasonBytes, "note");
+  const std::size_t n_joining = r.get_count(4, "joining");
+  for (std::size_t i = 0; i < n_joining; ++i) {
+    m.joining.push_back(r.get_string(kMaxSiteNameBytes, "joining[]"));
+    if (std::find(m.sites.begin(), m.sites.end(), m.joining.back()) == m.sites.end())
+      r.fail("joining site '" + m.joining.back() + "' is not in the site table");
+  }
 }
 
 void write_payload(WireWriter& w, const Heartbeat& m) {

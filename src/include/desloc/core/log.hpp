@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <functional>
 #include <string_view>
 
 namespace desloc::log {
@@ -12,6 +13,11 @@ enum class Level { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 void set_level(Level level);
 Level level();
 void write(Level level, std::string_view message);
+
+// Every line also goes to `sink` while one is set (nullptr removes it), e.g. so that a test can
+// check what a component logged. It runs under the log's lock: it must not log.
+using Sink = std::function<void(Level, std::string_view)>;
+void set_sink(Sink sink);
 
 template <class... Args>
 void info(fmt::format_string<Args...> f, Args&&... args) {

@@ -51,6 +51,11 @@ struct JobSection {
   std::string on_site_failure = "continue";
   int min_sites = 1;            // fewer live sites than this end the job
   int recovery_timeout_s = 30;  // a survivor must report for the next epoch within this
+  // TLS on the control connections (the token still authenticates ranks).
+  bool tls = false;
+  std::string tls_cert;  // coordinator: PEM certificate chain
+  std::string tls_key;   // coordinator: PEM private key
+  std::string tls_ca;    // ranks: PEM CA that signed tls_cert; "" = the system's CAs
 };
 
 // [transport]: UCX settings for the two collectives every rank holds.

@@ -6,6 +6,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "desloc/sync/averager.hpp"
 #include "desloc/train/config.hpp"
@@ -57,6 +58,12 @@ struct RankContext {
   // site 0 lives).
   bool evaluates = false;
   std::uint64_t epoch = 1;  // the membership epoch of the groups above
+  // Sites (WAN ranks of the current ring) that join in this epoch and need the state at the
+  // resume step from a peer; `joining` when this rank's own site is one of them (a restarted
+  // site), which then starts at join_step.
+  std::vector<int> joining_sites;
+  bool joining = false;
+  std::int64_t join_step = 0;
   // Elastic recovery (job.on_site_failure = "continue"); empty otherwise. recovery_pending:
   // the coordinator closed the epoch. recover: rebuilds the groups in the next epoch (the
   // pointers above change) and returns the step to roll back to, one of `snapshots`.

@@ -28,6 +28,20 @@ struct RankId {
   std::string str() const { return site + "/" + std::to_string(rank); }
 };
 
+// TLS for the control connections (off by default). The coordinator presents cert_file and
+// key_file; each rank verifies that chain against ca_file and the name it connects to. The
+// job token still authenticates the ranks: TLS adds confidentiality and the coordinator's
+// identity.
+struct TlsOptions {
+  bool enabled = false;
+  std::string cert_file;  // coordinator: PEM certificate chain, its own certificate first
+  std::string key_file;   // coordinator: PEM private key of that certificate
+  std::string ca_file;    // rank: PEM CA certificate(s) to trust; "" = the system's CAs
+  // rank: the name (DNS or IP) the coordinator's certificate must carry; "" = the host given
+  // to RankClient::connect().
+  std::string server_name;
+};
+
 struct CoordinatorOptions {
   std::size_t num_sites = 1;       // S
   std::size_t ranks_per_site = 1;  // R; ranks are 0..R-1 in every site
@@ -51,6 +65,9 @@ struct CoordinatorOptions {
   std::chrono::milliseconds recovery_timeout{10000};
   // Fewer live sites than this end the job instead of a new epoch.
   std::size_t min_sites = 1;
+  // With tls.enabled a connection must also finish the TLS handshake within
+  // handshake_timeout; a plaintext peer is told so in a plaintext Reject.
+  TlsOptions tls;
 };
 
 struct RankProgress {
@@ -104,6 +121,7 @@ struct RankClientOptions {
   std::optional<JobToken> token;  // without one the coordinator will refuse us, by design
   std::chrono::milliseconds heartbeat_interval{500};
   std::size_t max_frame_payload = kDefaultMaxPayloadBytes;
+  TlsOptions tls;  // must match the coordinator's: enabled on both sides or on neither
 };
 
 // One rank's connection to the coordinator. Owns an io_context thread (started by connect)
@@ -116,8 +134,9 @@ class RankClient {
   RankClient(const RankClient&) = delete;
   RankClient& operator=(const RankClient&) = delete;
 
-  // Connects, answers the challenge and registers. Returns once the coordinator welcomed
-  // us. Throws ConfigError (auth, duplicate, version, config hash, world size) or
+  // Connects (with TLS: handshakes and verifies the coordinator), answers the challenge and
+  // registers. Returns once the coordinator welcomed us. Throws ConfigError (auth, duplicate,
+  // version, config hash, world size, TLS verification or a TLS mismatch) or
   // PeerFailure with the coordinator's reject reason, TransportError if the coordinator is
   // unreachable, TimeoutError at the deadline.
   void connect(const std::string& host, std::uint16_t port, Clock::time_point deadline);

@@ -154,6 +154,9 @@ struct Membership {
   // snapshots all of them offered in Recover) before continuing in this epoch.
   std::int64_t resume_step = 0;
   std::string note;  // why this epoch began, e.g. "site west lost (disconnected)"; "" at first
+  // Sites that (re)join in this epoch: each receives the state at resume_step from its ring
+  // predecessor that is not joining.
+  std::vector<std::string> joining;
   bool operator==(const Membership&) const = default;
 };
 
