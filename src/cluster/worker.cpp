@@ -305,6 +305,7 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   client_opts.config_hash = cfg.hash();
   client_opts.token = job_token(cfg);
   client_opts.heartbeat_interval = std::chrono::milliseconds(cfg.job.heartbeat_ms);
+  client_opts.coordinator_timeout = std::chrono::seconds(cfg.job.coordinator_timeout_s);
   client_opts.tls = {cfg.job.tls, "", "", cfg.job.tls_ca, ""};
   ss.client = std::make_unique<transport::RankClient>(client_opts);
   log::info("{}: registering with the coordinator at {}:{}", name, host, port);

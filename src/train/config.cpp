@@ -261,6 +261,10 @@ void bind_job(Binder& b, JobSection& j) {
            "\"continue\": drop a failed site and go on in a new epoch; \"stop\": end the job",
            {"continue", "stop"});
   b.integer("min_sites", j.min_sites, "fewer live sites than this end the job", 1, 4096);
+  b.integer("coordinator_timeout_s", j.coordinator_timeout_s,
+            "a rank that loses the coordinator trains on and reconnects for this long (0 = fail "
+            "at once); a restarted coordinator rebuilds the membership from the ranks",
+            0, 86400);
   b.integer("recovery_timeout_s", j.recovery_timeout_s,
             "a survivor must report for the next membership epoch within this", 1, 86400);
   b.boolean("tls", j.tls, "TLS on the control connections (coordinator <-> ranks)");

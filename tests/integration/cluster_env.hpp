@@ -74,14 +74,15 @@ struct Cluster {
   int port = 0;
 
   // Starts `desloc coordinator` on an ephemeral port and reads the port from its first line.
-  void start(const fs::path& cfg) {
+  void start(const fs::path& cfg, int listen_port = 0) {
     using Clock = std::chrono::steady_clock;
     std::error_code ignored;
     fs::remove(dir / "coordinator.log", ignored);  // a restart must not read the old port
-    coordinator = Process::start(
-        {DESLOC_CLI, "coordinator", "--config", cfg.string(), "--listen", "127.0.0.1:0"},
-        dir / "coordinator.log");
+    coordinator = Process::start({DESLOC_CLI, "coordinator", "--config", cfg.string(), "--listen",
+                                  "127.0.0.1:" + std::to_string(listen_port)},
+                                 dir / "coordinator.log");
     const auto end = Clock::now() + std::chrono::seconds(10);
+    port = 0;
     while (Clock::now() < end && port == 0) {
       const std::string out = coordinator.output();
       const auto at = out.find("listening on 127.0.0.1:");

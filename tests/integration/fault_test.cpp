@@ -288,6 +288,37 @@ TEST(FaultSuite, KilledSiteRestartsRejoinsFromAPeerAndTheJobFinishesOnAllSites) 
              "dropped east, east rejoined at epoch 3, finished on 3 sites");
 }
 
+TEST(FaultSuite, CoordinatorKilledAndRestartedTheRanksTrainOnAndReconnect) {
+  Job job("coordinator", 1, 1);
+  ASSERT_TRUE(job.reach(kSteps / 4)) << job.ranks[0][0].output();
+  const int port = job.cluster.port;
+  const auto killed_at = Clock::now();
+  ::kill(job.cluster.coordinator.pid, SIGKILL);
+  job.cluster.coordinator.wait(5s);
+  const auto heard = wait_for_text(job.ranks[0][0], "lost the coordinator", 10s);
+  ASSERT_TRUE(heard.has_value()) << job.ranks[0][0].output();
+  // Training does not wait for it.
+  const std::int64_t at_kill = leader_step(job.leader_metrics());
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_GT(leader_step(job.leader_metrics()), at_kill + 50);
+  job.cluster.start(job.cfg, port);  // the same address: the ranks reconnect by themselves
+  const auto back = wait_for_text(job.ranks[0][0], "reconnected to the coordinator", 30s);
+  ASSERT_TRUE(back.has_value()) << job.ranks[0][0].output() << job.cluster.coordinator.output();
+  const double val = expect_leader_finishes(job);
+  for (auto* p : {&job.ranks[1][0], &job.ranks[2][0]}) EXPECT_EQ(p->wait(60s), 0) << p->output();
+  EXPECT_EQ(job.cluster.coordinator.wait(30s), 0) << job.cluster.coordinator.output();
+  EXPECT_NE(job.cluster.coordinator.output().find("rebuilt membership epoch 1 from the ranks: 3 "
+                                                  "site(s) [west, east, north]"),
+            std::string::npos)
+      << job.cluster.coordinator.output();
+  // Nothing of the training depended on the coordinator: the result is the fault-free one.
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_EQ(val, ref);
+  report_row("kill -9 the coordinator, restart it on the same address", seconds(killed_at, *heard),
+             seconds(killed_at, *back), val - ref, 0.0,
+             "ranks trained on, reconnected, membership rebuilt; finished bit-exact");
+}
+
 // A poisoned site (its x NaN, or 1000x too large, at one average): the payload guard leaves
 // it out of that average on every rank, names it in the metrics, and it heals by taking the
 // others' mean; the job finishes near the fault-free loss.

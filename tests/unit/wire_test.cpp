@@ -34,7 +34,7 @@ M round_trip(const M& m) {
 }
 
 TEST(Wire, EveryMessageRoundTrips) {
-  const Hello hello{3, "site-a", 5, {0xde, 0xad, 0xbe, 0xef}, 0x0123456789abcdefull};
+  const Hello hello{3, "site-a", 5, {0xde, 0xad, 0xbe, 0xef}, 0x0123456789abcdefull, 4};
   EXPECT_EQ(round_trip(hello), hello);
   Challenge ch;
   for (std::size_t i = 0; i < ch.nonce.size(); ++i) ch.nonce[i] = static_cast<std::uint8_t>(i);
@@ -144,7 +144,7 @@ TEST(Wire, TruncatedFramesWaitAndMalformedPayloadsThrow) {
 
   // A well-framed but truncated payload fails in the message decoder, naming the field.
   const auto full = encode(Hello{1, "abc", 0, {1, 2, 3}, 5});
-  std::vector<std::uint8_t> payload(full.begin() + kFrameHeaderBytes, full.end() - 4);
+  std::vector<std::uint8_t> payload(full.begin() + kFrameHeaderBytes, full.end() - 12);
   try {
     decode<Hello>(Frame{MessageType::kHello, payload});
     FAIL();

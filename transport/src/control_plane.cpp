@@ -196,6 +196,8 @@ struct Coordinator::Impl {
     std::uint64_t step = 0;  // from the latest heartbeat
     bool finished = false;   // said Bye: its disconnect is the end of its work, not a failure
     bool joining = false;    // its site left and is rejoining: not yet in the membership
+    std::uint64_t rebuilt_epoch = 0;  // reconnected to a restarted coordinator at this epoch
+    bool reattached = false;          // reconnected to this coordinator after a broken link
   };
 
   explicit Impl(CoordinatorOptions o) : options(std::move(o)) {}
@@ -221,6 +223,10 @@ struct Coordinator::Impl {
   std::set<std::string> failing_sites;  // dropped when this recovery ends
   std::map<RankId, Recover> reports;
   std::map<std::string, std::string> departed_sites;  // site -> "epoch N: why"
+  // After a coordinator restart: the newest epoch a reconnecting rank reported, and when the
+  // last one came; the membership is rebuilt once they stop coming.
+  std::uint64_t rebuild_epoch = 0;
+  Clock::time_point last_rebuild_registration;
 
   // io-thread only
   std::vector<std::weak_ptr<Session>> sessions;  // every live connection, for stop()
@@ -241,6 +247,10 @@ struct Coordinator::Impl {
   void begin_recovery(const std::string& reason, const std::string& site);
   void recover_report(const RankId& id, Recover report);
   void try_finish_recovery(bool timed_out);
+  // After a restart: once reconnecting ranks stop arriving (for heartbeat_timeout), the
+  // membership is the sites whose every rank came back, at the newest epoch they reported.
+  // Nothing is broadcast: the ranks already train in it.
+  void rebuild_membership_if_quiet();
   Status status_locked() const;
   // After the membership: every rank that disconnected or went silent, so that the others can
   // name the failed peer when a collective stalls. Sent to every connected rank.
@@ -423,6 +433,38 @@ std::optional<Reject> Coordinator::Impl::admit(const Hello& h, const std::string
         fmt::format("rank {} of site '{}' is outside 0..{}; the job has {} ranks per site", h.rank,
                     h.site, options.ranks_per_site - 1, options.ranks_per_site)};
   std::lock_guard lock(mu);
+  if (h.epoch > 0) {
+    // A rank that trains in epoch h.epoch lost its coordinator and reconnects.
+    if (membership) {
+      const auto it = registry.find(id);
+      if (it != registry.end() && !it->second.session && !failing_sites.contains(h.site) &&
+          !it->second.joining) {
+        it->second.peer = peer;  // a broken connection to this same coordinator
+        it->second.reattached = true;
+        it->second.last_seen = Clock::now();
+        it->second.reported_missing = false;
+        return std::nullopt;
+      }
+      return Reject{RejectCode::kWorldSize,
+                    fmt::format("{} reconnects at epoch {}, but it is not a live member of this "
+                                "coordinator's epoch {}",
+                                id.str(), h.epoch, membership->epoch)};
+    }
+    if (registry.contains(id))
+      return Reject{RejectCode::kDuplicate, fmt::format("{} is already registered", id.str())};
+    // A restarted coordinator: the membership is rebuilt from the ranks that come back.
+    Registration reg{nullptr, peer, h.worker_address, Clock::now(), false};
+    reg.rebuilt_epoch = h.epoch;
+    registry[id] = std::move(reg);
+    rebuild_epoch = std::max(rebuild_epoch, h.epoch);
+    last_rebuild_registration = Clock::now();
+    return std::nullopt;
+  }
+  if (rebuild_epoch > 0)
+    return Reject{RejectCode::kWorldSize,
+                  fmt::format("{} registers afresh, but this coordinator is rebuilding the "
+                              "membership of a running job (epoch {})",
+                              id.str(), rebuild_epoch)};
   if (auto d = departed_sites.find(h.site); d != departed_sites.end()) {
     // A restarted site rejoins: once all its ranks are here, the next epoch takes it in.
     if (!options.elastic)
@@ -471,7 +513,11 @@ void Coordinator::Impl::registered(const std::shared_ptr<Session>& s, const Rank
     std::lock_guard lock(mu);
     auto& reg = registry.at(id);
     reg.session = s;
-    if (reg.joining) {
+    if (reg.rebuilt_epoch > 0 || reg.reattached) {
+      log::info("coordinator: {} reconnected from {} at epoch {}", id.str(), reg.peer,
+                reg.reattached ? membership->epoch : reg.rebuilt_epoch);
+      reg.reattached = false;
+    } else if (reg.joining) {
       std::size_t here = 0;
       for (const auto& [k, v] : registry)
         if (k.site == id.site && v.joining && v.session) ++here;
@@ -606,6 +652,45 @@ void Coordinator::Impl::recover_report(const RankId& id, Recover report) {
   }
   if (!reason.empty()) begin_recovery(reason, "");
   try_finish_recovery(false);
+}
+
+void Coordinator::Impl::rebuild_membership_if_quiet() {
+  std::lock_guard lock(mu);
+  if (membership || rebuild_epoch == 0 ||
+      Clock::now() - last_rebuild_registration < options.heartbeat_timeout)
+    return;
+  Membership m;
+  m.epoch = rebuild_epoch;
+  std::vector<std::string> order = options.site_names;
+  for (const auto& [id, reg] : registry)
+    if (std::find(order.begin(), order.end(), id.site) == order.end()) order.push_back(id.site);
+  std::vector<std::string> partial;
+  for (const auto& site : order) {
+    std::size_t back = 0;
+    for (const auto& [id, reg] : registry)
+      if (id.site == site) ++back;
+    if (back == options.ranks_per_site)
+      m.sites.push_back(site);
+    else
+      departed_sites[site] =
+          fmt::format("not back after the coordinator restarted ({} of {} ranks)", back,
+                      options.ranks_per_site);
+    if (back > 0 && back < options.ranks_per_site) partial.push_back(site);
+  }
+  for (const auto& [id, reg] : registry)
+    if (std::find(m.sites.begin(), m.sites.end(), id.site) != m.sites.end())
+      m.members.push_back({id.site, id.rank, reg.worker_address});
+  for (std::uint32_t i = 0; i < m.sites.size(); ++i) m.ring_order.push_back(i);
+  m.note = "rebuilt from the ranks after a coordinator restart";
+  std::erase_if(registry, [&](const auto& kv) {
+    return std::find(m.sites.begin(), m.sites.end(), kv.first.site) == m.sites.end();
+  });
+  log::warn("coordinator: rebuilt membership epoch {} from the ranks: {} site(s) [{}]{}", m.epoch,
+            m.sites.size(), fmt::join(m.sites, ", "),
+            partial.empty()
+                ? std::string()
+                : fmt::format("; incomplete, left out: [{}]", fmt::join(partial, ", ")));
+  membership = std::move(m);
 }
 
 void Coordinator::Impl::try_finish_recovery(bool timed_out) {
@@ -825,6 +910,7 @@ void Coordinator::Impl::schedule_check() {
                                    options.heartbeat_timeout.count()),
                        id.site);
     }
+    rebuild_membership_if_quiet();
     bool overdue = false;
     {
       std::lock_guard lock(mu);
@@ -1000,6 +1086,16 @@ struct RankClient::Impl {
   std::atomic<bool> paused{false};
   std::atomic<bool> closing{false};   // set by close(), read by handlers
   std::atomic<bool> recovery{false};  // a Recovery arrived and no newer membership yet
+  // io-thread only: the coordinator went away after the membership and we are reconnecting.
+  bool reconnecting = false;
+  Clock::time_point lost_at;
+
+  bool can_reconnect() {
+    std::lock_guard lock(mu);
+    return options.coordinator_timeout.count() > 0 && membership.has_value() && !error &&
+           (phase == Phase::kMember || reconnecting);
+  }
+  void begin_reconnect(const std::string& reason);
 
   std::mutex mu;
   std::condition_variable cv;
@@ -1046,12 +1142,29 @@ class RankClient::Impl::Connection : public FramedPeer {
   void on_closed(const std::string& reason) override {
     client_.heartbeat_timer.cancel();
     if (client_.closing || reason.empty()) return;
+    if (client_.can_reconnect()) return client_.begin_reconnect(reason);
     client_.fail(std::make_exception_ptr(
         PeerFailure(fmt::format("{}: the coordinator {} closed the connection ({}); check its log",
                                 client_.who(), client_.target, reason))));
   }
   Impl& client_;
 };
+
+void RankClient::Impl::begin_reconnect(const std::string& reason) {
+  if (!reconnecting) {
+    reconnecting = true;
+    lost_at = Clock::now();
+    connect_deadline = lost_at + options.coordinator_timeout;
+    log::warn("{}: lost the coordinator {} ({}); training goes on, reconnecting for up to {:.0f} s",
+              who(), target, reason,
+              std::chrono::duration<double>(options.coordinator_timeout).count());
+  }
+  conn = std::make_shared<Connection>(tcp::socket(io), *this);
+  retry_timer.expires_after(milliseconds{200});
+  retry_timer.async_wait([this](const boost::system::error_code& e) {
+    if (!e && !closing) attempt_connect();
+  });
+}
 
 void RankClient::Impl::attempt_connect() {
   resolver.async_resolve(
@@ -1063,24 +1176,32 @@ void RankClient::Impl::attempt_connect() {
               "{}: cannot resolve the coordinator address {}: {}", who(), target, ec.message()))));
           return;
         }
-        asio::async_connect(conn->socket(), results,
-                            [this](const boost::system::error_code& ec2, const tcp::endpoint&) {
-                              if (closing) return;
-                              if (ec2) {
-                                // The coordinator may simply not be up yet: retry until the
-                                // deadline.
-                                last_connect_error = ec2.message();
-                                if (Clock::now() + milliseconds{100} >= connect_deadline) return;
-                                retry_timer.expires_after(milliseconds{100});
-                                retry_timer.async_wait([this](const boost::system::error_code& e) {
-                                  if (!e && !closing) attempt_connect();
-                                });
-                                return;
-                              }
-                              if (conn->stream().tls()) return start_tls();
-                              set_phase(Phase::kAwaitChallenge);
-                              conn->start_reading();
-                            });
+        asio::async_connect(
+            conn->socket(), results,
+            [this](const boost::system::error_code& ec2, const tcp::endpoint&) {
+              if (closing) return;
+              if (ec2) {
+                // The coordinator may simply not be up yet: retry until the
+                // deadline.
+                last_connect_error = ec2.message();
+                if (Clock::now() + milliseconds{100} >= connect_deadline) {
+                  if (reconnecting)
+                    fail(std::make_exception_ptr(PeerFailure(fmt::format(
+                        "{}: the coordinator {} stayed unreachable for {} ms "
+                        "(job.coordinator_timeout_s; last error: {})",
+                        who(), target, options.coordinator_timeout.count(), last_connect_error))));
+                  return;
+                }
+                retry_timer.expires_after(milliseconds{100});
+                retry_timer.async_wait([this](const boost::system::error_code& e) {
+                  if (!e && !closing) attempt_connect();
+                });
+                return;
+              }
+              if (conn->stream().tls()) return start_tls();
+              set_phase(Phase::kAwaitChallenge);
+              conn->start_reading();
+            });
       });
 }
 
@@ -1129,15 +1250,27 @@ void RankClient::Impl::on_frame(Frame frame) {
         resp.mac.assign(mac.begin(), mac.end());
       }
       conn->send(encode(resp));
+      std::uint64_t epoch = 0;
+      {
+        std::lock_guard lock(mu);
+        if (reconnecting && membership) epoch = membership->epoch;
+      }
       conn->send(encode(Hello{options.protocol_version, options.site, options.rank,
-                              options.worker_address, options.config_hash}));
+                              options.worker_address, options.config_hash, epoch}));
       set_phase(Phase::kAwaitWelcome);
       return;
     }
     case MessageType::kWelcome:
       if (p != Phase::kAwaitWelcome) throw DataError("unexpected Welcome");
       decode<Welcome>(frame);
-      set_phase(Phase::kRegistered);
+      if (reconnecting) {
+        reconnecting = false;
+        log::warn("{}: reconnected to the coordinator {} after {:.1f} s", who(), target,
+                  seconds_between(lost_at, Clock::now()));
+        set_phase(Phase::kMember);
+      } else {
+        set_phase(Phase::kRegistered);
+      }
       schedule_heartbeat();
       return;
     case MessageType::kReject: {
@@ -1292,7 +1425,8 @@ Membership RankClient::recover(const Recover& report, Clock::time_point deadline
   auto& im = *impl_;
   const auto start = Clock::now();
   auto frame = encode(report);
-  asio::post(im.io, [&im, frame = std::move(frame)]() mutable {
+  asio::post(im.io, [&im, frame = std::move(frame), address = report.worker_address]() mutable {
+    im.options.worker_address = std::move(address);  // what a reconnect registers with
     if (im.conn && !im.conn->closed()) im.conn->send(std::move(frame));
   });
   std::unique_lock lock(im.mu);

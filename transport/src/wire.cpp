@@ -138,6 +138,7 @@ void write_payload(WireWriter& w, const Hello& m) {
   w.put<std::uint32_t>(m.rank);
   w.put_bytes(m.worker_address, kMaxAddressBytes, "worker_address");
   w.put<std::uint64_t>(m.config_hash);
+  w.put<std::uint64_t>(m.epoch);
 }
 void read_payload(WireReader& r, Hello& m) {
   m.protocol_version = r.get<std::uint16_t>("protocol_version");
@@ -145,6 +146,7 @@ void read_payload(WireReader& r, Hello& m) {
   m.rank = r.get<std::uint32_t>("rank");
   m.worker_address = r.get_bytes(kMaxAddressBytes, "worker_address");
   m.config_hash = r.get<std::uint64_t>("config_hash");
+  m.epoch = r.get<std::uint64_t>("epoch");
 }
 
 void write_payload(WireWriter& w, const Challenge& m) {

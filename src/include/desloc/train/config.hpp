@@ -51,6 +51,8 @@ struct JobSection {
   std::string on_site_failure = "continue";
   int min_sites = 1;            // fewer live sites than this end the job
   int recovery_timeout_s = 30;  // a survivor must report for the next epoch within this
+  // A rank that loses the coordinator trains on and reconnects for this long (0 = fail).
+  int coordinator_timeout_s = 300;
   // TLS on the control connections (the token still authenticates ranks).
   bool tls = false;
   std::string tls_cert;  // coordinator: PEM certificate chain

@@ -120,6 +120,10 @@ struct RankClientOptions {
   std::uint16_t protocol_version = kProtocolVersion;
   std::optional<JobToken> token;  // without one the coordinator will refuse us, by design
   std::chrono::milliseconds heartbeat_interval{500};
+  // After the membership, a lost coordinator is not fatal: training goes on (collectives do
+  // not need it) and the client reconnects for up to this long, telling a restarted
+  // coordinator its epoch so it can rebuild the membership. 0 = fail at once.
+  std::chrono::milliseconds coordinator_timeout{0};
   std::size_t max_frame_payload = kDefaultMaxPayloadBytes;
   TlsOptions tls;  // must match the coordinator's: enabled on both sides or on neither
 };

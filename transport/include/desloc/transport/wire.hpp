@@ -91,6 +91,9 @@ struct Hello {
   std::uint32_t rank = 0;
   std::vector<std::uint8_t> worker_address;  // opaque ucp worker address
   std::uint64_t config_hash = 0;             // fnv1a64 of the job config both sides must share
+  // 0 for a first registration; a rank reconnecting to a restarted coordinator sends the
+  // membership epoch it trains in, and the coordinator rebuilds the membership from them.
+  std::uint64_t epoch = 0;
   bool operator==(const Hello&) const = default;
 };
 
