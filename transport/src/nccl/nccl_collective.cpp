@@ -116,6 +116,11 @@ class NcclCollective final : public Collective {
         throw PeerFailure(where(what) + ": " + ncclGetErrorString(state) +
                           "; a peer rank probably failed");
       }
+      if (options_.should_abort && options_.should_abort()) {
+        broken_ = true;  // the destructor aborts the communicator
+        throw PeerFailure(where(what) + ": aborted: the coordinator closed membership epoch " +
+                          std::to_string(options_.epoch) + " (a peer failed)");
+      }
       if (Clock::now() >= deadline) {
         broken_ = true;
         throw TimeoutError(where(what) + ": gave up at the deadline of " +
