@@ -520,9 +520,21 @@ TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankCon
     while (snapshots.size() > 2) snapshots.pop_front();
   };
   int recoveries = 0;
+  // A step that fails again and again in fresh epochs is no site failure but a fault that
+  // travels with the data (or a bug): give up rather than loop.
+  constexpr int kMaxFailuresOfOneStep = 3;
+  std::int64_t last_failed_at = -1;
+  int failures_of_step = 0;
   auto recover = [&](const std::string& what) {
     const auto t_fail = clock::now();
     const std::int64_t failed_at = step + 1;
+    failures_of_step = failed_at == last_failed_at ? failures_of_step + 1 : 1;
+    last_failed_at = failed_at;
+    if (failures_of_step > kMaxFailuresOfOneStep)
+      throw PeerFailure(fmt::format(
+          "{}: step {} failed {} times, each time in a new membership epoch; giving up (last "
+          "failure: {})",
+          rank->name, failed_at, failures_of_step, what));
     const std::uint64_t wire_at_failure = traffic_of(0).total_wire();
     const sync::Traffic old = averager->traffic(0);
     for (std::size_t k = 0; k < old.wire.size(); ++k) {
