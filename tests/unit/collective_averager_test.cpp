@@ -3,15 +3,10 @@
 // equal to what the collective sent (2(n-1)/n of the payload for the ring).
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <latch>
-#include <memory>
 #include <thread>
 #include <vector>
 
@@ -20,36 +15,13 @@
 #include "desloc/sync/collective_averager.hpp"
 #include "desloc/transport/ring_order.hpp"
 #include "desloc/transport/ucx_collective.hpp"
+#include "test_support.hpp"
 
 using namespace desloc;
 using namespace std::chrono_literals;
+using test_support::Watchdog;
 
 namespace {
-
-// Aborts the process instead of letting a broken transport hang the suite.
-class Watchdog {
- public:
-  explicit Watchdog(std::chrono::seconds limit) {
-    thread_ = std::thread([this, limit] {
-      const auto end = std::chrono::steady_clock::now() + limit;
-      while (!done_.load() && std::chrono::steady_clock::now() < end)
-        std::this_thread::sleep_for(10ms);
-      if (!done_.load()) {
-        std::fprintf(stderr,
-                     "WATCHDOG: collective averager test exceeded its deadline; aborting\n");
-        std::abort();
-      }
-    });
-  }
-  ~Watchdog() {
-    done_.store(true);
-    thread_.join();
-  }
-
- private:
-  std::atomic<bool> done_{false};
-  std::thread thread_;
-};
 
 // Replica w, element i holds i + w (+ 10 * state): the mean is exact in float.
 std::vector<float> replica(int w, std::size_t n, int state) {
@@ -156,60 +128,24 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
     sync::VirtualAverager ring(S, sync::SumOrder::kRing, R, L);
     ring.average(optim::StateKind::kU, views);
 
-    std::vector<transport::InMemoryAddressBook> site_books(static_cast<std::size_t>(S));
-    std::vector<transport::InMemoryAddressBook> wan_books(static_cast<std::size_t>(R));
-    std::vector<transport::InMemoryAddressBook> reverse_books(static_cast<std::size_t>(R));
-    transport::CollectiveOptions options;
-    options.deadline = 20s;
-    options.chunk_bytes = 64;
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(S * R));
+    test_support::WorldOptions world;
+    world.collective.deadline = 20s;
+    world.collective.chunk_bytes = 64;
+    world.two_lanes = two_lanes;
     std::vector<std::vector<float>> got(static_cast<std::size_t>(S * R));
     std::vector<sync::Traffic> traffic(static_cast<std::size_t>(S * R));
-    std::latch done(S * R);
-    std::vector<std::thread> threads;
-    for (int s = 0; s < S; ++s)
-      for (int r = 0; r < R; ++r)
-        threads.emplace_back([&, s, r] {
-          const auto me = static_cast<std::size_t>(s * R + r);
-          std::unique_ptr<transport::Collective> site, wan, reverse;
-          try {
-            const auto deadline = std::chrono::steady_clock::now() + 20s;
-            auto site_port = transport::open_ucx_port();
-            auto wan_port = transport::open_ucx_port();
-            auto reverse_port = two_lanes ? transport::open_ucx_port() : nullptr;
-            const int back = transport::reversed_rank(s, S);
-            if (two_lanes) reverse_books[std::size_t(r)].publish(back, reverse_port->address());
-            site_books[std::size_t(s)].publish(r, site_port->address());
-            wan_books[std::size_t(r)].publish(s, wan_port->address());
-            site = transport::connect_ucx_collective(
-                std::move(site_port), r, R,
-                site_books[std::size_t(s)].lookup((r + 1) % R, deadline), options);
-            auto wan_options = options;
-            wan_options.chunk_headers = true;
-            wan = transport::connect_ucx_collective(
-                std::move(wan_port), s, S, wan_books[std::size_t(r)].lookup((s + 1) % S, deadline),
-                wan_options);
-            if (two_lanes)
-              reverse = transport::connect_ucx_collective(
-                  std::move(reverse_port), back, S,
-                  reverse_books[std::size_t(r)].lookup((back + 1) % S, deadline), wan_options);
-            sync::CollectiveAverager avg(*wan, site.get(), reverse.get());
-            EXPECT_EQ(avg.workers(), S);
-            std::vector<float> mine(n);
-            for (std::size_t i = 0; i < n; ++i) mine[i] = value(s, i);
-            std::span<float> one(mine);
-            avg.begin_step(7);
-            avg.average(optim::StateKind::kU, std::span<const std::span<float>>(&one, 1));
-            got[me] = std::move(mine);
-            traffic[me] = avg.traffic(0);
-          } catch (...) {
-            errors[me] = std::current_exception();
-          }
-          done.arrive_and_wait();
-        });
-    for (auto& t : threads) t.join();
-    for (auto& e : errors)
-      if (e) std::rethrow_exception(e);
+    test_support::run_world(S, R, world, [&](int s, int r, test_support::Groups& g) {
+      const auto me = static_cast<std::size_t>(s * R + r);
+      sync::CollectiveAverager avg(*g.wan, g.site.get(), g.reverse.get());
+      EXPECT_EQ(avg.workers(), S);
+      std::vector<float> mine(n);
+      for (std::size_t i = 0; i < n; ++i) mine[i] = value(s, i);
+      std::span<float> one(mine);
+      avg.begin_step(7);
+      avg.average(optim::StateKind::kU, std::span<const std::span<float>>(&one, 1));
+      got[me] = std::move(mine);
+      traffic[me] = avg.traffic(0);
+    });
     const auto k = static_cast<std::size_t>(optim::StateKind::kU);
     for (int s = 0; s < S; ++s)
       for (int r = 0; r < R; ++r) {

@@ -12,7 +12,6 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -21,40 +20,14 @@
 
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
+#include "test_support.hpp"
 
 namespace desloc::transport {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Aborts the whole test binary if one test hangs: a hang is a bug to report, not to wait on.
-class Watchdog {
- public:
-  explicit Watchdog(std::chrono::seconds limit) {
-    thread_ = std::thread([this, limit] {
-      std::unique_lock lock(mu_);
-      if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
-        std::fprintf(stderr, "watchdog: test exceeded %lld s; aborting\n",
-                     static_cast<long long>(limit.count()));
-        std::abort();
-      }
-    });
-  }
-  ~Watchdog() {
-    {
-      std::lock_guard lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
+using test_support::Watchdog;
 
 // Records what the process logs, so a test can check that a refusal was logged with its reason.
 // The coordinator logs on its own thread, so lookups wait (bounded) for the line.

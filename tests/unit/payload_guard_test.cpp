@@ -5,19 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <latch>
 #include <limits>
-#include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -27,38 +22,17 @@
 #include "desloc/sync/payload_guard.hpp"
 #include "desloc/transport/ring_order.hpp"
 #include "desloc/transport/ucx_collective.hpp"
+#include "test_support.hpp"
 
 using namespace desloc;
 using namespace std::chrono_literals;
 using optim::StateKind;
+using test_support::Watchdog;
 
 namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-class Watchdog {
- public:
-  explicit Watchdog(std::chrono::seconds limit) {
-    thread_ = std::thread([this, limit] {
-      const auto end = std::chrono::steady_clock::now() + limit;
-      while (!done_.load() && std::chrono::steady_clock::now() < end)
-        std::this_thread::sleep_for(10ms);
-      if (!done_.load()) {
-        std::fprintf(stderr, "WATCHDOG: payload guard test exceeded its deadline; aborting\n");
-        std::abort();
-      }
-    });
-  }
-  ~Watchdog() {
-    done_.store(true);
-    thread_.join();
-  }
-
- private:
-  std::atomic<bool> done_{false};
-  std::thread thread_;
-};
 
 // Site s, element i: a small positive integer, so every ring sum is exact in float.
 float healthy(int s, std::size_t i) { return float(i % 97) + float(s) + 1.0f; }
@@ -278,73 +252,35 @@ struct WorldResult {
 // `input(s, r)` once per repeat as state kU at step 11 (chunk headers on the WAN groups).
 template <class Input>
 WorldResult run_world(int S, int R, int L, Input input, bool guard_on, int repeats = 1) {
-  const bool two_lanes = transport::effective_lanes(L, S) == 2;
-  std::vector<transport::InMemoryAddressBook> site_books(static_cast<std::size_t>(S));
-  std::vector<transport::InMemoryAddressBook> wan_books(static_cast<std::size_t>(R));
-  std::vector<transport::InMemoryAddressBook> reverse_books(static_cast<std::size_t>(R));
-  transport::CollectiveOptions options;
-  options.deadline = 20s;
-  options.chunk_bytes = 4096;
+  test_support::WorldOptions world;
+  world.collective.deadline = 20s;
+  world.collective.chunk_bytes = 4096;
+  world.two_lanes = transport::effective_lanes(L, S) == 2;
   WorldResult out;
   out.data.resize(std::size_t(S * R));
   out.rejected.resize(std::size_t(S * R));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(S * R));
-  std::latch done(S * R);
-  std::vector<std::thread> threads;
-  for (int s = 0; s < S; ++s)
-    for (int r = 0; r < R; ++r)
-      threads.emplace_back([&, s, r] {
-        const auto me = static_cast<std::size_t>(s * R + r);
-        std::unique_ptr<transport::Collective> site, wan, reverse;
-        try {
-          const auto deadline = std::chrono::steady_clock::now() + 20s;
-          auto site_port = transport::open_ucx_port();
-          auto wan_port = transport::open_ucx_port();
-          auto reverse_port = two_lanes ? transport::open_ucx_port() : nullptr;
-          const int back = transport::reversed_rank(s, S);
-          if (two_lanes) reverse_books[std::size_t(r)].publish(back, reverse_port->address());
-          site_books[std::size_t(s)].publish(r, site_port->address());
-          wan_books[std::size_t(r)].publish(s, wan_port->address());
-          site = transport::connect_ucx_collective(
-              std::move(site_port), r, R, site_books[std::size_t(s)].lookup((r + 1) % R, deadline),
-              options);
-          auto wan_options = options;
-          wan_options.chunk_headers = true;
-          wan = transport::connect_ucx_collective(
-              std::move(wan_port), s, S, wan_books[std::size_t(r)].lookup((s + 1) % S, deadline),
-              wan_options);
-          if (two_lanes)
-            reverse = transport::connect_ucx_collective(
-                std::move(reverse_port), back, S,
-                reverse_books[std::size_t(r)].lookup((back + 1) % S, deadline), wan_options);
-          sync::CollectiveAverager avg(*wan, site.get(), reverse.get());
-          sync::PayloadGuard g;
-          g.enabled = guard_on;
-          g.site_names = {"east", "west", "north"};
-          avg.set_payload_guard(g);
-          std::vector<double> times;
-          std::vector<float> mine;
-          for (int rep = 0; rep < repeats; ++rep) {
-            mine = input(s, r);
-            std::span<float> one(mine);
-            avg.begin_step(11);
-            const auto t0 = std::chrono::steady_clock::now();
-            avg.average(StateKind::kU, std::span<const std::span<float>>(&one, 1));
-            times.push_back(
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-          }
-          std::sort(times.begin(), times.end());
-          if (me == 0) out.seconds_per_average = times[times.size() / 2];
-          out.data[me] = std::move(mine);
-          out.rejected[me] = avg.rejections();
-        } catch (...) {
-          errors[me] = std::current_exception();
-        }
-        done.arrive_and_wait();
-      });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  test_support::run_world(S, R, world, [&](int s, int r, test_support::Groups& groups) {
+    const auto me = static_cast<std::size_t>(s * R + r);
+    sync::CollectiveAverager avg(*groups.wan, groups.site.get(), groups.reverse.get());
+    sync::PayloadGuard g;
+    g.enabled = guard_on;
+    g.site_names = {"east", "west", "north"};
+    avg.set_payload_guard(g);
+    std::vector<double> times;
+    std::vector<float> mine;
+    for (int rep = 0; rep < repeats; ++rep) {
+      mine = input(s, r);
+      std::span<float> one(mine);
+      avg.begin_step(11);
+      const auto t0 = std::chrono::steady_clock::now();
+      avg.average(StateKind::kU, std::span<const std::span<float>>(&one, 1));
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    if (me == 0) out.seconds_per_average = times[times.size() / 2];
+    out.data[me] = std::move(mine);
+    out.rejected[me] = avg.rejections();
+  });
   return out;
 }
 

@@ -8,16 +8,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <filesystem>
 #include <fstream>
-#include <latch>
-#include <memory>
-#include <thread>
 #include <vector>
 
 #include "desloc/core/error.hpp"
@@ -25,36 +18,14 @@
 #include "desloc/train/checkpoint.hpp"
 #include "desloc/train/resume_agreement.hpp"
 #include "desloc/transport/ucx_collective.hpp"
+#include "test_support.hpp"
 
 using namespace desloc;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
+using test_support::Watchdog;
 
 namespace {
-
-// Aborts the process instead of letting a broken transport hang the suite.
-class Watchdog {
- public:
-  explicit Watchdog(std::chrono::seconds limit) {
-    thread_ = std::thread([this, limit] {
-      const auto end = std::chrono::steady_clock::now() + limit;
-      while (!done_.load() && std::chrono::steady_clock::now() < end)
-        std::this_thread::sleep_for(10ms);
-      if (!done_.load()) {
-        std::fprintf(stderr, "WATCHDOG: resume agreement test exceeded its deadline; aborting\n");
-        std::abort();
-      }
-    });
-  }
-  ~Watchdog() {
-    done_.store(true);
-    thread_.join();
-  }
-
- private:
-  std::atomic<bool> done_{false};
-  std::thread thread_;
-};
 
 const std::vector<std::string> kSites = {"east", "west", "north"};
 
@@ -71,45 +42,18 @@ train::CheckpointScan valid_steps(std::vector<std::int64_t> steps) {
 std::vector<train::ResumeChoice> agree(int S, int R,
                                        const std::vector<train::CheckpointScan>& scans) {
   Watchdog watchdog(60s);
-  std::vector<transport::InMemoryAddressBook> site_books(static_cast<std::size_t>(S));
-  std::vector<transport::InMemoryAddressBook> wan_books(static_cast<std::size_t>(R));
-  transport::CollectiveOptions options;
-  options.deadline = 20s;
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(S * R));
+  test_support::WorldOptions world;
+  world.collective.deadline = 20s;
+  world.wan_chunk_headers = false;
+  world.lone_site_group = false;
   std::vector<train::ResumeChoice> got(static_cast<std::size_t>(S * R));
-  std::latch done(S * R);
-  std::vector<std::thread> threads;
-  for (int s = 0; s < S; ++s)
-    for (int r = 0; r < R; ++r)
-      threads.emplace_back([&, s, r] {
-        const auto me = static_cast<std::size_t>(s * R + r);
-        std::unique_ptr<transport::Collective> site, wan;
-        try {
-          const auto deadline = std::chrono::steady_clock::now() + 20s;
-          auto wan_port = transport::open_ucx_port();
-          wan_books[std::size_t(r)].publish(s, wan_port->address());
-          if (R > 1) {
-            auto site_port = transport::open_ucx_port();
-            site_books[std::size_t(s)].publish(r, site_port->address());
-            site = transport::connect_ucx_collective(
-                std::move(site_port), r, R,
-                site_books[std::size_t(s)].lookup((r + 1) % R, deadline), options);
-          }
-          wan = transport::connect_ucx_collective(
-              std::move(wan_port), s, S, wan_books[std::size_t(r)].lookup((s + 1) % S, deadline),
-              options);
-          train::ResumeAgreementOptions opts;
-          opts.site_names = {kSites.begin(), kSites.begin() + S};
-          opts.who = fmt::format("{}/{}", kSites[std::size_t(s)], r);
-          got[me] = train::agree_on_resume_step(scans[me], site.get(), wan.get(), opts);
-        } catch (...) {
-          errors[me] = std::current_exception();
-        }
-        done.arrive_and_wait();
-      });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  test_support::run_world(S, R, world, [&](int s, int r, test_support::Groups& groups) {
+    const auto me = static_cast<std::size_t>(s * R + r);
+    train::ResumeAgreementOptions opts;
+    opts.site_names = {kSites.begin(), kSites.begin() + S};
+    opts.who = fmt::format("{}/{}", kSites[std::size_t(s)], r);
+    got[me] = train::agree_on_resume_step(scans[me], groups.site.get(), groups.wan.get(), opts);
+  });
   // Every rank decided the same thing.
   for (const auto& c : got) {
     EXPECT_EQ(c.step, got[0].step);

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -21,6 +20,7 @@
 
 #include "desloc/core/error.hpp"
 #include "desloc/transport/ucx_collective.hpp"
+#include "test_support.hpp"
 
 namespace desloc::transport {
 namespace {
@@ -53,40 +53,13 @@ Transport shared_memory() {
   return {"sm", o};
 }
 
-// Aborts the whole test binary if the guarded scope outlives its deadline: a hang becomes a
-// failure with a message instead of a stuck CI job.
-class Watchdog {
- public:
-  explicit Watchdog(std::string what, std::chrono::seconds limit = kWatchdog)
-      : thread_([this, what = std::move(what), limit] {
-          std::unique_lock lock(mutex_);
-          if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
-            std::fprintf(stderr, "WATCHDOG: '%s' exceeded %lld s; aborting\n", what.c_str(),
-                         static_cast<long long>(limit.count()));
-            std::abort();
-          }
-        }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard lock(mutex_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
+using test_support::Watchdog;
 
 // Runs body(collective, rank) on `size` threads, each with its own UCX context and worker;
 // exceptions are captured per rank and the first is rethrown after all threads joined.
 void run_ranks(int size, const UcxOptions& ucx, const CollectiveOptions& options,
                const std::function<void(Collective&, int)>& body) {
-  Watchdog watchdog("run_ranks size " + std::to_string(size));
+  Watchdog watchdog(kWatchdog, "run_ranks size " + std::to_string(size));
   InMemoryAddressBook book;
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
   std::vector<std::thread> threads;
@@ -367,7 +340,7 @@ TEST(UcxCollective, RejectsBadArguments) {
 }
 
 TEST(UcxCollective, MissingAddressTimesOut) {
-  Watchdog watchdog("MissingAddressTimesOut");
+  Watchdog watchdog(kWatchdog);
   InMemoryAddressBook book;
   CollectiveOptions options;
   options.deadline = 300ms;

@@ -1,0 +1,148 @@
+// Scaffolding shared by the unit tests: a watchdog that turns a hang into an abort naming the
+// test, and an in-process UCX world of S sites x R ranks (ranks as threads) with the site, WAN
+// and reversed-WAN groups a `desloc worker` builds.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <latch>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "desloc/transport/ring_order.hpp"
+#include "desloc/transport/ucx_collective.hpp"
+
+namespace desloc::test_support {
+
+// The running test as "Suite.Name", or "(no test)" outside one.
+inline std::string current_test_name() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (info == nullptr) return "(no test)";
+  return std::string(info->test_suite_name()) + "." + info->name();
+}
+
+// Aborts the whole test binary if the guarded scope outlives `limit`: a hang becomes a failure
+// naming the test (and `what`, when given) instead of a stuck CI job.
+class Watchdog {
+ public:
+  explicit Watchdog(std::chrono::seconds limit, std::string what = {})
+      : thread_([this, limit, name = current_test_name(), what = std::move(what)] {
+          std::unique_lock lock(mutex_);
+          if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
+            std::fprintf(stderr, "WATCHDOG: %s%s%s exceeded %lld s; aborting\n", name.c_str(),
+                         what.empty() ? "" : ": ", what.c_str(),
+                         static_cast<long long>(limit.count()));
+            std::abort();
+          }
+        }) {}
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: started once the members it waits on exist
+};
+
+// How run_world builds each rank's groups.
+struct WorldOptions {
+  transport::CollectiveOptions collective;  // every group's options (deadline, chunk_bytes)
+  bool two_lanes = false;                   // a reversed-ring WAN group as well (the second lane)
+  bool wan_chunk_headers = true;            // chunk headers on the WAN groups
+  bool lone_site_group = true;  // a site group of 1 when R == 1 (false: site stays null)
+  std::chrono::seconds lookup_timeout = std::chrono::seconds(20);  // for peers' addresses
+};
+
+// One rank's groups, alive until every rank of the world has left its body.
+struct Groups {
+  std::unique_ptr<transport::Collective> site;     // ranks of this site; null if none was built
+  std::unique_ptr<transport::Collective> wan;      // rank r of every site
+  std::unique_ptr<transport::Collective> reverse;  // the WAN ring reversed; null with one lane
+};
+
+// S sites x R ranks as threads over UCX loopback. Rank (s, r) opens its ports, publishes their
+// addresses (site books per site, WAN and reverse books per rank index), connects its groups,
+// runs body(s, r, groups), and waits on a barrier for every rank before its groups close.
+// Once all have joined, the first failed rank (in s * R + r order) is named on stderr and its
+// exception rethrown as it was thrown, so the caller can still catch it by type.
+inline void run_world(int S, int R, const WorldOptions& world,
+                      const std::function<void(int s, int r, Groups&)>& body) {
+  std::vector<transport::InMemoryAddressBook> site_books(static_cast<std::size_t>(S));
+  std::vector<transport::InMemoryAddressBook> wan_books(static_cast<std::size_t>(R));
+  std::vector<transport::InMemoryAddressBook> reverse_books(static_cast<std::size_t>(R));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(S * R));
+  std::latch done(S * R);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < R; ++r)
+      threads.emplace_back([&, s, r] {
+        const auto me = static_cast<std::size_t>(s * R + r);
+        Groups groups;
+        try {
+          const auto deadline = std::chrono::steady_clock::now() + world.lookup_timeout;
+          const bool with_site = R > 1 || world.lone_site_group;
+          auto site_port = with_site ? transport::open_ucx_port() : nullptr;
+          auto wan_port = transport::open_ucx_port();
+          auto reverse_port = world.two_lanes ? transport::open_ucx_port() : nullptr;
+          const int back = transport::reversed_rank(s, S);
+          if (world.two_lanes) reverse_books[std::size_t(r)].publish(back, reverse_port->address());
+          if (with_site) site_books[std::size_t(s)].publish(r, site_port->address());
+          wan_books[std::size_t(r)].publish(s, wan_port->address());
+          if (with_site)
+            groups.site = transport::connect_ucx_collective(
+                std::move(site_port), r, R,
+                site_books[std::size_t(s)].lookup((r + 1) % R, deadline), world.collective);
+          auto wan_options = world.collective;
+          if (world.wan_chunk_headers) wan_options.chunk_headers = true;
+          groups.wan = transport::connect_ucx_collective(
+              std::move(wan_port), s, S, wan_books[std::size_t(r)].lookup((s + 1) % S, deadline),
+              wan_options);
+          if (world.two_lanes)
+            groups.reverse = transport::connect_ucx_collective(
+                std::move(reverse_port), back, S,
+                reverse_books[std::size_t(r)].lookup((back + 1) % S, deadline), wan_options);
+          body(s, r, groups);
+        } catch (...) {
+          errors[me] = std::current_exception();
+        }
+        done.arrive_and_wait();
+      });
+  for (auto& t : threads) t.join();
+  const auto first = std::find_if(errors.begin(), errors.end(), [](auto& e) { return bool(e); });
+  if (first == errors.end()) return;
+  const auto i = static_cast<std::size_t>(first - errors.begin());
+  const auto failed = std::count_if(first, errors.end(), [](auto& e) { return bool(e); });
+  std::string what = "(not a std::exception)";
+  try {
+    std::rethrow_exception(*first);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  std::fprintf(stderr, "run_world: site %zu rank %zu failed (the first of %td): %s\n",
+               i / std::size_t(R), i % std::size_t(R), failed, what.c_str());
+  std::rethrow_exception(*first);
+}
+
+}  // namespace desloc::test_support
