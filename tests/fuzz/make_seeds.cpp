@@ -9,6 +9,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "desloc/core/file_io.hpp"
@@ -52,6 +53,10 @@ void wire_seeds(const fs::path& dir) {
   membership.ring_order = {2, 0, 1};
 
   put(dir / "hello.bin", wire::encode(wire::Hello{1, "west", 2, {0xde, 0xad, 0xbe, 0xef}, 42}));
+  // A rank reconnecting to a restarted coordinator names the epoch it trains in.
+  wire::Hello reconnect{1, "north", 0, {0x01, 0x02}, 42};
+  reconnect.epoch = 7;
+  put(dir / "hello_reconnect.bin", wire::encode(reconnect));
   put(dir / "challenge.bin", wire::encode(challenge));
   put(dir / "auth_response.bin",
       wire::encode(wire::AuthResponse{std::vector<std::uint8_t>(32, 7)}));
@@ -59,12 +64,29 @@ void wire_seeds(const fs::path& dir) {
   put(dir / "welcome.bin", wire::encode(wire::Welcome{"registered west/2"}));
   put(dir / "reject.bin",
       wire::encode(wire::Reject{wire::RejectCode::kConfigHash, "hash differs"}));
+  // One Reject per code this build knows (reject_code_name says "unknown" past the last), so a
+  // new code gets its seed without an edit here.
+  for (std::uint16_t code = 1; code < 64; ++code) {
+    const auto rc = static_cast<wire::RejectCode>(code);
+    const std::string_view name = wire::reject_code_name(rc);
+    if (name == "unknown") break;
+    put(dir / ("reject_" + std::string(name) + ".bin"),
+        wire::encode(wire::Reject{rc, std::string(name)}));
+  }
   put(dir / "membership.bin", wire::encode(membership));
   put(dir / "membership_empty.bin", wire::encode(wire::Membership{}));
+  // An epoch after a failure: rolls back to resume_step, says why, and takes a site back.
+  wire::Membership rejoined = membership;
+  rejoined.epoch = 5;
+  rejoined.resume_step = 96;
+  rejoined.note = "site west lost (disconnected); site west rejoins";
+  rejoined.joining = {"west"};
+  put(dir / "membership_rejoin.bin", wire::encode(rejoined));
   put(dir / "heartbeat.bin", wire::encode(wire::Heartbeat{3, 1234}));
   put(dir / "status.bin", wire::encode(wire::Status{1, 3, {"west/0", "1 more site"}}));
   put(dir / "recovery.bin", wire::encode(wire::Recovery{4, "site west went silent"}));
   put(dir / "recover.bin", wire::encode(wire::Recover{4, {100, 120}, {5, 6, 7}, "ring broke"}));
+  put(dir / "recover_empty.bin", wire::encode(wire::Recover{}));
   put(dir / "bye.bin", wire::encode(wire::Bye{4, 600}));
 
   // A handshake as one stream, then the same stream cut in the middle of its last frame.
@@ -76,6 +98,15 @@ void wire_seeds(const fs::path& dir) {
   put(dir / "handshake_stream.bin", stream);
   stream.resize(stream.size() - 5);
   put(dir / "handshake_truncated.bin", stream);
+  // A recovery round as one stream: heartbeat, the coordinator closes the epoch, the rank
+  // offers its snapshots, the next epoch takes a site back, the rank finishes.
+  stream.clear();
+  for (const auto& f : {wire::encode(wire::Heartbeat{4, 99}),
+                        wire::encode(wire::Recovery{4, "site west went silent"}),
+                        wire::encode(wire::Recover{4, {96}, {8, 9}, "peer gone"}),
+                        wire::encode(rejoined), wire::encode(wire::Bye{5, 600})})
+    stream.insert(stream.end(), f.begin(), f.end());
+  put(dir / "recovery_stream.bin", stream);
   // A frame of a type this build does not know.
   put(dir / "unknown_type.bin",
       wire::encode_frame(wire::MessageType{99}, std::vector<std::uint8_t>{1, 2}));
@@ -94,6 +125,10 @@ void config_seeds(const fs::path& dir, const fs::path& source) {
       std::string("[sync]\nmethod = \"desloc\"\nkx = 4\nku = 12\nkv = 24\nphase_v = 23\n[job]\n"
                   "sites = [\"a\", \"b-2\", \"c_3\"]\nranks_per_site = 2\ntoken = \"s3cret\"\n"
                   "[transport]\nlanes = 2\nchunk_bytes = 4\ndeadline_s = 0.5\n"));
+  put(dir / "job_tls.toml",
+      std::string("[job]\nsites = [\"a\", \"b\"]\ntoken = \"s3cret\"\ntls = true\n"
+                  "tls_cert = \"/etc/desloc/coord.pem\"\ntls_key = \"/etc/desloc/coord.key\"\n"
+                  "tls_ca = \"/etc/desloc/ca.pem\"\n"));
 }
 
 void topology_seeds(const fs::path& dir, const fs::path& source) {
