@@ -2,6 +2,7 @@
 #include "desloc/sync/synced_step.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace desloc::sync {
@@ -27,6 +28,22 @@ std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::St
   return out;
 }
 
+void bound_momentum(std::span<Replica> replicas) {
+  for (auto& r : replicas) {
+    const optim::OptimizerConfig& c = r.opt->config();
+    const double b1 = c.beta1, b2 = c.beta2;
+    if (c.name != "adamw" || b1 * b1 >= b2) continue;
+    // A hair of slack, so float rounding never clamps a u that Adam itself produced.
+    const auto bound =
+        static_cast<float>(1.0001 * (1.0 - b1) / std::sqrt((1.0 - b2) * (1.0 - b1 * b1 / b2)));
+    auto& s = r.opt->state();
+    for (std::size_t i = 0; i < s.u.size(); ++i) {
+      const float lim = bound * std::sqrt(s.v[i]);
+      s.u[i] = std::clamp(s.u[i], -lim, lim);
+    }
+  }
+}
+
 StepReport run_synced_step(std::int64_t t, const SyncPolicy& policy, Averager& averager,
                            std::span<Replica> replicas,
                            const std::function<void(std::size_t)>& grad, float lr,
@@ -49,6 +66,7 @@ StepReport run_synced_step(std::int64_t t, const SyncPolicy& policy, Averager& a
     }
   }
   if (due.u) averager.average(StateKind::kU, state_views(replicas, StateKind::kU));
+  if (due.u && !due.v) bound_momentum(replicas);
   if (due.v) averager.average(StateKind::kV, state_views(replicas, StateKind::kV));
   if (due.reset_uv) {
     for (auto& r : replicas) {

@@ -157,6 +157,50 @@ TEST(SyncedStep, OrderIsGradientThenAverageThenUpdate) {
   EXPECT_EQ(avg.traffic(0).payload[1], 4u);  // one float of x, once
 }
 
+TEST(SyncedStep, MomentumBoundNeverTouchesWhatAdamProducesAndTamesAForeignMomentum) {
+  optim::OptimizerConfig cfg;  // adamw, b1 = 0.9, b2 = 0.95
+  const std::size_t n = 256;
+  optim::Optimizer opt(cfg, n);
+  std::vector<float> x(n, 0.5f), g(n);
+  std::uint32_t seed = 7;
+  auto rnd = [&] {
+    seed = seed * 1664525u + 1013904223u;
+    return static_cast<float>(seed >> 8) / 16777216.0f - 0.5f;
+  };
+  // 200 Adam steps with gradients of every scale, and some coordinates that see one large
+  // gradient and then none (the worst case for |u| / sqrt(v)).
+  for (int t = 0; t < 200; ++t) {
+    for (std::size_t i = 0; i < n; ++i)
+      g[i] = i % 7 == 0 ? (t == 3 ? 100.0f : 0.0f) : rnd() * std::pow(10.0f, float(i % 5) - 2);
+    opt.step(x, g, 1e-3f);
+  }
+  std::vector<float> zeros(n);
+  std::vector<sync::Replica> replicas{{x, zeros, &opt}};
+  const std::vector<float> before = opt.state().u;
+  sync::bound_momentum(replicas);
+  EXPECT_EQ(opt.state().u, before) << "an Adam-produced u must never be clamped";
+
+  // Another site's momentum for coordinates this site's v knows nothing of: it would be a
+  // step of lr * u / eps; bounded, it is at most C * lr.
+  opt.state().u[1] = 0.3f;
+  opt.state().v[1] = 0.0f;
+  opt.state().u[2] = -0.3f;
+  opt.state().v[2] = 1e-4f;
+  sync::bound_momentum(replicas);
+  EXPECT_EQ(opt.state().u[1], 0.0f);
+  const float c = 1.0001f * 0.1f / std::sqrt(0.05f * (1.0f - 0.81f / 0.95f));
+  EXPECT_NEAR(opt.state().u[2], -c * 1e-2f, 1e-6f);
+
+  // ADOPT's step does not divide by sqrt(v): left alone.
+  optim::OptimizerConfig adopt_cfg;
+  adopt_cfg.name = "adopt";
+  optim::Optimizer adopt(adopt_cfg, n);
+  adopt.state().u.assign(n, 0.3f);
+  std::vector<sync::Replica> adopt_replicas{{x, zeros, &adopt}};
+  sync::bound_momentum(adopt_replicas);
+  EXPECT_EQ(adopt.state().u, std::vector<float>(n, 0.3f));
+}
+
 TEST(SyncedStep, ResetZeroesMomentsAfterTheAverage) {
   optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
   optim::Optimizer o0(cfg, 2), o1(cfg, 2);

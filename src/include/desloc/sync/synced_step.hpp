@@ -37,6 +37,15 @@ struct StepReport {
   float grad_norm = 0.0f;  // global norm of the last worker's gradient before clipping
 };
 
+// After u is averaged without v (DES-LOC's Ku < Kv): bounds every |u_i| of an AdamW replica by
+// C sqrt(v_i), C = (1 - b1) / sqrt((1 - b2)(1 - b1^2 / b2)), the most a single Adam can reach
+// (Cauchy-Schwarz on the two moving averages). The averaged u can carry another site's
+// momentum for a coordinate this site's v barely knows (an embedding row of a token it has
+// not seen: v ~ 0), and Adam's step u / (sqrt(v) + eps) would then explode; the fault suite
+// hit exactly that after a site was dropped. A u that Adam itself produced, or one averaged
+// together with v (Jensen), is never changed. ADOPT's step does not divide by sqrt(v).
+void bound_momentum(std::span<Replica> replicas);
+
 // The buffers of one state kind across the replicas, in replica order.
 std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::StateKind kind);
 
