@@ -149,6 +149,33 @@ struct Ports {
 };
 constexpr int kSiteSlot = 0, kWanSlot = 1, kNcclSlot = 2, kReverseSlot = 3, kPairSlot = 4;
 
+// Fault injection for the fault suite: $DESLOC_INJECT_CRASH = "SITE:STEP:x|u|v" makes every
+// rank of SITE kill itself halfway through its wide-area ring of that average (epoch 1 only).
+transport::OpLabel crash_from_environment(const std::string& site, std::uint64_t epoch) {
+  transport::OpLabel off;
+  const char* env = std::getenv("DESLOC_INJECT_CRASH");
+  if (env == nullptr || *env == '\0' || epoch != 1) return off;
+  const std::string text(env);
+  const auto a = text.find(':');
+  const auto b = a == std::string::npos ? a : text.find(':', a + 1);
+  if (b == std::string::npos)
+    throw ConfigError("$DESLOC_INJECT_CRASH = '" + text + "': expected SITE:STEP:x|u|v");
+  if (text.substr(0, a) != site) return off;
+  const std::string state = text.substr(b + 1);
+  const auto kind =
+      state == "x"   ? optim::StateKind::kX
+      : state == "u" ? optim::StateKind::kU
+      : state == "v"
+          ? optim::StateKind::kV
+          : throw ConfigError("$DESLOC_INJECT_CRASH: state '" + state + "' is not x, u or v");
+  transport::OpLabel at;
+  at.step = std::atoll(text.substr(a + 1, b - a - 1).c_str());
+  at.state = static_cast<std::uint8_t>(kind);
+  log::warn("fault injection: site {} dies halfway through its {} average at step {}", site, state,
+            at.step);
+  return at;
+}
+
 bool uses_nccl(const train::JobConfig& cfg) {
   return cfg.train.backend == "cuda" && cfg.job.ranks_per_site > 1;
 }
@@ -199,6 +226,7 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
     transport::RankClient* client = ss.client.get();
     base.should_abort = [client] { return client->recovery_pending(); };
   }
+  const transport::OpLabel crash = crash_from_environment(site, m.epoch);
 
   if (uses_nccl(cfg)) {
     auto o = base;
@@ -224,6 +252,7 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
   {
     auto o = base;
     o.chunk_headers = cfg.transport.chunk_headers;
+    o.crash_in = crash;
     for (const auto& s : sites) o.peer_names.push_back(fmt::format("{}/{}", s, ss.rank));
     transport::WorkerAddress successor;
     if (S > 1) {
@@ -238,6 +267,7 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
   if (transport::effective_lanes(cfg.transport.lanes, S) == 2) {
     auto o = base;
     o.chunk_headers = cfg.transport.chunk_headers;
+    o.crash_in = crash;
     for (int p = 0; p < S; ++p)
       o.peer_names.push_back(fmt::format("{}/{}", sites[std::size_t((S - p) % S)], ss.rank));
     const auto& next = member(m, sites[std::size_t((site_index - 1 + S) % S)],

@@ -84,6 +84,7 @@ double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// A negative time or byte count is printed as "-" (not applicable to the scenario).
 void report_row(const std::string& scenario, double detect_s, double recover_s, double loss_delta,
                 double bytes_resent, const std::string& outcome) {
   const fs::path path = fs::path(DESLOC_CLI).parent_path().parent_path() / "fault_report.md";
@@ -92,11 +93,19 @@ void report_row(const std::string& scenario, double detect_s, double recover_s, 
   if (fresh)
     out << "| scenario | detection (s) | recovery (s) | loss delta (nats) | bytes re-sent | "
            "outcome |\n|---|---|---|---|---|---|\n";
-  char row[512];
-  std::snprintf(row, sizeof row, "| %s | %.2f | %.2f | %+.4f | %.0f | %s |\n", scenario.c_str(),
-                detect_s, recover_s, loss_delta, bytes_resent, outcome.c_str());
+  auto cell = [](double v, const char* format) {
+    if (v < 0) return std::string("-");
+    char buf[64];
+    std::snprintf(buf, sizeof buf, format, v);
+    return std::string(buf);
+  };
+  char delta[32];
+  std::snprintf(delta, sizeof delta, "%+.4f", loss_delta);
+  const std::string row = "| " + scenario + " | " + cell(detect_s, "%.2f") + " | " +
+                          cell(recover_s, "%.2f") + " | " + delta + " | " +
+                          cell(bytes_resent, "%.0f") + " | " + outcome + " |\n";
   out << row;
-  std::printf("fault report: %s", row);
+  std::printf("fault report: %s", row.c_str());
 }
 
 // The fault-free reference: the same job in-process (the multi-process run reproduces it bit
@@ -188,6 +197,52 @@ TEST(FaultSuite, SiteKilledMidRunIsDroppedAndTheSurvivorsFinish) {
              "dropped east, finished on 2 sites");
 }
 
+// Every rank of east kills itself halfway through its wide-area ring of one average: the
+// others hold a partial sum that must never be applied.
+void expect_death_mid_average_is_survived(const std::string& state, std::int64_t step, int R,
+                                          int lanes) {
+  Job job("mid_" + state + "_" + std::to_string(R), R, lanes, "",
+          {{"DESLOC_INJECT_CRASH", "east:" + std::to_string(step) + ":" + state}});
+  for (int r = 0; r < R; ++r) {
+    Process& p = job.ranks[1][std::size_t(r)];
+    EXPECT_EQ(p.wait(120s), 128 + SIGKILL) << p.output();
+    EXPECT_NE(p.output().find("killing this process halfway through all_reduce"), std::string::npos)
+        << p.output();
+  }
+  const auto rolled = wait_for_text(job.ranks[0][0], "rolled back to step", 30s);
+  ASSERT_TRUE(rolled.has_value()) << job.ranks[0][0].output();
+  const double val = expect_leader_finishes(job);
+  for (std::size_t s : {std::size_t(0), std::size_t(2)}) {
+    for (int r = 0; r < R; ++r) {
+      if (s != 0 || r != 0) {
+        EXPECT_EQ(job.ranks[s][std::size_t(r)].wait(60s), 0);
+      }
+    }
+  }
+  // The rollback point is the snapshot before that step: the partial average was discarded.
+  EXPECT_EQ(last_field(job.leader_metrics(), "recovery", "step").value_or(-1), double(step - 1));
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_NEAR(val, ref, kLossTolerance);
+  report_row("every rank of a site dies halfway through its " + state + " average (3 sites x " +
+                 std::to_string(R) + " rank" + (R > 1 ? "s" : "") + ", " + std::to_string(lanes) +
+                 " lane" + (lanes > 1 ? "s" : "") + ")",
+             -1, -1, val - ref,
+             last_field(job.leader_metrics(), "recovery", "bytes_resent").value_or(-1),
+             "partial average discarded, rolled back to step " + std::to_string(step - 1) +
+                 ", finished on 2 sites");
+}
+
+// kx = 4, so x is due every 4 steps, u every 12 and v every 24.
+TEST(FaultSuite, SiteDyingHalfwayThroughAnXAverageIsSurvived) {
+  expect_death_mid_average_is_survived("x", 404, 1, 1);
+}
+TEST(FaultSuite, SiteDyingHalfwayThroughAUAverageIsSurvived) {
+  expect_death_mid_average_is_survived("u", 396, 1, 1);
+}
+TEST(FaultSuite, SiteDyingHalfwayThroughAVAverageIsSurvivedOnEveryShardAndLane) {
+  expect_death_mid_average_is_survived("v", 384, 2, 2);
+}
+
 TEST(FaultSuite, OneRankKilledTakesItsSiteOutAndTheOthersFinishOnBothLanes) {
   Job job("kill_rank", 2, 2);
   ASSERT_TRUE(job.reach(kSteps / 3)) << job.ranks[0][0].output();
@@ -251,8 +306,8 @@ TEST(FaultSuite, BelowTheMinimumSiteCountTheJobEndsWithTheReason) {
     EXPECT_NE(status, -1) << "a survivor hung: " << p->output();
     EXPECT_NE(p->output().find("below the job's minimum of 3"), std::string::npos) << p->output();
   }
-  report_row("kill -9 a site with job.min_sites = 3", 0.0, seconds(killed_at, Clock::now()), 0.0,
-             0.0, "stopped with the designed error");
+  report_row("kill -9 a site with job.min_sites = 3", -1, seconds(killed_at, Clock::now()), 0.0, -1,
+             "stopped with the designed error");
 }
 
 TEST(FaultSuite, KilledSiteRestartsRejoinsFromAPeerAndTheJobFinishesOnAllSites) {
@@ -344,7 +399,7 @@ void expect_poison_is_rejected(const std::string& tag, const std::string& kind, 
   EXPECT_NEAR(val, ref, kLossTolerance);
   report_row(kind == "huge" ? "one site sends x scaled 1000x (payload guard)"
                             : "one site sends a NaN in x (payload guard)",
-             0.0, 0.0, val - ref, 0.0, "east left out of that average and healed; finished");
+             -1, -1, val - ref, -1, "east left out of that average and healed; finished");
 }
 
 TEST(FaultSuite, NonFinitePayloadFromOneSiteIsLeftOutAndTheJobFinishes) {
@@ -377,7 +432,7 @@ TEST(FaultSuite, WholeJobRestartResumesFromTheNewestCheckpointEverySiteHoldsInta
   // Resuming is bit-exact: the restarted job ends exactly where the fault-free run does.
   const double ref = reference_val_loss(job.cfg, job.cluster.dir);
   EXPECT_EQ(val, ref);
-  report_row("whole job killed, newest checkpoint torn on one site, restarted with --resume", 0.0,
+  report_row("whole job killed, newest checkpoint torn on one site, restarted with --resume", -1,
              seconds(restarted_at, Clock::now()), val - ref, 0.0,
              "resumed from step 500 (750 torn on west), finished bit-exact");
 }

@@ -6,6 +6,7 @@
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -398,6 +399,15 @@ class UcxCollective final : public Collective {
       if (u.forward)
         sends[{u.step + 1, u.chunk}] = &post_send(op, u.dst, u.bytes, u.step + 1, u.chunk);
       post_ready(k + 1 + window_);
+      if (k == units.size() / 2 && options_.crash_in.step >= 0 &&
+          op.op == CollectiveOp::kAllReduce && op.label.step == options_.crash_in.step &&
+          op.label.state == options_.crash_in.state) {
+        log::warn(
+            "rank {}: fault injection: killing this process halfway through {} #{} (step "
+            "{}, state {})",
+            rank_, op_name(op.op), op.seq, op.label.step, int(op.label.state));
+        ::raise(SIGKILL);
+      }
     }
     for (auto& [key, t] : sends) wait_send(op, *t, key.first, key.second);
   }

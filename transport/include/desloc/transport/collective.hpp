@@ -55,6 +55,14 @@ struct ByteCounters {
   }
 };
 
+// What the next operations are about, carried in chunk headers and checked on receipt: the
+// training step, the state kind (optim::StateKind as a byte; 255 = none) and the shard.
+struct OpLabel {
+  std::int64_t step = -1;
+  std::uint8_t state = 255;
+  std::uint32_t shard = 0;
+};
+
 struct CollectiveOptions {
   // Every operation must finish within this time of its start, or it throws TimeoutError
   // naming the awaited peer. The group is unusable afterwards (rebuild it in a new epoch).
@@ -80,14 +88,10 @@ struct CollectiveOptions {
   // throws PeerFailure: the control plane has declared this epoch over (a site failed), so
   // the awaited peer may never come. Empty: wait for the deadline alone.
   std::function<bool()> should_abort;
-};
-
-// What the next operations are about, carried in chunk headers and checked on receipt: the
-// training step, the state kind (optim::StateKind as a byte; 255 = none) and the shard.
-struct OpLabel {
-  std::int64_t step = -1;
-  std::uint8_t state = 255;
-  std::uint32_t shard = 0;
+  // Fault injection for the fault suite: the process kills itself (SIGKILL) halfway through
+  // the ring of the first all-reduce labelled with this step and state, as a site that dies in
+  // the middle of an average would. step < 0: off.
+  OpLabel crash_in{};
 };
 
 // A fixed group of size() ranks; this process is rank(). Every rank must call the same
