@@ -27,10 +27,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-// Losing one of three sites for the last two thirds of a run costs about 0.01 nats here
-// (measured 0.013 for 4000 steps); a broken recovery (a stale or partial average applied, a
-// site training alone) costs far more or fails outright.
-constexpr double kLossTolerance = 0.05;
+// Losing one of three sites a quarter to a third into a run leaves the survivors with two
+// thirds of the data for the rest of it: the final loss moved by -0.009 to +0.032 nats in the
+// release build and up to +0.056 under ASan+UBSan (other rounding, an earlier kill). A broken
+// recovery (a partial or stale average applied, a blown-up step) costs far more or fails
+// outright: before the momentum bound (docs/sync.md) one such run reached a loss of 877.
+constexpr double kLossTolerance = 0.08;
 constexpr int kSteps = 1500;
 
 std::string elastic_toml(const fs::path& out, int ranks, int lanes, const std::string& extra_job) {
