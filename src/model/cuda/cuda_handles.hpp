@@ -9,7 +9,7 @@
 #include <span>
 #include <utility>
 
-#include "cuda_check.hpp"
+#include "desloc/core/cuda_check.hpp"
 
 namespace desloc::model::cuda {
 

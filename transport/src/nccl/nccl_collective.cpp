@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "desloc/core/cuda_check.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/transport/nccl_collective.hpp"
@@ -19,25 +20,19 @@ namespace {
 using Clock = std::chrono::steady_clock;
 static_assert(sizeof(ncclUniqueId) == kNcclIdBytes, "ncclUniqueId size changed");
 
-void check_cuda(cudaError_t e, const char* call, const std::string& context) {
-  if (e != cudaSuccess)
-    throw TransportError(std::string(call) + " failed: " + cudaGetErrorString(e) + " (" + context +
-                         ")");
-}
 void check_nccl(ncclResult_t r, const char* call, const std::string& context) {
   if (r != ncclSuccess && r != ncclInProgress)
     throw TransportError(std::string(call) + " failed: " + ncclGetErrorString(r) + " (" + context +
                          ")");
 }
-#define DESLOC_CUDA(call, ctx) check_cuda((call), #call, (ctx))
 #define DESLOC_NCCL(call, ctx) check_nccl((call), #call, (ctx))
 
 class NcclCollective final : public Collective {
  public:
   NcclCollective(int rank, int size, const NcclId& id, int device, const CollectiveOptions& o)
       : rank_(rank), size_(size), device_(device), options_(o) {
-    DESLOC_CUDA(cudaSetDevice(device_), where("selecting the device"));
-    DESLOC_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), where("stream"));
+    DESLOC_CUDA_CHECK(cudaSetDevice(device_), where("selecting the device"));
+    DESLOC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), where("stream"));
     ncclUniqueId nid;
     std::memcpy(&nid, id.data(), sizeof nid);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -141,25 +136,26 @@ class NcclCollective final : public Collective {
     const std::string what =
         std::string(op_name(op)) + " of " + std::to_string(out_bytes) + " bytes";
     const auto deadline = Clock::now() + options_.deadline;
-    DESLOC_CUDA(cudaSetDevice(device_), where(what));
+    DESLOC_CUDA_CHECK(cudaSetDevice(device_), where(what));
     if (out_bytes > capacity_) {
       if (device_buffer_ != nullptr) cudaFree(device_buffer_);
       device_buffer_ = nullptr;
-      DESLOC_CUDA(cudaMalloc(&device_buffer_, out_bytes), where(what));
+      DESLOC_CUDA_CHECK(cudaMalloc(&device_buffer_, out_bytes), where(what));
       capacity_ = out_bytes;
     }
     // all_gather stages its block at rank * block; the others at the buffer's start.
     const std::size_t offset = stage_at_rank ? static_cast<std::size_t>(rank_) * in_bytes : 0;
     auto* dev = static_cast<std::byte*>(device_buffer_);
-    DESLOC_CUDA(cudaMemcpyAsync(dev + offset, in, in_bytes, cudaMemcpyHostToDevice, stream_),
-                where(what));
+    DESLOC_CUDA_CHECK(cudaMemcpyAsync(dev + offset, in, in_bytes, cudaMemcpyHostToDevice, stream_),
+                      where(what));
     DESLOC_NCCL(enqueue(device_buffer_), where(what));
     settle(deadline, what);
-    DESLOC_CUDA(cudaMemcpyAsync(out, dev, out_bytes, cudaMemcpyDeviceToHost, stream_), where(what));
+    DESLOC_CUDA_CHECK(cudaMemcpyAsync(out, dev, out_bytes, cudaMemcpyDeviceToHost, stream_),
+                      where(what));
     for (;;) {
       const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) DESLOC_CUDA(q, where(what));
+      if (q != cudaErrorNotReady) DESLOC_CUDA_CHECK(q, where(what));
       settle(deadline, what);  // a failed or stalled peer shows up here
       if (Clock::now() >= deadline) {
         broken_ = true;

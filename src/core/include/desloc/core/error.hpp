@@ -27,8 +27,15 @@ class ConfigError : public Error {
 class DataError : public Error {
   using Error::Error;
 };
-// A transport or device call failed.
+// A transport call failed (UCX, NCCL, sockets): a peer or a link may be at fault, so an
+// elastic job recovers from it in a new membership epoch.
 class TransportError : public Error {
+  using Error::Error;
+};
+// This process's GPU failed (a CUDA or cuBLAS call: out of memory, no device, a kernel fault).
+// No membership epoch can mend it, so recovery does not catch it: the rank ends with the
+// message and its site is dropped like any failed site.
+class DeviceError : public Error {
   using Error::Error;
 };
 // A wait ran past its deadline; the message names who or what was awaited.
