@@ -26,7 +26,21 @@ void VirtualAverager::resize(int workers) {
   traffic_.resize(static_cast<std::size_t>(workers));
 }
 
-void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<float>> local) {
+void Averager::hold_verdict(optim::StateKind kind, std::vector<Rejection> rejected, int sites,
+                            bool log) {
+  rejections_.insert(rejections_.end(), rejected.begin(), rejected.end());
+  const int kept = enforce_rejections(rejected, sites, guard_, log);
+  verdicts_[static_cast<std::size_t>(kind)] = Verdict{std::move(rejected), kept};
+}
+
+std::optional<Averager::Verdict> Averager::take_verdict(optim::StateKind kind) {
+  std::optional<Verdict> v;
+  std::swap(v, verdicts_[static_cast<std::size_t>(kind)]);
+  return v;
+}
+
+void VirtualAverager::check_replicas(optim::StateKind kind,
+                                     std::span<const std::span<float>> local) const {
   if (static_cast<int>(local.size()) != workers_)
     throw Error("virtual averager: got " + std::to_string(local.size()) + " replicas of '" +
                 optim::to_string(kind) + "' for " + std::to_string(workers_) + " workers");
@@ -35,23 +49,41 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
     if (r.size() != n)
       throw Error(std::string("virtual averager: replicas of '") + optim::to_string(kind) +
                   "' differ in length");
+}
+
+void VirtualAverager::judge(optim::StateKind kind, std::span<const std::span<float>> local) {
   const std::size_t M = local.size();
-  // Payload guard: each replica's health in shards, summed in shard order (as the networked
-  // ranks' site exchange does); rejected replicas contribute zeros and take the others' mean.
+  const std::size_t n = local.empty() ? 0 : local[0].size();
+  std::vector<PayloadHealth> health(M);
+  for (std::size_t w = 0; w < M; ++w)
+    for (int r = 0; r < shards_; ++r) {
+      const transport::Range b = transport::block(n, shards_, r);
+      health[w] += measure_payload(local[w].subspan(b.offset, b.count));
+    }
+  hold_verdict(kind, judge_payloads(health, n, guard_, step_, kind), static_cast<int>(M),
+               /*log=*/true);
+}
+
+bool VirtualAverager::exchange_control(std::span<const DueAverage> due, bool stop) {
+  for (const DueAverage& d : due) {
+    check_replicas(d.kind, d.local);
+    if (d.local.size() > 1 && guard_.enabled) judge(d.kind, d.local);
+  }
+  return stop;
+}
+
+void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<float>> local) {
+  check_replicas(kind, local);
+  const std::size_t n = local.empty() ? 0 : local[0].size();
+  const std::size_t M = local.size();
+  // Payload guard: rejected replicas contribute zeros and take the others' mean.
   std::vector<char> left_out(M, 0);
   std::size_t kept = M;
   if (M > 1 && guard_.enabled) {
-    std::vector<PayloadHealth> health(M);
-    for (std::size_t w = 0; w < M; ++w)
-      for (int r = 0; r < shards_; ++r) {
-        const transport::Range b = transport::block(n, shards_, r);
-        health[w] += measure_payload(local[w].subspan(b.offset, b.count));
-      }
-    const std::vector<Rejection> rejected = judge_payloads(health, n, guard_, step_, kind);
-    rejections_.insert(rejections_.end(), rejected.begin(), rejected.end());
-    kept = static_cast<std::size_t>(
-        enforce_rejections(rejected, static_cast<int>(M), guard_, /*log=*/true));
-    for (const Rejection& r : rejected) left_out[static_cast<std::size_t>(r.site)] = 1;
+    if (!verdicts_[static_cast<std::size_t>(kind)]) judge(kind, local);
+    const Verdict verdict = *take_verdict(kind);
+    kept = static_cast<std::size_t>(verdict.kept);
+    for (const Rejection& r : verdict.rejected) left_out[static_cast<std::size_t>(r.site)] = 1;
   }
   if (M > 1 && order_ == SumOrder::kRing) {
     std::vector<float> sum;

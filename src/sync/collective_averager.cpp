@@ -19,10 +19,7 @@ CollectiveAverager::CollectiveAverager(transport::Collective& wan, transport::Co
 
 void CollectiveAverager::average(optim::StateKind kind, std::span<const std::span<float>> local) {
   using transport::CollectiveOp;
-  if (local.size() != 1)
-    throw Error("collective averager: WAN rank " + std::to_string(wan_.rank()) + " got " +
-                std::to_string(local.size()) + " replicas of '" + optim::to_string(kind) +
-                "'; a networked rank holds exactly one");
+  check_one_replica(kind, local);
   const std::span<float> data = local[0];
   const int sites = wan_.size();
   if (sites == 1) return;
@@ -37,8 +34,8 @@ void CollectiveAverager::average(optim::StateKind kind, std::span<const std::spa
       wan_reverse_ != nullptr ? wan_reverse_->bytes()[CollectiveOp::kAllReduce].sent : 0;
   const transport::OpLabel label{step_, static_cast<std::uint8_t>(kind),
                                  static_cast<std::uint32_t>(r)};
+  const int kept = guard(kind, data, shard);
   wan_.set_label(label);
-  const int kept = guard(kind, data.size(), shard);
   if (wan_reverse_ == nullptr) {
     wan_.all_reduce_sum(shard);
   } else {
@@ -73,6 +70,7 @@ void CollectiveAverager::average(optim::StateKind kind, std::span<const std::spa
     // Equal blocks for the all-gather: the last shards may be shorter, so pad into place.
     const std::size_t blk = transport::block(data.size(), ranks, 0).count;
     gathered_.assign(blk * static_cast<std::size_t>(ranks), 0.0f);
+    site_->set_label(label);
     std::copy(shard.begin(), shard.end(), gathered_.begin() + static_cast<std::ptrdiff_t>(r * blk));
     const std::uint64_t site_before = site_->bytes()[CollectiveOp::kAllGather].sent;
     site_->all_gather(std::span<const float>(gathered_).subspan(r * blk, blk), gathered_);
@@ -86,31 +84,76 @@ void CollectiveAverager::average(optim::StateKind kind, std::span<const std::spa
   traffic_.payload[k] += data.size() * sizeof(float);
 }
 
-int CollectiveAverager::guard(optim::StateKind kind, std::size_t elements, std::span<float> shard) {
+// The rows of one rank's control message: one PayloadHealth per due state (zero when the guard
+// is off), then the stop request in the last row's `nonfinite`.
+bool CollectiveAverager::exchange_control(std::span<const DueAverage> due, bool stop) {
+  const int sites = wan_.size();
+  if (sites == 1) return stop;  // the site reducer already agreed on it
+  for (const DueAverage& d : due) check_one_replica(d.kind, d.local);
+  const std::size_t rows = due.size() + 1;
+  std::vector<PayloadHealth> mine(rows);
+  const int ranks = site_ != nullptr ? site_->size() : 1;
+  const int r = site_ != nullptr ? site_->rank() : 0;
+  if (guard_.enabled)
+    for (std::size_t k = 0; k < due.size(); ++k) {
+      const std::span<float> data = due[k].local[0];
+      const transport::Range b = transport::block(data.size(), ranks, r);
+      mine[k] = measure_payload(data.subspan(b.offset, b.count));
+    }
+  mine.back().nonfinite = stop ? 1.0 : 0.0;
+  const transport::OpLabel label{step_, transport::kLabelControl, static_cast<std::uint32_t>(r)};
+  // The site's figure is the sum of its ranks' shard figures in rank order: every rank of the
+  // site holds the same bits, even when one rank's shard is the bad one.
+  if (site_ != nullptr) {
+    health_.assign(rows * static_cast<std::size_t>(ranks), PayloadHealth{});
+    site_->set_label(label);
+    site_->all_gather(std::as_bytes(std::span<const PayloadHealth>(mine)),
+                      std::as_writable_bytes(std::span<PayloadHealth>(health_)));
+    std::fill(mine.begin(), mine.end(), PayloadHealth{});
+    for (int q = 0; q < ranks; ++q)
+      for (std::size_t k = 0; k < rows; ++k) mine[k] += health_[std::size_t(q) * rows + k];
+  }
+  // The WAN all-gather gives every rank of the job the same table, so all decide alike.
+  health_.assign(rows * static_cast<std::size_t>(sites), PayloadHealth{});
+  wan_.set_label(label);
+  wan_.all_gather(std::as_bytes(std::span<const PayloadHealth>(mine)),
+                  std::as_writable_bytes(std::span<PayloadHealth>(health_)));
+  bool any_stop = false;
+  for (int s = 0; s < sites; ++s)
+    any_stop = any_stop || health_[std::size_t(s) * rows + rows - 1].nonfinite > 0.0;
+  if (guard_.enabled)
+    for (std::size_t k = 0; k < due.size(); ++k) {
+      std::vector<PayloadHealth> column(static_cast<std::size_t>(sites));
+      for (int s = 0; s < sites; ++s) column[std::size_t(s)] = health_[std::size_t(s) * rows + k];
+      // One warning per site (its rank 0), not one per rank.
+      hold_verdict(due[k].kind,
+                   judge_payloads(column, due[k].local[0].size(), guard_, step_, due[k].kind),
+                   sites, site_ == nullptr || site_->rank() == 0);
+    }
+  return any_stop;
+}
+
+void CollectiveAverager::check_one_replica(optim::StateKind kind,
+                                           std::span<const std::span<float>> local) const {
+  if (local.size() != 1)
+    throw Error("collective averager: WAN rank " + std::to_string(wan_.rank()) + " got " +
+                std::to_string(local.size()) + " replicas of '" + optim::to_string(kind) +
+                "'; a networked rank holds exactly one");
+}
+
+int CollectiveAverager::guard(optim::StateKind kind, std::span<float> data,
+                              std::span<float> shard) {
   const int sites = wan_.size();
   if (!guard_.enabled) return sites;
-  // The site's figure is the sum of its ranks' shard figures in rank order: every rank of the
-  // site holds the same bits, even when one rank's shard is the bad one. The WAN all-gather
-  // then gives every rank of the job the same table, so all take the same decision.
-  PayloadHealth mine = measure_payload(shard);
-  if (site_ != nullptr) {
-    health_.assign(static_cast<std::size_t>(site_->size()), PayloadHealth{});
-    site_->all_gather(std::as_bytes(std::span<const PayloadHealth>(&mine, 1)),
-                      std::as_writable_bytes(std::span<PayloadHealth>(health_)));
-    mine = PayloadHealth{};
-    for (const PayloadHealth& h : health_) mine += h;
+  if (!verdicts_[static_cast<std::size_t>(kind)]) {  // no control exchange this step: judge alone
+    const std::span<float> view = data;
+    const DueAverage d{kind, std::span<const std::span<float>>(&view, 1)};
+    exchange_control(std::span<const DueAverage>(&d, 1), false);
   }
-  health_.assign(static_cast<std::size_t>(sites), PayloadHealth{});
-  wan_.all_gather(std::as_bytes(std::span<const PayloadHealth>(&mine, 1)),
-                  std::as_writable_bytes(std::span<PayloadHealth>(health_)));
-  const std::vector<Rejection> rejected = judge_payloads(health_, elements, guard_, step_, kind);
-  rejections_.insert(rejections_.end(), rejected.begin(), rejected.end());
-  // One warning per site (its rank 0), not one per rank.
-  const bool log = site_ == nullptr || site_->rank() == 0;
-  const int kept = enforce_rejections(rejected, sites, guard_, log);
-  for (const Rejection& r : rejected)
-    if (r.site == wan_.rank()) std::fill(shard.begin(), shard.end(), 0.0f);
-  return kept;
+  const Verdict verdict = *take_verdict(kind);
+  for (const Rejection& rj : verdict.rejected)
+    if (rj.site == wan_.rank()) std::fill(shard.begin(), shard.end(), 0.0f);
+  return verdict.kept;
 }
 
 const Traffic& CollectiveAverager::traffic(int w) const {

@@ -20,6 +20,7 @@
 #include "desloc/sync/averager.hpp"
 #include "desloc/sync/collective_averager.hpp"
 #include "desloc/sync/payload_guard.hpp"
+#include "desloc/sync/sync_engine.hpp"
 #include "desloc/transport/ring_order.hpp"
 #include "desloc/transport/ucx_collective.hpp"
 #include "test_support.hpp"
@@ -416,4 +417,74 @@ TEST(NetworkedGuard, CostOfTheHealthExchange) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(h.sum_squares, double(big.size()));
   std::printf("[ cost     ] measure_payload: %.2f GB/s over 64 MiB\n", 64.0 * 1.048576e-3 / s);
+}
+
+// The control exchange: a step where x, u and v are all due (and a stop request rides along)
+// costs one all-gather inside the site and one over the WAN per rank, not one pair per state
+// plus a stop all-reduce; every rank learns of the one rank that asked to stop, and every rank
+// takes the same decision on the poisoned site's u that the VirtualAverager takes.
+TEST(NetworkedGuard, OneControlExchangeCarriesEveryDueStateAndTheStopRequest) {
+  Watchdog watchdog(90s);
+  constexpr int S = 3, R = 2;
+  constexpr std::size_t n = 2048;
+  const sync::SyncPolicy policy({.method = "desloc", .workers = S, .kx = 2, .ku = 2, .kv = 2});
+  ASSERT_TRUE(policy.at(2).x && policy.at(2).u && policy.at(2).v);
+  test_support::WorldOptions world;
+  world.collective.deadline = 20s;
+  struct Seen {
+    bool stop = false;
+    std::uint64_t wan_gathers = 0, site_gathers = 0, wan_reduces = 0;
+    std::vector<sync::Rejection> rejected;
+    std::vector<float> u;
+  };
+  std::vector<Seen> seen(std::size_t(S * R));
+  auto value = [](int s, std::size_t i, int k) {
+    return 0.01f * float(k + 1) * healthy(s, i) + (k == 2 ? 1.0f : 0.0f);  // v > 0
+  };
+  test_support::run_world(S, R, world, [&](int s, int r, test_support::Groups& groups) {
+    sync::CollectiveAverager avg(*groups.wan, groups.site.get());
+    sync::PayloadGuard g;
+    g.site_names = {"east", "west", "north"};
+    avg.set_payload_guard(g);
+    optim::Optimizer opt(optim::OptimizerConfig{}, n);
+    std::vector<float> x(n), grad(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      x[i] = value(s, i, 0);
+      opt.state().u[i] = value(s, i, 1) * (s == 2 ? 1e4f : 1.0f);  // north's u is absurd
+      opt.state().v[i] = value(s, i, 2);
+    }
+    std::vector<sync::Replica> replicas{{x, grad, &opt}};
+    sync::SyncEngine engine(policy);
+    engine.begin(2, avg);
+    const bool stop = engine.finish(replicas, /*stop=*/s == 1 && r == 1);
+    auto& me = seen[std::size_t(s * R + r)];
+    me.stop = stop;
+    me.wan_gathers = groups.wan->bytes()[transport::CollectiveOp::kAllGather].calls;
+    me.site_gathers = groups.site->bytes()[transport::CollectiveOp::kAllGather].calls;
+    me.wan_reduces = groups.wan->bytes()[transport::CollectiveOp::kAllReduce].calls;
+    me.rejected = avg.rejections();
+    me.u = opt.state().u;
+  });
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    SCOPED_TRACE("rank " + std::to_string(i));
+    EXPECT_TRUE(seen[i].stop);
+    EXPECT_EQ(seen[i].wan_gathers, 1u);       // the control exchange only
+    EXPECT_EQ(seen[i].site_gathers, 1u + 3);  // it, then the shards of x, u and v
+    EXPECT_EQ(seen[i].wan_reduces, 3u);       // x, u, v
+    ASSERT_EQ(seen[i].rejected.size(), 1u);
+    EXPECT_EQ(seen[i].rejected[0].site, 2);
+    EXPECT_EQ(seen[i].rejected[0].state, StateKind::kU);
+    EXPECT_EQ(seen[i].u, seen[0].u);
+  }
+  // The healthy sites' mean, as the ring-ordered VirtualAverager computes it.
+  std::vector<std::vector<float>> u(S, std::vector<float>(n));
+  for (int s = 0; s < S; ++s)
+    for (std::size_t i = 0; i < n; ++i)
+      u[std::size_t(s)][i] = value(s, i, 1) * (s == 2 ? 1e4f : 1.0f);
+  std::vector<std::span<float>> views(u.begin(), u.end());
+  sync::VirtualAverager virt(S, sync::SumOrder::kRing, R);
+  virt.set_payload_guard(sync::PayloadGuard{});
+  virt.begin_step(2);
+  virt.average(StateKind::kU, views);
+  EXPECT_EQ(seen[0].u, u[0]);
 }

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -26,6 +27,13 @@ struct Traffic {
   std::uint64_t total_wire() const { return wire[0] + wire[1] + wire[2] + wire[3]; }
 };
 
+// One state due for an average at this step, as the control exchange sees it: the replicas
+// this process holds of it (M for virtual workers, 1 for a networked rank).
+struct DueAverage {
+  optim::StateKind kind = optim::StateKind::kX;
+  std::span<const std::span<float>> local;
+};
+
 class Averager {
  public:
   virtual ~Averager() = default;
@@ -35,7 +43,11 @@ class Averager {
   virtual void average(optim::StateKind kind, std::span<const std::span<float>> local) = 0;
   // The 1-based step whose averages follow; networked averagers label their chunks with it,
   // and the payload guard's reports carry it.
-  virtual void begin_step(std::int64_t t) { step_ = t; }
+  // Verdicts of an earlier step's control exchange that were never used are dropped.
+  void begin_step(std::int64_t t) {
+    step_ = t;
+    verdicts_ = {};
+  }
   virtual int workers() const = 0;
   // Traffic of worker w (a local replica index).
   virtual const Traffic& traffic(int w) const = 0;
@@ -52,10 +64,30 @@ class Averager {
   const std::vector<Rejection>& rejections() const { return rejections_; }
   void clear_rejections() { rejections_.clear(); }
 
+  // The control exchange that opens a step's averages (SyncEngine::finish): every site's
+  // payload health for each due state, and whether it asks to stop, travel together in one
+  // small exchange instead of one per average. The guard's verdicts are kept for the
+  // average() of each of these states that follows in this step; an average() without one
+  // judges its payload alone. Returns true when any site of the job asked to stop. The
+  // payloads must not change between this call and their average().
+  virtual bool exchange_control(std::span<const DueAverage> due, bool stop) = 0;
+
  protected:
+  // The payload guard's decision for one state of one step.
+  struct Verdict {
+    std::vector<Rejection> rejected;
+    int kept = 0;  // sites averaged
+  };
+  // Records the verdict (rejections(), one warning when `log`) and keeps it for kind's next
+  // average(); throws Error when every site is rejected.
+  void hold_verdict(optim::StateKind kind, std::vector<Rejection> rejected, int sites, bool log);
+  // The verdict exchange_control left for kind, consumed; nullopt when there is none.
+  std::optional<Verdict> take_verdict(optim::StateKind kind);
+
   std::int64_t step_ = -1;
   PayloadGuard guard_;
   std::vector<Rejection> rejections_;
+  std::array<std::optional<Verdict>, 4> verdicts_;  // by optim::StateKind
 };
 
 // How VirtualAverager sums.
@@ -80,12 +112,19 @@ class VirtualAverager final : public Averager {
   explicit VirtualAverager(int workers, SumOrder order = SumOrder::kExact, int shards = 1,
                            int lanes = 1);
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
+  // In one process the sites' requests are one: returns `stop`.
+  bool exchange_control(std::span<const DueAverage> due, bool stop) override;
   int workers() const override { return workers_; }
   const Traffic& traffic(int w) const override { return traffic_.at(static_cast<std::size_t>(w)); }
   // Workers can be added mid-run (elastic join); traffic of existing workers is kept.
   void resize(int workers);
 
  private:
+  void check_replicas(optim::StateKind kind, std::span<const std::span<float>> local) const;
+  // The guard's verdict on the replicas' payloads (each measured per shard, summed in shard
+  // order, as the networked ranks do).
+  void judge(optim::StateKind kind, std::span<const std::span<float>> local);
+
   int workers_;
   SumOrder order_;
   int shards_;

@@ -4,8 +4,9 @@
 // a ring all-reduce. An all-gather inside the site then makes every rank of the site identical
 // again. With R = 1 the whole buffer goes over the one WAN group. The trainer cannot tell it
 // from the VirtualAverager, whose kRing order it matches bit for bit, payload guard included:
-// before each all-reduce the sites swap a 16-byte health summary (an all-gather inside the
-// site, then one over the WAN group) and a rejected site sends zeros.
+// before a step's averages the sites swap a 16-byte health summary per due state (an all-gather
+// inside the site, then one over the WAN group: the control exchange) and a rejected site sends
+// zeros.
 #pragma once
 
 #include <cstddef>
@@ -31,22 +32,27 @@ class CollectiveAverager final : public Averager {
                               transport::Collective* wan_reverse = nullptr);
   // `local` holds exactly one replica, identical on every rank of a site.
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
+  // One all-gather inside the site, then one over the WAN group, carrying each due state's
+  // health and the site's stop request (16 bytes a row).
+  bool exchange_control(std::span<const DueAverage> due, bool stop) override;
   int workers() const override { return wan_.size(); }
   // Wire bytes are what the collectives actually sent, not a formula: `wire` is the WAN
   // group's, `site_wire` the intra-site all-gather's.
   const Traffic& traffic(int w) const override;
 
  private:
-  // The payload guard's exchange and decision for this rank's shard (zeroed when this site is
-  // rejected); returns the number of sites averaged. Its bytes are not counted in traffic().
-  int guard(optim::StateKind kind, std::size_t elements, std::span<float> shard);
+  // The payload guard's decision for this rank's shard of `data` (zeroed when this site is
+  // rejected): the control exchange's verdict, or an exchange of its own when there was none.
+  // Returns the number of sites averaged. Control bytes are not counted in traffic().
+  int guard(optim::StateKind kind, std::span<float> data, std::span<float> shard);
+  void check_one_replica(optim::StateKind kind, std::span<const std::span<float>> local) const;
 
   transport::Collective& wan_;
   transport::Collective* site_;
   transport::Collective* wan_reverse_;
   Traffic traffic_;
   std::vector<float> gathered_;        // R blocks, for the intra-site all-gather
-  std::vector<PayloadHealth> health_;  // R, then S summaries, for the guard's exchange
+  std::vector<PayloadHealth> health_;  // rows x R, then rows x S: the control exchange
 };
 
 }  // namespace desloc::sync

@@ -19,6 +19,8 @@ class OuterNesterov {
   void step(std::span<float> mean_x);
   std::vector<float>& reference() { return x_ref_; }
   std::vector<float>& momentum() { return m_; }
+  const std::vector<float>& reference() const { return x_ref_; }
+  const std::vector<float>& momentum() const { return m_; }
 
  private:
   float lr_, momentum_;

@@ -62,6 +62,11 @@ struct OpLabel {
   std::uint8_t state = 255;
   std::uint32_t shard = 0;
 };
+// OpLabel::state values that are not a state kind: a step's control exchange (payload health
+// and stop requests), the header of a state transfer to a rejoining site, and none.
+inline constexpr std::uint8_t kLabelControl = 253;
+inline constexpr std::uint8_t kLabelTransferHeader = 254;
+inline constexpr std::uint8_t kLabelNone = 255;
 
 struct CollectiveOptions {
   // Every operation must finish within this time of its start, or it throws TimeoutError

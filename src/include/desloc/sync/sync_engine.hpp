@@ -1,0 +1,73 @@
+// The cross-site half of one DES-LOC step (DESIGN.md, "The algorithm"; arXiv 2505.22549,
+// Alg. 1) for the replicas this process holds:
+//   begin(t)   the states due at t. x, u and v are final from here until the update, so an
+//              average of them may start now; the gradient is still taken at the un-averaged x.
+//   finish()   after every replica's gradient: one control exchange (each due state's payload
+//              health and each site's stop request), then the due averages in Alg. 1's order:
+//              the gradient (DDP); x, then the outer step; u, then the momentum bound; v;
+//              favg_reset's zeroing of u and v.
+//   update()   clipping and every replica's local optimizer step.
+// The averagers built so far do all of an average's work in finish(); an overlapping one
+// starts in begin() from copies and folds the result in at finish().
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "desloc/optim/optimizer.hpp"
+#include "desloc/sync/averager.hpp"
+#include "desloc/sync/outer_optimizer.hpp"
+#include "desloc/sync/sync_policy.hpp"
+
+namespace desloc::sync {
+
+struct Replica {
+  std::span<float> x;               // parameters
+  std::span<float> g;               // gradient buffer, filled before SyncEngine::finish
+  optim::Optimizer* opt = nullptr;  // holds u and v
+};
+
+struct StepOptions {
+  const optim::ClipConfig* clip = nullptr;  // nullptr = no clipping
+  OuterNesterov* outer = nullptr;           // nullptr = plain parameter averaging
+  bool reset_step_count = false;            // favg_reset: also restart bias correction
+};
+
+// After u is averaged without v (DES-LOC's Ku < Kv): bounds every |u_i| of an AdamW replica by
+// C sqrt(v_i), C = (1 - b1) / sqrt((1 - b2)(1 - b1^2 / b2)), the most a single Adam can reach
+// (Cauchy-Schwarz on the two moving averages). The averaged u can carry another site's
+// momentum for a coordinate this site's v barely knows (an embedding row of a token it has
+// not seen: v ~ 0), and Adam's step u / (sqrt(v) + eps) would then explode; the fault suite
+// hit exactly that after a site was dropped. A u that Adam itself produced, or one averaged
+// together with v (Jensen), is never changed. ADOPT's step does not divide by sqrt(v).
+void bound_momentum(std::span<Replica> replicas);
+
+// The buffers of one state kind across the replicas, in replica order.
+std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::StateKind kind);
+
+class SyncEngine {
+ public:
+  // `policy` must outlive the engine.
+  explicit SyncEngine(const SyncPolicy& policy, StepOptions opts = {});
+
+  // Opens step t (1-based) on `averager`, which must stay alive until finish().
+  const SyncDecision& begin(std::int64_t t, Averager& averager);
+  // Runs the step's control exchange and due averages; every replica's g must hold its
+  // gradient. `stop` is this process's stop request; returns true when any site of the job
+  // asked to stop (known only on steps with averages: false otherwise).
+  bool finish(std::span<Replica> replicas, bool stop = false);
+  // Clipping, then each replica's optimizer step at learning rate lr. Returns the global norm
+  // of the last replica's gradient before clipping.
+  float update(std::span<Replica> replicas, float lr) const;
+
+  const SyncDecision& due() const { return due_; }
+
+ private:
+  const SyncPolicy& policy_;
+  StepOptions opts_;
+  Averager* averager_ = nullptr;
+  SyncDecision due_;
+};
+
+}  // namespace desloc::sync

@@ -1,0 +1,119 @@
+// The DES-LOC step order, shared by the trainer and every other driver of replicas.
+#include "desloc/sync/sync_engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "desloc/sync/synced_step.hpp"
+
+namespace desloc::sync {
+
+std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::StateKind kind) {
+  std::vector<std::span<float>> out;
+  out.reserve(replicas.size());
+  for (auto& r : replicas) {
+    switch (kind) {
+      case optim::StateKind::kGrad:
+        out.push_back(r.g);
+        break;
+      case optim::StateKind::kX:
+        out.push_back(r.x);
+        break;
+      case optim::StateKind::kU:
+        out.push_back(r.opt->buffer(optim::StateKind::kU));
+        break;
+      case optim::StateKind::kV:
+        out.push_back(r.opt->buffer(optim::StateKind::kV));
+        break;
+    }
+  }
+  return out;
+}
+
+void bound_momentum(std::span<Replica> replicas) {
+  for (auto& r : replicas) {
+    const optim::OptimizerConfig& c = r.opt->config();
+    const double b1 = c.beta1, b2 = c.beta2;
+    if (c.name != "adamw" || b1 * b1 >= b2) continue;
+    // A hair of slack, so float rounding never clamps a u that Adam itself produced.
+    const auto bound =
+        static_cast<float>(1.0001 * (1.0 - b1) / std::sqrt((1.0 - b2) * (1.0 - b1 * b1 / b2)));
+    auto& s = r.opt->state();
+    for (std::size_t i = 0; i < s.u.size(); ++i) {
+      const float lim = bound * std::sqrt(s.v[i]);
+      s.u[i] = std::clamp(s.u[i], -lim, lim);
+    }
+  }
+}
+
+SyncEngine::SyncEngine(const SyncPolicy& policy, StepOptions opts) : policy_(policy), opts_(opts) {}
+
+const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager) {
+  averager_ = &averager;
+  due_ = policy_.at(t);
+  averager.begin_step(t);
+  return due_;
+}
+
+bool SyncEngine::finish(std::span<Replica> replicas, bool stop) {
+  using optim::StateKind;
+  if (!due_.any()) return false;
+  Averager& averager = *averager_;
+  // Every view the averages use, taken once: the exchange judges exactly these payloads.
+  std::vector<std::vector<std::span<float>>> views;
+  std::vector<DueAverage> due;
+  for (const auto& [kind, is_due] :
+       {std::pair{StateKind::kGrad, due_.grad}, std::pair{StateKind::kX, due_.x},
+        std::pair{StateKind::kU, due_.u}, std::pair{StateKind::kV, due_.v}}) {
+    if (!is_due) continue;
+    views.push_back(state_views(replicas, kind));
+    due.push_back({kind, {}});
+  }
+  for (std::size_t k = 0; k < due.size(); ++k) due[k].local = views[k];
+  const bool stop_agreed = averager.exchange_control(due, stop);
+
+  for (const DueAverage& d : due) {
+    averager.average(d.kind, d.local);
+    if (d.kind == StateKind::kX && opts_.outer != nullptr && !replicas.empty()) {
+      opts_.outer->step(replicas[0].x);
+      for (std::size_t w = 1; w < replicas.size(); ++w)
+        std::copy(replicas[0].x.begin(), replicas[0].x.end(), replicas[w].x.begin());
+    }
+    if (d.kind == StateKind::kU && !due_.v) bound_momentum(replicas);
+  }
+  if (due_.reset_uv) {
+    for (auto& r : replicas) {
+      auto& s = r.opt->state();
+      std::fill(s.u.begin(), s.u.end(), 0.0f);
+      std::fill(s.v.begin(), s.v.end(), 0.0f);
+      if (opts_.reset_step_count) s.t = 0;
+    }
+  }
+  return stop_agreed;
+}
+
+float SyncEngine::update(std::span<Replica> replicas, float lr) const {
+  float grad_norm = 0.0f;
+  for (auto& r : replicas) {
+    grad_norm =
+        opts_.clip != nullptr ? optim::clip_gradient(r.g, *opts_.clip) : optim::global_norm(r.g);
+    r.opt->step(r.x, r.g, lr);
+  }
+  return grad_norm;
+}
+
+StepReport run_synced_step(std::int64_t t, const SyncPolicy& policy, Averager& averager,
+                           std::span<Replica> replicas,
+                           const std::function<void(std::size_t)>& grad, float lr,
+                           const StepOptions& opts) {
+  SyncEngine engine(policy, opts);
+  StepReport report;
+  report.due = engine.begin(t, averager);
+  for (std::size_t w = 0; w < replicas.size(); ++w) grad(w);
+  engine.finish(replicas);
+  report.grad_norm = engine.update(replicas, lr);
+  return report;
+}
+
+}  // namespace desloc::sync
