@@ -410,6 +410,7 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   train::RankContext ctx;
   ctx.site = ss.home_site;
   ctx.rank = ss.rank;
+  ctx.device = ss.rank;  // as the site's NCCL communicator (connect_groups)
   ctx.name = ss.name;
   auto bind_groups = [&] {
     averager.emplace(*ss.wan_group, ss.site_group.get(), ss.wan_reverse.get());

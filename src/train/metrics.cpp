@@ -1,6 +1,9 @@
 // JSONL metrics writer.
 #include "train/metrics.hpp"
 
+#include <fmt/format.h>
+
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -23,7 +26,89 @@ std::int64_t step_of(const std::string& line) {
   }
   return any ? v : -1;
 }
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  return fmt::format("{:.7g}", v);
+}
+
+std::string json_exact(float v) {
+  if (!std::isfinite(v)) return "null";
+  return fmt::format("{:.9g}", v);  // round-trips a float
+}
+
+// A JSON string literal (quotes included) for free text such as a reason.
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string period(const std::optional<std::int64_t>& k) { return k ? std::to_string(*k) : "null"; }
 }  // namespace
+
+std::string RunRecord::to_json() const {
+  return fmt::format(
+      R"({{"type":"run","name":{},"method":"{}","workers":{},"kx":{},"ku":{},"kv":{},"outer":"{}",)"
+      R"("parameters":{},"batch":{},"seq_len":{},"steps":{},"config_hash":"{:016x}",)"
+      R"("sites":"{}","ranks_per_site":{},"rank":"{}","wan_link":"{}"}})",
+      json_string(name), method, workers, period(kx), period(ku), period(kv), outer, parameters,
+      batch, seq_len, steps, config_hash, sites, ranks_per_site, rank, wan_link);
+}
+
+std::string TrainRecord::to_json() const {
+  std::string by_worker, by_site;
+  for (std::size_t i = 0; i < wire_by_worker.size(); ++i)
+    by_worker += fmt::format("{}{}", i ? "," : "", wire_by_worker[i]);
+  for (std::size_t i = 0; i < loss_by_site.size(); ++i)
+    by_site += fmt::format("{}{}", i ? "," : "", json_exact(loss_by_site[i]));
+  return fmt::format(
+      R"({{"type":"train","step":{},"loss":{},"lr":{},"grad_norm":{},"tokens_per_s":{},"step_ms":{},)"
+      R"("tokens":{},"workers":{},"synced":"{}","bytes_sent":{},)"
+      R"("bytes_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},)"
+      R"("payload_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},"bytes_sent_by_worker":[{}],)"
+      R"("loss_by_site":[{}],"site_bytes_sent":{}}})",
+      step, json_number(loss), json_number(lr), json_number(grad_norm), json_number(tokens_per_s),
+      json_number(step_ms), tokens, workers, synced, wire[0] + wire[1] + wire[2] + wire[3], wire[0],
+      wire[1], wire[2], wire[3], payload[0], payload[1], payload[2], payload[3], by_worker, by_site,
+      site_bytes_sent);
+}
+
+std::string EvalRecord::to_json() const {
+  return fmt::format(R"({{"type":"eval","step":{},"val_loss":{},"eval_s":{},"workers":{}}})", step,
+                     json_number(val_loss), json_number(eval_s), workers);
+}
+
+std::string RecoveryRecord::to_json() const {
+  return fmt::format(R"({{"type":"recovery","step":{},"failed_step":{},"epoch":{},"sites":{},)"
+                     R"("replayed_steps":{},"recover_s":{},"bytes_resent":{}}})",
+                     step, failed_step, epoch, sites, replayed_steps, json_number(recover_s),
+                     bytes_resent);
+}
+
+std::string RejoinRecord::to_json() const {
+  return fmt::format(
+      R"({{"type":"rejoin","step":{},"epoch":{},"sites":{},"state_bytes":{},"transfer_s":{}}})",
+      step, epoch, sites, state_bytes, json_number(transfer_s));
+}
+
+std::string RejectionRecord::to_json() const {
+  return fmt::format(R"({{"type":"rejection","step":{},"state":"{}","site":{},"reason":{}}})", step,
+                     state, json_string(site), json_string(reason));
+}
+
+std::string JoinRecord::to_json() const {
+  return fmt::format(R"({{"type":"join","step":{},"workers_before":{},"workers_after":{}}})", step,
+                     workers_before, workers_after);
+}
 
 MetricsWriter::MetricsWriter(const std::string& path, bool resume, std::int64_t resume_step)
     : path_(path) {

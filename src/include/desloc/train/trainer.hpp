@@ -40,8 +40,11 @@ struct TrainResult {
 // each site's R ranks as R micro-batches summed in the same ring order: the exact reference
 // a multi-process run must reproduce.
 struct RankContext {
-  int site = 0;      // index into cfg.site_names(): the site's data partition and ring position
-  int rank = 0;      // within the site, 0..R-1
+  int site = 0;  // index into cfg.site_names(): the site's data partition and ring position
+  int rank = 0;  // within the site, 0..R-1
+  // The GPU of a cuda-backend rank: rank r of a site uses device r, for its model and for its
+  // site's NCCL communicator alike (cluster::join_job).
+  int device = 0;
   std::string name;  // "site/rank", for messages
   // The wide-area link this rank sends on (its WAN ring successor): every byte it reports as
   // wire traffic crossed "name -> wan_successor".

@@ -1,0 +1,142 @@
+// Elastic recovery: rollback points, the rollback, and the state transfer (recovery.hpp).
+#include "cluster/recovery.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <vector>
+
+#include "desloc/core/error.hpp"
+#include "desloc/core/hash.hpp"
+#include "desloc/core/log.hpp"
+#include "desloc/transport/ring_order.hpp"
+
+namespace desloc::cluster {
+
+bool Recovery::recoverable(const std::exception& e) {
+  return dynamic_cast<const TransportError*>(&e) != nullptr ||
+         dynamic_cast<const TimeoutError*>(&e) != nullptr ||
+         dynamic_cast<const PeerFailure*>(&e) != nullptr;
+}
+
+void Recovery::keep(train::TrainState state, std::uint64_t wire_bytes) {
+  while (!points_.empty() && points_.back().state.step >= state.step) points_.pop_back();
+  points_.push_back({std::move(state), wire_bytes});
+  while (points_.size() > 2) points_.pop_front();
+}
+
+Recovery::Rollback Recovery::recover(std::int64_t failed_at, const std::string& what,
+                                     std::uint64_t wire_now) {
+  failures_of_step_ = failed_at == last_failed_at_ ? failures_of_step_ + 1 : 1;
+  last_failed_at_ = failed_at;
+  if (failures_of_step_ > kMaxFailuresOfOneStep)
+    throw PeerFailure(fmt::format(
+        "{}: step {} failed {} times, each time in a new membership epoch; giving up (last "
+        "failure: {})",
+        rank_.name, failed_at, failures_of_step_, what));
+  std::vector<std::int64_t> offer;
+  for (const auto& p : points_) offer.push_back(p.state.step);
+  log::warn("{}: step {} failed ({}); recovering with rollback point(s) [{}]", rank_.name,
+            failed_at, what, fmt::join(offer, ", "));
+  const std::int64_t resume = rank_.recover(offer, what);
+  Rollback out;
+  out.step = resume;
+  if (rank_.joining) return out;  // this rank offered no usable point: a peer sends the state
+  const auto it = std::find_if(points_.begin(), points_.end(),
+                               [&](const Point& p) { return p.state.step == resume; });
+  if (it == points_.end())
+    throw PeerFailure(fmt::format(
+        "{}: the coordinator resumes at step {}, which this rank holds no snapshot of ([{}])",
+        rank_.name, resume, fmt::join(offer, ", ")));
+  out.state = it->state;
+  out.bytes_resent = wire_now - it->wire;
+  points_.erase(std::next(it), points_.end());
+  return out;
+}
+
+std::uint64_t transfer_state(train::RankContext& rank, std::int64_t step,
+                             train::SiteReplica& replica, sync::OuterNesterov* outer) {
+  transport::Collective& wan = *rank.wan_group;
+  const int S = wan.size(), me = wan.rank();
+  const auto& joining = rank.joining_sites;
+  auto is_joining = [&](int site) {
+    return std::find(joining.begin(), joining.end(), site) != joining.end();
+  };
+  const std::size_t n = replica.x.size();
+  const int ranks = rank.site_group != nullptr ? rank.site_group->size() : 1;
+  const int r = rank.site_group != nullptr ? rank.site_group->rank() : 0;
+  const transport::Range mine = transport::block(n, ranks, r);
+  std::array<std::vector<float>*, 3> states{&replica.x, &replica.opt.state().u,
+                                            &replica.opt.state().v};
+  std::vector<float> scratch(mine.count);
+  std::uint64_t moved = 0;
+  auto crc_of = [](std::span<const float> v) {
+    return crc32c({reinterpret_cast<const std::uint8_t*>(v.data()), v.size_bytes()});
+  };
+  for (const int j : joining) {
+    int donor = j;
+    do donor = (donor - 1 + S) % S;
+    while (is_joining(donor) && donor != j);
+    if (donor == j)
+      throw PeerFailure(
+          fmt::format("{}: every site of epoch {} is joining; none can donate the state", rank.name,
+                      rank.epoch));
+    const bool giving = me == donor, receiving = me == j;
+    std::array<std::int64_t, 5> head{step, replica.opt.state().t, 0, 0, 0};
+    for (int k = 0; k < 3; ++k)
+      if (giving)
+        head[std::size_t(2 + k)] = crc_of(
+            std::span<const float>(*states[std::size_t(k)]).subspan(mine.offset, mine.count));
+    wan.set_label({step, transport::kLabelTransferHeader, static_cast<std::uint32_t>(r)});
+    wan.broadcast(std::as_writable_bytes(std::span(head)), donor);
+    for (int k = 0; k < 3; ++k) {
+      std::span<float> buf =
+          giving || receiving
+              ? std::span<float>(*states[std::size_t(k)]).subspan(mine.offset, mine.count)
+              : std::span<float>(scratch);
+      wan.set_label({step, static_cast<std::uint8_t>(k + 1), static_cast<std::uint32_t>(r)});
+      wan.broadcast(buf, donor);
+      moved += buf.size_bytes();
+      if (receiving && crc_of(buf) != static_cast<std::uint32_t>(head[std::size_t(2 + k)]))
+        throw PeerFailure(fmt::format(
+            "{}: the state transfer from {} failed its CRC32C check (block {} of '{}'); the "
+            "job retries in a new epoch",
+            rank.name, donor, r,
+            k == 0   ? "x"
+            : k == 1 ? "u"
+                     : "v"));
+    }
+    if (receiving) {
+      if (head[0] != step)
+        throw PeerFailure(fmt::format("{}: the donor sent the state of step {}, expected {}",
+                                      rank.name, head[0], step));
+      replica.opt.state().t = head[1];
+    }
+    if (outer != nullptr) {  // the outer optimizer's state is the same on every site: send it whole
+      for (std::vector<float>* v : {&outer->reference(), &outer->momentum()}) {
+        std::vector<float> tmp = giving || receiving ? *v : std::vector<float>(v->size());
+        wan.broadcast(std::span<float>(tmp), donor);
+        if (receiving) *v = std::move(tmp);
+      }
+    }
+  }
+  if (rank.joining && rank.site_group != nullptr) {  // the site's ranks share their blocks
+    const std::size_t blk = transport::block(n, ranks, 0).count;
+    std::vector<float> gathered(blk * static_cast<std::size_t>(ranks));
+    for (std::vector<float>* v : states) {
+      std::copy_n(v->begin() + static_cast<std::ptrdiff_t>(mine.offset), mine.count,
+                  gathered.begin() + static_cast<std::ptrdiff_t>(r * blk));
+      rank.site_group->all_gather(std::span<const float>(gathered).subspan(r * blk, blk), gathered);
+      for (int q = 0; q < ranks; ++q) {
+        const transport::Range b = transport::block(n, ranks, q);
+        std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(q * blk), b.count,
+                    v->begin() + static_cast<std::ptrdiff_t>(b.offset));
+      }
+    }
+  }
+  return moved;
+}
+
+}  // namespace desloc::cluster

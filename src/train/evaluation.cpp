@@ -1,0 +1,67 @@
+// Evaluation of the mean model (evaluation.hpp).
+#include "train/evaluation.hpp"
+
+#include <limits>
+
+#include "desloc/sync/averager.hpp"
+
+namespace desloc::train {
+
+std::vector<float> mean_of(std::vector<SiteReplica>& sites, optim::StateKind kind, int ranks,
+                           int lanes) {
+  auto replicas = views_of(sites);
+  const auto all = sync::state_views(replicas, kind);
+  std::vector<float> mean(all[0].begin(), all[0].end());
+  if (all.size() > 1) {
+    std::vector<std::vector<float>> copies;
+    for (auto& s : all) copies.emplace_back(s.begin(), s.end());
+    std::vector<std::span<float>> views(copies.begin(), copies.end());
+    sync::VirtualAverager ring(static_cast<int>(views.size()), sync::SumOrder::kRing, ranks, lanes);
+    ring.average(kind, views);
+    mean = std::move(copies[0]);
+  }
+  return mean;
+}
+
+Evaluator::Evaluator(const JobConfig& cfg, model::Model& model, const data::DatasetInfo& dataset)
+    : cfg_(cfg),
+      model_(model),
+      eval_(dataset, cfg.data.batch, cfg.seq_len()),
+      site0_(cfg.sync.method == "ddp" || cfg.sync.method == "none") {}
+
+void Evaluator::bind(RankContext* rank) {
+  rank_ = rank;
+  averager_.reset();
+  if (rank != nullptr) averager_.emplace(*rank->wan_group, rank->site_group, rank->wan_reverse);
+}
+
+std::optional<float> Evaluator::evaluate(std::int64_t step, std::vector<SiteReplica>& sites) {
+  std::vector<float> mean_x;
+  if (site0_) {
+    if (rank_ != nullptr && !rank_->evaluates) return std::nullopt;
+    mean_x = sites[0].x;
+  } else if (rank_ != nullptr) {
+    mean_x = sites[0].x;
+    std::span<float> view(mean_x);
+    averager_->begin_step(step);
+    averager_->average(optim::StateKind::kX, std::span<const std::span<float>>(&view, 1));
+    if (!rank_->evaluates) return std::nullopt;
+  } else {
+    mean_x = mean_of(sites, optim::StateKind::kX, cfg_.job.ranks_per_site, cfg_.transport.lanes);
+  }
+  std::copy(mean_x.begin(), mean_x.end(), model_.params().begin());
+  model_.params_updated();
+  const int B = cfg_.data.batch, T = cfg_.seq_len();
+  std::vector<std::int32_t> in(static_cast<std::size_t>(B) * T), tgt(in.size());
+  const std::uint64_t n = std::min<std::uint64_t>(
+      static_cast<std::uint64_t>(cfg_.train.eval_batches), eval_.num_batches());
+  if (n == 0) return std::numeric_limits<float>::quiet_NaN();
+  double sum = 0.0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    eval_.batch(i, in, tgt);
+    sum += model_.forward({in, tgt, B, T});
+  }
+  return static_cast<float>(sum / double(n));
+}
+
+}  // namespace desloc::train

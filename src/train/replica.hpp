@@ -1,0 +1,64 @@
+// One site's replica as this process holds it, and the training state as values: what a
+// checkpoint stores, what an elastic rollback restores, what a rejoining site receives. The
+// list of replica fields lives here and nowhere else.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "desloc/data/loader.hpp"
+#include "desloc/optim/optimizer.hpp"
+#include "desloc/sync/outer_optimizer.hpp"
+#include "desloc/sync/sync_engine.hpp"
+#include "desloc/train/checkpoint.hpp"
+
+namespace desloc::train {
+
+// x, u, v (and the optimizer's step counter) and the data positions of one replica.
+struct ReplicaState {
+  std::vector<float> x, u, v;
+  std::int64_t optim_t = 0;
+  std::vector<data::LoaderState> loaders;  // one per rank of the site held here
+};
+
+// Everything a step changes, for the replicas this process holds.
+struct TrainState {
+  std::int64_t step = 0;          // optimizer steps completed
+  std::uint64_t tokens_seen = 0;  // per site
+  std::vector<ReplicaState> replicas;
+  std::vector<float> outer_ref, outer_momentum;  // empty without an outer optimizer
+};
+
+// One site: its parameters x, its gradient g, its optimizer (u, v) and the loaders of the
+// site's ranks held in this process (R in-process, 1 for a networked rank), with one
+// gradient buffer per rank when there are several.
+struct SiteReplica {
+  std::vector<float> x, g;
+  optim::Optimizer opt;
+  std::vector<data::DataLoader> loaders;
+  std::vector<std::vector<float>> micro_g;  // per-rank gradients when R > 1 in-process
+
+  ReplicaState capture() const;
+  // Throws DataError when the state's loaders do not match this replica's.
+  void restore(ReplicaState state);
+  sync::Replica view() { return {x, g, &opt}; }
+};
+
+std::vector<sync::Replica> views_of(std::vector<SiteReplica>& sites);
+
+TrainState capture_state(std::int64_t step, std::uint64_t tokens_seen,
+                         const std::vector<SiteReplica>& sites, const sync::OuterNesterov* outer);
+// Restores every replica of `state` (sites.size() must equal its replica count) and the outer
+// optimizer; returns the state's tokens_seen.
+std::uint64_t restore_state(TrainState state, std::vector<SiteReplica>& sites,
+                            sync::OuterNesterov* outer);
+
+// A checkpoint stores one loader position per replica: a site's ranks read the same number of
+// windows per step from equal-sized partitions, so one cursor describes them all (checked:
+// throws Error when they differ).
+Checkpoint to_checkpoint(const TrainState& state, std::uint64_t config_hash);
+// `loaders` per replica: the loader state is given to each of them.
+TrainState from_checkpoint(Checkpoint ck, std::size_t loaders);
+
+}  // namespace desloc::train

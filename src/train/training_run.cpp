@@ -1,0 +1,482 @@
+// The training loop (training_run.hpp): M sites (M = 1 is plain single-site training), each
+// with its own data shard and optimizer state, synchronised in the order of DES-LOC's Alg. 1.
+// In-process every site is a virtual replica and its R ranks are R micro-batches; as a
+// networked rank (RankContext) the process holds one site's replica, all-reduces gradients
+// with the site's other ranks and averages states across sites through the context's Averager.
+#include "train/training_run.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+
+#include "desloc/core/error.hpp"
+#include "desloc/core/log.hpp"
+#include "desloc/optim/optimizer.hpp"
+#include "desloc/train/checkpoint.hpp"
+#include "desloc/train/resume_agreement.hpp"
+
+namespace desloc::train {
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// Installs SIGINT/SIGTERM handlers for the duration of a run, restoring the old ones after.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {
+  }, old_term_{};
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::optional<Poison> poison_from_environment() {
+  const char* env = std::getenv("DESLOC_INJECT_POISON");
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  const std::string text(env);
+  const auto a = text.find(':');
+  const auto b = text.find(':', a == std::string::npos ? a : a + 1);
+  if (a == std::string::npos)
+    throw ConfigError("$DESLOC_INJECT_POISON = '" + text + "': expected SITE:STEP[:nan|huge]");
+  Poison p;
+  p.site = text.substr(0, a);
+  p.step = std::atoll(text.substr(a + 1, b == std::string::npos ? b : b - a - 1).c_str());
+  p.huge = b != std::string::npos && text.substr(b + 1) == "huge";
+  log::warn(
+      "fault injection: site {} sends a {} parameter payload at its first x average from "
+      "step {}",
+      p.site, p.huge ? "1000x" : "NaN", p.step);
+  return p;
+}
+
+namespace {
+void check_rank_context(const JobConfig& cfg, const RankContext& rank) {
+  const int R = cfg.job.ranks_per_site;
+  if (rank.averager == nullptr || rank.wan_group == nullptr)
+    throw Error("run_training: a networked rank needs its averager and WAN group");
+  if ((R > 1) != (rank.site_group != nullptr && rank.site_group->size() > 1))
+    throw Error(
+        fmt::format("run_training: rank {} has a site group of {} but job.ranks_per_site = {}",
+                    rank.name, rank.site_group ? rank.site_group->size() : 1, R));
+  if (cfg.sync.join_step > 0)
+    throw ConfigError(
+        fmt::format("{}: sync.join_step: elastic join runs in-process only (`desloc train`); a "
+                    "multi-process job changes membership through the coordinator (not built yet)",
+                    cfg.source));
+}
+
+// The run's dataset, after the checks that need nothing allocated.
+data::DatasetInfo checked_dataset(const JobConfig& cfg, const RankContext* rank) {
+  if (rank != nullptr) check_rank_context(cfg, *rank);
+  data::DatasetInfo d = data::load_dataset(cfg.data.dir);
+  if (static_cast<int>(d.vocab) > cfg.model.vocab)
+    throw ConfigError(
+        fmt::format("{}: model.vocab = {} is smaller than the dataset's vocabulary {} ({})",
+                    cfg.source, cfg.model.vocab, d.vocab, cfg.data.dir));
+  return d;
+}
+
+std::optional<sync::OuterNesterov> outer_of(const sync::SyncConfig& c) {
+  if (c.outer != "nesterov") return std::nullopt;
+  return sync::OuterNesterov(c.outer_lr, c.outer_momentum);
+}
+}  // namespace
+
+TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankContext* rank)
+    : cfg_(cfg),
+      opts_(opts),
+      rank_(rank),
+      networked_(rank != nullptr),
+      B_(cfg.data.batch),
+      T_(cfg.seq_len()),
+      R_(cfg.job.ranks_per_site),
+      total_(cfg.train.steps),
+      tokens_per_step_(static_cast<std::uint64_t>(B_) * static_cast<std::uint64_t>(T_) *
+                       static_cast<std::uint64_t>(R_)),
+      policy_(cfg.sync),
+      dataset_(checked_dataset(cfg, rank)),
+      model_(model::make_model(cfg.model, {cfg.train.backend, cfg.train.threads, B_,
+                                           rank != nullptr ? rank->device : 0})),
+      outer_(outer_of(cfg.sync)),
+      virtual_averager_(cfg.sync.workers, sync::SumOrder::kRing, R_, cfg.transport.lanes),
+      averager_(rank != nullptr ? rank->averager : &virtual_averager_),
+      reducer_(rank != nullptr ? rank->site_group : nullptr),
+      engine_(policy_, {&cfg.clip, outer_ ? &*outer_ : nullptr, false}),
+      evaluator_(cfg, *model_, dataset_),
+      poison_(poison_from_environment()),
+      live_sites_(cfg.sync.workers),
+      inputs_(static_cast<std::size_t>(B_) * T_),
+      targets_(inputs_.size()) {
+  if (networked_)
+    sites_.push_back(make_site(rank_->site));
+  else
+    for (int w = 0; w < cfg.sync.workers; ++w) sites_.push_back(make_site(w));
+  sync::PayloadGuard guard;
+  guard.site_names = cfg.site_names();
+  virtual_averager_.set_payload_guard(guard);
+  evaluator_.bind(rank_);
+  if (networked_ && rank_->recover) recovery_.emplace(*rank_);
+  result_.unigram_entropy_nats = dataset_.unigram_entropy_nats;
+  result_.last_val_loss = std::numeric_limits<float>::quiet_NaN();
+}
+
+// Data is partitioned for the largest site count the run will reach, so sites that join
+// later never read a window another site already owns. Site s's rank r reads partition
+// s * R + r.
+SiteReplica TrainingRun::make_site(int index) const {
+  const std::size_t n = model_->layout().total();
+  const int max_sites = std::max(cfg_.sync.workers, cfg_.sync.join_workers);
+  SiteReplica s{{}, std::vector<float>(n), optim::Optimizer(cfg_.optim, model_->layout()), {}, {}};
+  const int first = networked_ ? rank_->rank : 0;
+  const int count = networked_ ? 1 : R_;
+  for (int r = first; r < first + count; ++r)
+    s.loaders.emplace_back(dataset_, B_, T_, cfg_.data.seed, index * R_ + r, max_sites * R_);
+  if (count > 1) s.micro_g.assign(static_cast<std::size_t>(count), std::vector<float>(n));
+  return s;
+}
+
+void TrainingRun::start_fresh() {
+  std::vector<float> x0(model_->layout().total());
+  model::init_params(model_->layout(), cfg_.model, cfg_.train.seed, x0);
+  for (auto& s : sites_) s.x = x0;  // every site starts from the same point
+  if (outer_) outer_->reset(x0);
+}
+
+void TrainingRun::resume() {
+  const std::string ckpt_dir = checkpoint_dir(cfg_, rank_);
+  std::optional<FoundCheckpoint> found;
+  if (networked_) {
+    // A restarted job resumes where every rank can: the newest step all of them hold intact.
+    const auto choice =
+        agree_on_resume_step(scan_checkpoints(ckpt_dir), rank_->site_group,
+                             rank_->wan_group, {cfg_.site_names(), rank_->name, rank_->leader()});
+    if (!choice.step)
+      throw DataError(fmt::format(
+          "--resume: the job's ranks share no intact checkpoint step ({}'s are in '{}'); run "
+          "without --resume to start fresh",
+          rank_->name, ckpt_dir));
+    const std::string path = checkpoint_path(ckpt_dir, *choice.step);
+    found = FoundCheckpoint{path, load_checkpoint(path)};
+  } else {
+    found = find_latest_checkpoint(ckpt_dir);
+  }
+  if (!found)
+    throw DataError("--resume: no valid checkpoint in '" + ckpt_dir +
+                    "'; run without --resume to start fresh");
+  Checkpoint& ck = found->checkpoint;
+  if (ck.config_hash != cfg_.hash())
+    throw ConfigError(fmt::format(
+        "--resume: checkpoint '{}' was written by a job with config hash {:016x}, but {} "
+        "hashes to {:016x}; a change to the model, optimizer, schedule, data order, sync, "
+        "seeds or step count cannot resume bit-exactly. Restore the original config or use a "
+        "new train.out_dir",
+        found->path, ck.config_hash, cfg_.source, cfg_.hash()));
+  for (const auto& w : ck.workers)
+    if (w.params.size() != model_->layout().total())
+      throw DataError(fmt::format("'{}' holds {} parameters; the model has {}", found->path,
+                                  w.params.size(), model_->layout().total()));
+  while (sites_.size() < ck.workers.size())
+    sites_.push_back(make_site(static_cast<int>(sites_.size())));
+  virtual_averager_.resize(static_cast<int>(sites_.size()));
+  const std::int64_t step = ck.step;
+  tokens_seen_ = restore_state(from_checkpoint(std::move(ck), sites_[0].loaders.size()), sites_,
+                               outer_ ? &*outer_ : nullptr);
+  result_.start_step = step;
+  log::info("resumed from {} at step {} ({} worker{})", found->path, step, sites_.size(),
+              sites_.size() == 1 ? "" : "s");
+}
+
+void TrainingRun::write_run_record() {
+  RunRecord r;
+  r.name = std::filesystem::path(cfg_.train.out_dir).filename().string();
+  r.method = cfg_.sync.method;
+  r.workers = cfg_.sync.workers;
+  if (cfg_.sync.averages_params()) r.kx = cfg_.sync.kx;
+  if (cfg_.sync.method == "desloc") {
+    r.ku = cfg_.sync.effective_ku();
+    r.kv = cfg_.sync.effective_kv();
+  }
+  r.outer = cfg_.sync.outer;
+  r.parameters = model_->layout().total();
+  r.batch = B_;
+  r.seq_len = T_;
+  r.steps = total_;
+  r.config_hash = cfg_.hash();
+  r.sites = fmt::format("{}", fmt::join(cfg_.site_names(), ","));
+  r.ranks_per_site = R_;
+  r.rank = networked_ ? rank_->name : "all";
+  r.wan_link =
+      networked_ && !rank_->wan_successor.empty() ? rank_->name + "->" + rank_->wan_successor : "";
+  metrics_->write(r);
+  const int sites = live_sites_;
+  progress_->message(fmt::format(
+      "desloc train: {} parameters ({} backend), {} site{} x {} rank{} ({}{}), B={} T={}, {} "
+      "steps, {} train / {} val tokens, unigram entropy {:.4f} nats",
+      model_->layout().total(), model_->backend_name(), sites, sites == 1 ? "" : "s", R_,
+      R_ == 1 ? "" : "s", cfg_.sync.method,
+      networked_ ? ", this process is " + rank_->name : std::string(", in-process"), B_, T_, total_,
+      dataset_.train_tokens, dataset_.val_tokens, dataset_.unigram_entropy_nats));
+}
+
+TrainResult TrainingRun::run() {
+  // A restarted site rejoining a running job starts at the epoch's resume step; its state
+  // arrives from a peer before its first step (receive_joined_state).
+  const bool rejoining = networked_ && rank_->joining && !opts_.resume;
+  if (opts_.resume)
+    resume();
+  else
+    start_fresh();
+  if (rejoining) {
+    result_.start_step = rank_->join_step;
+    pending_transfer_ = true;
+    log::info("{}: rejoining at step {}; waiting for the state from a peer", rank_->name,
+              rank_->join_step);
+  }
+  // A rejoining site keeps the records of its first life (up to the step it rejoins at).
+  metrics_.emplace(metrics_path(cfg_, rank_), opts_.resume || rejoining, result_.start_step);
+  const bool tty = opts_.progress == 1 || (opts_.progress == -1 && ::isatty(STDERR_FILENO));
+  progress_.emplace(result_.start_step, total_, tty, cfg_.train.log_every, opts_.quiet);
+  if (!opts_.resume && !rejoining) write_run_record();
+
+  const StopSignals signals;
+  const auto run_start = Clock::now();
+  step_ = result_.start_step;
+  // Survivors that have not reached a cross-site step yet can still roll back to the start.
+  if (recovery_ && !rejoining)
+    recovery_->keep(capture_state(step_, tokens_seen_, sites_, outer_ ? &*outer_ : nullptr),
+                    traffic_of(0).total_wire());
+  while (step_ < total_) {
+    if (stop_requested()) break;
+    const std::int64_t t = step_ + 1;  // the 1-based number of the step being taken
+    try {
+      before_step(t);
+      maybe_join(t);
+      const StepResult s = take_step(t);
+      ++step_;
+      tokens_seen_ += tokens_per_step_;
+      if (networked_ && rank_->on_step) rank_->on_step(step_);
+      record_step(s);
+      const bool last = step_ == total_;
+      if ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last)
+        evaluate(step_);
+      if ((cfg_.train.checkpoint_every > 0 && step_ % cfg_.train.checkpoint_every == 0) || last)
+        save(step_);
+    } catch (const Error& e) {
+      if (!recovery_ || !cluster::Recovery::recoverable(e)) throw;
+      recover(e.message());
+    }
+  }
+  if (step_ < total_ && step_ > result_.start_step) save(step_);  // stop_after or a signal
+  progress_->finish();
+
+  result_.steps_done = step_;
+  result_.workers = static_cast<int>(sites_.size());
+  result_.bytes_sent_per_worker = traffic_of(0).total_wire();
+  const double secs = seconds_since(run_start);
+  if (step_ > result_.start_step && secs > 0)
+    result_.tokens_per_s =
+        double(step_ - result_.start_step) * double(tokens_per_step_) * double(live_sites_) / secs;
+  return result_;
+}
+
+// Sites stop together: a networked rank learns of a stop request (SIGINT/SIGTERM) from its
+// site's ranks every step and from the other sites at each sync (the control exchange), and
+// all stop after the same step. Without any cross-site sync (method = none) a site stops on
+// its own.
+bool TrainingRun::stop_requested() {
+  if (opts_.stop_after >= 0 && step_ >= opts_.stop_after) return true;
+  if ((networked_ || g_stop_signal == 0) && !stop_agreed_) return false;
+  progress_->message(fmt::format(
+      "{} received: checkpointing at step {} and stopping",
+      networked_ ? std::string("a stop request") : fmt::format("signal {}", int(g_stop_signal)),
+      step_));
+  result_.interrupted = true;
+  return true;
+}
+
+TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
+  const auto t0 = Clock::now();
+  StepResult s;
+  s.due = engine_.begin(t, *averager_);
+  site_losses_.resize(sites_.size());  // sites may have joined
+  double loss_sum = 0.0;
+  for (std::size_t i = 0; i < sites_.size(); ++i) {
+    site_losses_[i] = site_gradient(i, t);
+    loss_sum += site_losses_[i];
+  }
+  inject_poison(t, s.due);
+  std::vector<sync::Replica> replicas = views_of(sites_);
+  const bool stop = engine_.finish(replicas, site_stop_);
+  if (networked_) {
+    if (cfg_.sync.method == "none")
+      stop_agreed_ = site_stop_;
+    else if (s.due.any())
+      stop_agreed_ = stop;
+  }
+  s.lr = optim::learning_rate(cfg_.schedule, step_, total_);
+  s.grad_norm = engine_.update(replicas, s.lr);
+  s.loss = static_cast<float>(loss_sum / double(sites_.size()));
+  s.seconds = seconds_since(t0);
+  return s;
+}
+
+// Site i's gradient at its un-averaged x: every rank's micro-batch held here, then the mean
+// over the site's ranks. Returns the site's loss.
+float TrainingRun::site_gradient(std::size_t i, std::int64_t t) {
+  SiteReplica& w = sites_[i];
+  std::copy(w.x.begin(), w.x.end(), model_->params().begin());
+  model_->params_updated();
+  std::vector<float> micro_loss(w.loaders.size());
+  for (std::size_t m = 0; m < w.loaders.size(); ++m) {
+    w.loaders[m].next(inputs_, targets_);
+    const float loss = model_->forward_backward({inputs_, targets_, B_, T_});
+    if (!std::isfinite(loss))
+      throw Error(fmt::format(
+          "loss is not finite ({}) at step {} on {}; lower schedule.lr or enable optim.clip "
+          "(last good checkpoint: {})",
+          loss, t, networked_ ? rank_->name : fmt::format("worker {} rank {}", i, m),
+          result_.last_checkpoint.empty() ? "none" : result_.last_checkpoint));
+    const auto g = model_->grads();
+    std::copy(g.begin(), g.end(), w.micro_g.empty() ? w.g.begin() : w.micro_g[m].begin());
+    micro_loss[m] = loss;
+  }
+  const sync::SiteMean mean = reducer_.reduce(w.micro_g, w.g, micro_loss, g_stop_signal != 0);
+  site_stop_ = mean.stop;
+  return mean.loss;
+}
+
+// After the gradients, before the averages of this step.
+void TrainingRun::inject_poison(std::int64_t t, const sync::SyncDecision& due) {
+  if (!poison_ || poison_->done || t < poison_->step || !due.x) return;
+  for (std::size_t i = 0; i < sites_.size(); ++i) {
+    const int site = networked_ ? rank_->site : static_cast<int>(i);
+    if (cfg_.site_names().at(static_cast<std::size_t>(site)) != poison_->site) continue;
+    if (poison_->huge)
+      for (float& x : sites_[i].x) x *= 1000.0f;
+    else
+      sites_[i].x[0] = std::numeric_limits<float>::quiet_NaN();
+    poison_->done = true;
+    return;
+  }
+}
+
+void TrainingRun::record_step(const StepResult& s) {
+  TrainRecord r;
+  r.step = step_;
+  r.loss = s.loss;
+  r.lr = s.lr;
+  r.grad_norm = s.grad_norm;
+  r.tokens_per_s = double(tokens_per_step_) * double(live_sites_) / s.seconds;
+  r.step_ms = s.seconds * 1e3;
+  r.tokens = tokens_seen_;
+  r.workers = sites_.size();
+  r.synced = fmt::format("{}{}{}{}", s.due.grad ? "g" : "", s.due.x ? "x" : "", s.due.u ? "u" : "",
+                         s.due.v ? "v" : "");
+  const sync::Traffic traffic = traffic_of(0);
+  r.wire = traffic.wire;
+  r.payload = traffic.payload;
+  // Every replica's wire total: equal under a ring, except for sites that joined late.
+  for (std::size_t i = 0; i < sites_.size(); ++i)
+    r.wire_by_worker.push_back(traffic_of(static_cast<int>(i)).total_wire());
+  r.loss_by_site = site_losses_;
+  r.site_bytes_sent =
+      networked_ && rank_->site_group != nullptr ? rank_->site_group->bytes().total().sent : 0;
+  result_.last_train_loss = s.loss;
+  metrics_->write(r);
+  for (const sync::Rejection& rj : averager_->rejections())
+    metrics_->write(RejectionRecord{rj.step, optim::to_string(rj.state),
+                                    averager_->payload_guard().site_name(rj.site), rj.reason});
+  averager_->clear_rejections();
+  progress_->step(step_, s.loss, s.lr, r.tokens_per_s);
+}
+
+void TrainingRun::evaluate(std::int64_t step) {
+  const auto t0 = Clock::now();
+  const std::optional<float> val = evaluator_.evaluate(step, sites_);
+  if (!val) return;  // this rank only took part in the average
+  result_.last_val_loss = *val;
+  metrics_->write(EvalRecord{step, *val, seconds_since(t0), sites_.size()});
+  progress_->message(fmt::format("step {}/{}: val_loss {:.4f} (unigram entropy {:.4f})", step,
+                                 total_, *val, dataset_.unigram_entropy_nats));
+}
+
+void TrainingRun::save(std::int64_t step) {
+  const std::string path = checkpoint_path(checkpoint_dir(cfg_, rank_), step);
+  save_checkpoint(
+      path, to_checkpoint(capture_state(step, tokens_seen_, sites_, outer_ ? &*outer_ : nullptr),
+                          cfg_.hash()));
+  result_.last_checkpoint = path;
+}
+
+// Elastic join (in-process): at the first sync boundary from join_step on, new sites start
+// from the average at that sync: the mean x, and the mean u and v when the method averages
+// them (desloc, local_adam). Under keep-local methods (favg, favg_reset) optimizer state is
+// never shared, so a newcomer starts Adam afresh (u = v = 0, bias correction from step 1).
+void TrainingRun::maybe_join(std::int64_t t) {
+  if (cfg_.sync.join_step <= 0 || t < cfg_.sync.join_step || !policy_.at(t).any() ||
+      static_cast<int>(sites_.size()) >= cfg_.sync.join_workers)
+    return;
+  using optim::StateKind;
+  const int lanes = cfg_.transport.lanes;
+  const std::size_t n = model_->layout().total();
+  const bool share_moments = cfg_.sync.method == "desloc" || cfg_.sync.method == "local_adam";
+  const auto x = mean_of(sites_, StateKind::kX, R_, lanes);
+  const auto u =
+      share_moments ? mean_of(sites_, StateKind::kU, R_, lanes) : std::vector<float>(n, 0.0f);
+  const auto v =
+      share_moments ? mean_of(sites_, StateKind::kV, R_, lanes) : std::vector<float>(n, 0.0f);
+  const std::int64_t optim_t = share_moments ? sites_[0].opt.state().t : 0;
+  const std::size_t before = sites_.size();
+  while (static_cast<int>(sites_.size()) < cfg_.sync.join_workers) {
+    SiteReplica w = make_site(static_cast<int>(sites_.size()));
+    w.x = x;
+    w.opt.state().u = u;
+    w.opt.state().v = v;
+    w.opt.state().t = optim_t;
+    // Skip the windows this site would have consumed had it run from the start, so the
+    // data order stays a function of (seed, site) alone.
+    for (auto& l : w.loaders) l.skip(static_cast<std::uint64_t>(t - 1));
+    sites_.push_back(std::move(w));
+  }
+  virtual_averager_.resize(static_cast<int>(sites_.size()));
+  metrics_->write(JoinRecord{t - 1, before, sites_.size()});
+  progress_->message(fmt::format("step {}: {} workers joined (now {})", t - 1,
+                                 sites_.size() - before, sites_.size()));
+}
+
+sync::Traffic TrainingRun::traffic_of(int w) const {
+  sync::Traffic t = averager_->traffic(w);
+  for (std::size_t k = 0; k < t.wire.size(); ++k) {
+    t.payload[k] += traffic_base_.payload[k];
+    t.wire[k] += traffic_base_.wire[k];
+    t.site_wire[k] += traffic_base_.site_wire[k];
+  }
+  return t;
+}
+
+}  // namespace desloc::train

@@ -1,0 +1,110 @@
+// One training run (run_training): the sites' replicas, the step engine and everything around
+// the loop (resume, evaluation, checkpoints, metrics, elastic recovery), as one object whose
+// run() reads like DES-LOC's Alg. 1.
+#pragma once
+
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cluster/recovery.hpp"
+#include "desloc/data/loader.hpp"
+#include "desloc/model/model.hpp"
+#include "desloc/sync/averager.hpp"
+#include "desloc/sync/outer_optimizer.hpp"
+#include "desloc/sync/site_reducer.hpp"
+#include "desloc/sync/sync_engine.hpp"
+#include "desloc/sync/sync_policy.hpp"
+#include "desloc/train/config.hpp"
+#include "desloc/train/trainer.hpp"
+#include "train/evaluation.hpp"
+#include "train/metrics.hpp"
+#include "train/progress.hpp"
+#include "train/replica.hpp"
+
+namespace desloc::train {
+
+// Fault injection for the fault suite: $DESLOC_INJECT_POISON = "SITE:STEP[:nan|huge]" corrupts
+// that site's parameters right before their first average at or after STEP, as a bug or a
+// hostile site would; the payload guard must leave it out of that average.
+struct Poison {
+  std::string site;
+  std::int64_t step = 0;
+  bool huge = false;  // x1000 instead of NaN
+  bool done = false;
+};
+std::optional<Poison> poison_from_environment();
+
+class TrainingRun {
+ public:
+  TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankContext* rank);
+  TrainResult run();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct StepResult {
+    sync::SyncDecision due;
+    float loss = 0, grad_norm = 0, lr = 0;
+    double seconds = 0;
+  };
+
+  SiteReplica make_site(int index) const;
+  void start_fresh();
+  void resume();
+  void write_run_record();
+  bool stop_requested();
+
+  StepResult take_step(std::int64_t t);                // Alg. 1: gradients, averages, update
+  float site_gradient(std::size_t i, std::int64_t t);  // forward/backward + site mean
+  void inject_poison(std::int64_t t, const sync::SyncDecision& due);
+  void record_step(const StepResult& s);
+  void evaluate(std::int64_t step);
+  void save(std::int64_t step);
+  void maybe_join(std::int64_t t);  // in-process elastic join
+
+  bool talks_across_sites(std::int64_t t) const;
+  void before_step(std::int64_t t);  // rollback point, state transfer, closed epoch
+  void bind_groups();                // a networked rank's averager, reducer and evaluator
+  void recover(const std::string& what);
+  void receive_joined_state();
+  sync::Traffic traffic_of(int w) const;
+
+  const JobConfig& cfg_;
+  const TrainOptions& opts_;
+  RankContext* rank_;  // null in-process
+  const bool networked_;
+  const int B_, T_, R_;
+  const std::int64_t total_;
+  const std::uint64_t tokens_per_step_;  // per site: its R ranks each read B x T tokens
+  const sync::SyncPolicy policy_;
+  data::DatasetInfo dataset_;
+  std::unique_ptr<model::Model> model_;
+  std::vector<SiteReplica> sites_;  // in-process: every site; networked: this rank's
+  std::optional<sync::OuterNesterov> outer_;
+  sync::VirtualAverager virtual_averager_;
+  sync::Averager* averager_;  // a networked rank's changes when a recovery rebuilds the groups
+  sync::SiteReducer reducer_;
+  sync::SyncEngine engine_;
+  Evaluator evaluator_;
+  std::optional<Poison> poison_;
+  std::optional<MetricsWriter> metrics_;
+  std::optional<ProgressReporter> progress_;
+  std::optional<cluster::Recovery> recovery_;  // elastic networked ranks only
+
+  TrainResult result_;
+  std::int64_t step_ = 0;
+  std::uint64_t tokens_seen_ = 0;  // per site
+  int live_sites_;                 // fewer after a site failed
+  std::vector<float> site_losses_;
+  bool site_stop_ = false;    // a rank of this site asked to stop (networked)
+  bool stop_agreed_ = false;  // the sites agreed to stop after this step
+  bool pending_transfer_ = false;
+  sync::Traffic traffic_base_;  // of averagers that earlier membership epochs used
+  std::vector<std::int32_t> inputs_, targets_;
+};
+
+}  // namespace desloc::train
