@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <string.h>  // strnlen
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -24,10 +25,32 @@ constexpr std::size_t kPayloadHeadBytes = 8 + 8 + 8 + 8 + 4;
 constexpr std::uint64_t kWorkerCounterBytes = 8 + 8 + 8;  // optim_t, loader.epoch, .cursor
 constexpr std::size_t kStreamBlockBytes = std::size_t(1) << 20;
 
+// Version 3 ends the payload with the writer's name in a fixed field (NUL-padded).
+constexpr std::size_t kWriterBytes = 64;
+
 struct FileHeader {
+  std::uint32_t version = 0;
   std::uint64_t payload_bytes = 0;
   std::uint32_t crc = 0;
+  std::uint64_t trailer_bytes() const { return version >= 3 ? kWriterBytes : 0; }
 };
+
+// A checkpoint path must name a regular file: a directory of that name would read as a huge
+// file (and be in the way of the next write).
+void check_regular_file(const std::string& path) {
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (ec || !fs::exists(status))
+    throw DataError("cannot open '" + path + "': no such file or not readable");
+  if (!fs::is_regular_file(status))
+    throw DataError(fmt::format("'{}' is a {}, not a checkpoint file; move it out of the way", path,
+                                fs::is_directory(status) ? "directory" : "special file"));
+}
+
+std::string writer_from(std::span<const std::uint8_t> field) {
+  const auto* c = reinterpret_cast<const char*>(field.data());
+  return std::string(c, strnlen(c, field.size()));
+}
 
 // `header` is the file's first min(file_bytes, kHeaderBytes) bytes.
 FileHeader check_header(const std::string& path, std::span<const std::uint8_t> header,
@@ -38,11 +61,13 @@ FileHeader check_header(const std::string& path, std::span<const std::uint8_t> h
   if (std::memcmp(magic, kCheckpointMagic, 8) != 0)
     throw DataError("'" + path + "' is not a desloc checkpoint (wrong magic bytes)");
   const auto version = r.get<std::uint32_t>("version");
-  if (version != kCheckpointVersion)
-    throw DataError(fmt::format("'{}' has checkpoint version {}; this desloc reads version {}",
-                                path, version, kCheckpointVersion));
+  if (version != kCheckpointVersion && version != 2)
+    throw DataError(
+        fmt::format("'{}' has checkpoint version {}; this desloc reads versions 2 and {}", path,
+                    version, kCheckpointVersion));
   r.get<std::uint32_t>("reserved");
   FileHeader h;
+  h.version = version;
   h.payload_bytes = r.get<std::uint64_t>("payload size");
   h.crc = r.get<std::uint32_t>("crc32c");
   const std::uint64_t follow = file_bytes - kHeaderBytes;
@@ -148,6 +173,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   payload.put<std::uint64_t>(ck.outer_ref.size());
   payload.put_span<float>(ck.outer_ref);
   payload.put_span<float>(ck.outer_momentum);
+  std::array<char, kWriterBytes> writer{};
+  std::memcpy(writer.data(), ck.writer.data(), std::min(ck.writer.size(), kWriterBytes - 1));
+  payload.put_span<char>(writer);
 
   ByteWriter file;
   file.bytes().reserve(kHeaderBytes + payload.bytes().size());
@@ -161,6 +189,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
 }
 
 Checkpoint load_checkpoint(const std::string& path) {
+  check_regular_file(path);
   const std::vector<std::uint8_t> bytes = read_file(path);
   const FileHeader header = check_header(
       path, std::span(bytes).first(std::min(bytes.size(), kHeaderBytes)), bytes.size());
@@ -191,11 +220,18 @@ Checkpoint load_checkpoint(const std::string& path) {
     r.get_span<float>(w.v, "v");
   }
   const auto outer_n = r.get<std::uint64_t>("outer optimizer size");
-  check_outer(path, outer_n, r.remaining());
+  if (r.remaining() < header.trailer_bytes())
+    throw DataError("'" + path + "' is inconsistent: no room for the writer's name");
+  check_outer(path, outer_n, r.remaining() - header.trailer_bytes());
   ck.outer_ref.resize(outer_n);
   ck.outer_momentum.resize(outer_n);
   r.get_span<float>(ck.outer_ref, "outer_ref");
   r.get_span<float>(ck.outer_momentum, "outer_momentum");
+  if (header.trailer_bytes() > 0) {
+    std::array<std::uint8_t, kWriterBytes> writer{};
+    r.get_span<std::uint8_t>(writer, "writer");
+    ck.writer = writer_from(writer);
+  }
   if (ck.step < 0) throw DataError("'" + path + "' holds a negative step counter");
   return ck;
 }
@@ -204,18 +240,20 @@ std::string checkpoint_path(const std::string& dir, std::int64_t step) {
   return (fs::path(dir) / fmt::format("step_{:08d}.ckpt", step)).string();
 }
 
-std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir) {
-  for (const auto& [step, path] : checkpoint_files(dir)) {
+std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir,
+                                                      const std::string& writer) {
+  for (const CheckpointInfo& info : scan_checkpoints(dir, writer).valid) {
     try {
-      return FoundCheckpoint{path, load_checkpoint(path)};
-    } catch (const DataError& e) {
-      log::warn("skipping checkpoint {}: {}", path, e.message());
+      return FoundCheckpoint{info.path, load_checkpoint(info.path)};
+    } catch (const DataError& e) {  // changed since the scan
+      log::warn("skipping checkpoint {}: {}", info.path, e.message());
     }
   }
   return std::nullopt;
 }
 
 CheckpointInfo validate_checkpoint(const std::string& path) {
+  check_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError("cannot open '" + path + "': no such file or not readable");
   in.seekg(0, std::ios::end);
@@ -260,12 +298,20 @@ CheckpointInfo validate_checkpoint(const std::string& path) {
   read_at(in, path, kHeaderBytes + outer_at, outer_span);
   ByteReader outer_reader(outer_span, path);
   const auto outer_n = outer_reader.get<std::uint64_t>("outer optimizer size");
-  check_outer(path, outer_n, header.payload_bytes - outer_at - 8);
+  if (header.payload_bytes - outer_at - 8 < header.trailer_bytes())
+    throw DataError("'" + path + "' is inconsistent: no room for the writer's name");
+  check_outer(path, outer_n, header.payload_bytes - outer_at - 8 - header.trailer_bytes());
   if (head.step < 0) throw DataError("'" + path + "' holds a negative step counter");
-  return {head.step, head.config_hash, file_bytes, path};
+  std::string writer;
+  if (header.trailer_bytes() > 0) {
+    std::array<std::uint8_t, kWriterBytes> field{};
+    read_at(in, path, kHeaderBytes + header.payload_bytes - kWriterBytes, field);
+    writer = writer_from(field);
+  }
+  return {head.step, head.config_hash, file_bytes, path, writer};
 }
 
-CheckpointScan scan_checkpoints(const std::string& dir) {
+CheckpointScan scan_checkpoints(const std::string& dir, const std::string& writer) {
   CheckpointScan scan;
   for (const auto& [step, path] : checkpoint_files(dir)) {
     try {
@@ -273,6 +319,11 @@ CheckpointScan scan_checkpoints(const std::string& dir) {
       if (info.step != step)
         throw DataError(
             fmt::format("'{}' holds step {} but is named for step {}", path, info.step, step));
+      if (!writer.empty() && !info.writer.empty() && info.writer != writer)
+        throw DataError(fmt::format(
+            "'{}' was written by {}, not by {}: a checkpoint copied from another rank's "
+            "directory cannot resume this one",
+            path, info.writer, writer));
       scan.valid.push_back(std::move(info));
     } catch (const DataError& e) {
       log::warn("skipping checkpoint {}: {}", path, e.message());
@@ -283,7 +334,7 @@ CheckpointScan scan_checkpoints(const std::string& dir) {
 }
 
 std::vector<CheckpointInfo> list_valid_checkpoints(const std::string& dir) {
-  return scan_checkpoints(dir).valid;
+  return scan_checkpoints(dir, "").valid;
 }
 
 }  // namespace desloc::train

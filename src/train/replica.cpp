@@ -61,9 +61,11 @@ std::uint64_t restore_state(TrainState state, std::vector<SiteReplica>& sites,
   return state.tokens_seen;
 }
 
-Checkpoint to_checkpoint(const TrainState& state, std::uint64_t config_hash) {
+Checkpoint to_checkpoint(const TrainState& state, std::uint64_t config_hash,
+                         const std::string& writer) {
   Checkpoint ck;
   ck.config_hash = config_hash;
+  ck.writer = writer;
   ck.step = state.step;
   ck.tokens_seen = state.tokens_seen;
   for (const ReplicaState& r : state.replicas) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "desloc/data/loader.hpp"
@@ -57,7 +58,8 @@ std::uint64_t restore_state(TrainState state, std::vector<SiteReplica>& sites,
 // A checkpoint stores one loader position per replica: a site's ranks read the same number of
 // windows per step from equal-sized partitions, so one cursor describes them all (checked:
 // throws Error when they differ).
-Checkpoint to_checkpoint(const TrainState& state, std::uint64_t config_hash);
+Checkpoint to_checkpoint(const TrainState& state, std::uint64_t config_hash,
+                         const std::string& writer);
 // `loaders` per replica: the loader state is given to each of them.
 TrainState from_checkpoint(Checkpoint ck, std::size_t loaders);
 

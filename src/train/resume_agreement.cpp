@@ -127,30 +127,28 @@ std::string why_missing(const Offer& offer, std::int64_t step, const std::string
   return fmt::format("{} has no checkpoint at step {}", name, step);
 }
 
-}  // namespace
+// The site name of WAN rank s.
+std::string site_name_of(const ResumeAgreementOptions& options, int s) {
+  return static_cast<std::size_t>(s) < options.site_names.size()
+             ? options.site_names[static_cast<std::size_t>(s)]
+             : fmt::format("site {}", s);
+}
 
-ResumeChoice agree_on_resume_step(const CheckpointScan& mine, transport::Collective* site_group,
+// Phase 1 (the R blocks of this site, in site-group rank order) and phase 2 (every site's
+// blocks, in WAN-group order) of both agreements. Equal R everywhere keeps the WAN
+// all-gather's blocks equal in size: checked first with 4 bytes per site. Returns S x R blocks.
+std::vector<std::byte> gather_job(std::span<const std::byte> mine,
+                                  transport::Collective* site_group,
                                   transport::Collective* wan_group,
-                                  const ResumeAgreementOptions& options) {
-  const std::vector<std::byte> my_block = encode_offer(mine);
-
-  // Phase 1: the R offers of this site, in site-group rank order.
+                                  const ResumeAgreementOptions& options, int& R_out, int& S_out) {
   const int R = site_group != nullptr ? site_group->size() : 1;
-  std::vector<std::byte> site_blocks(static_cast<std::size_t>(R) * kOfferBytes);
+  std::vector<std::byte> site_blocks(static_cast<std::size_t>(R) * mine.size());
   if (R > 1)
-    site_group->all_gather(my_block, site_blocks);
+    site_group->all_gather(mine, site_blocks);
   else
-    site_blocks = my_block;
-
-  // Phase 2: every site's R offers, in WAN-group (site) order. Equal R everywhere keeps the
-  // all-gather's blocks equal in size; check that first with 4 bytes per site.
+    std::copy(mine.begin(), mine.end(), site_blocks.begin());
   const int S = wan_group != nullptr ? wan_group->size() : 1;
   std::vector<std::byte> all(static_cast<std::size_t>(S) * site_blocks.size());
-  auto site_name = [&](int s) {
-    return static_cast<std::size_t>(s) < options.site_names.size()
-               ? options.site_names[static_cast<std::size_t>(s)]
-               : fmt::format("site {}", s);
-  };
   if (S > 1) {
     const auto r32 = static_cast<std::uint32_t>(R);
     std::vector<std::uint32_t> ranks_per_site(static_cast<std::size_t>(S));
@@ -161,18 +159,99 @@ ResumeChoice agree_on_resume_step(const CheckpointScan& mine, transport::Collect
         throw ConfigError(fmt::format(
             "resume agreement: site {} has {} ranks but site {} has {}; every site must run "
             "job.ranks_per_site ranks",
-            site_name(s), ranks_per_site[static_cast<std::size_t>(s)], site_name(0),
-            ranks_per_site[0]));
+            site_name_of(options, s), ranks_per_site[static_cast<std::size_t>(s)],
+            site_name_of(options, 0), ranks_per_site[0]));
     wan_group->all_gather(site_blocks, all);
   } else {
     all = site_blocks;
   }
+  R_out = R;
+  S_out = S;
+  return all;
+}
+
+// Start intent block (16 bytes): u32 magic "DSST" | u8 resume | u8 force | u16 reserved
+// | u32 checkpoints | u32 metrics records.
+constexpr std::uint32_t kIntentMagic = 0x54535344;  // "DSST"
+constexpr std::size_t kIntentBytes = 16;
+
+std::string describe_results(std::uint32_t checkpoints, std::uint32_t records) {
+  return fmt::format("{} checkpoint{}, {} metrics record{}", checkpoints,
+                     checkpoints == 1 ? "" : "s", records, records == 1 ? "" : "s");
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < kMaxNamesPerLine; ++i)
+    out += (i ? ", " : "") + names[i];
+  if (names.size() > kMaxNamesPerLine)
+    out += fmt::format(" and {} more", names.size() - kMaxNamesPerLine);
+  return out;
+}
+
+}  // namespace
+
+void check_fresh_start(const StartIntent& intent, const std::string& dir) {
+  if (intent.resume || intent.force || !intent.holds_results()) return;
+  throw ConfigError(fmt::format(
+      "'{}' already holds a run ({}); continue it with --resume, overwrite it with --force, or "
+      "choose a new train.out_dir (--out-dir)",
+      dir, describe_results(intent.checkpoints, intent.metrics_records)));
+}
+
+void agree_on_start(const StartIntent& mine, transport::Collective* site_group,
+                    transport::Collective* wan_group, const ResumeAgreementOptions& options) {
+  std::vector<std::byte> block(kIntentBytes);
+  put<std::uint32_t>(block, 0, kIntentMagic);
+  put<std::uint8_t>(block, 4, mine.resume ? 1 : 0);
+  put<std::uint8_t>(block, 5, mine.force ? 1 : 0);
+  put<std::uint32_t>(block, 8, mine.checkpoints);
+  put<std::uint32_t>(block, 12, mine.metrics_records);
+  int R = 1, S = 1;
+  const std::vector<std::byte> all = gather_job(block, site_group, wan_group, options, R, S);
+  std::vector<std::string> resuming, fresh, clobbering;
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < R; ++r) {
+      const std::string name = fmt::format("{}/{}", site_name_of(options, s), r);
+      const auto b = std::span<const std::byte>(all).subspan(
+          static_cast<std::size_t>(s * R + r) * kIntentBytes, kIntentBytes);
+      if (get<std::uint32_t>(b, 0) != kIntentMagic)
+        throw DataError(fmt::format(
+            "start agreement: the block from {} is malformed; are all ranks running the same "
+            "desloc build?",
+            name));
+      const StartIntent it{get<std::uint8_t>(b, 4) != 0, get<std::uint8_t>(b, 5) != 0,
+                           get<std::uint32_t>(b, 8), get<std::uint32_t>(b, 12)};
+      (it.resume ? resuming : fresh).push_back(name);
+      if (!it.resume && !it.force && it.holds_results())
+        clobbering.push_back(
+            fmt::format("{} ({})", name, describe_results(it.checkpoints, it.metrics_records)));
+    }
+  if (!resuming.empty() && !fresh.empty())
+    throw ConfigError(fmt::format(
+        "the ranks disagree on --resume: {} {} given it, {} {} not; give --resume to every "
+        "rank of the job (to continue its checkpoints) or to none (to start afresh)",
+        join_names(resuming), resuming.size() == 1 ? "was" : "were", join_names(fresh),
+        fresh.size() == 1 ? "was" : "were"));
+  if (!clobbering.empty())
+    throw ConfigError(fmt::format(
+        "train.out_dir already holds another run's results on {}; continue it with --resume, "
+        "overwrite it with --force, or choose a new train.out_dir",
+        join_names(clobbering)));
+}
+
+ResumeChoice agree_on_resume_step(const CheckpointScan& mine, transport::Collective* site_group,
+                                  transport::Collective* wan_group,
+                                  const ResumeAgreementOptions& options) {
+  const std::vector<std::byte> my_block = encode_offer(mine);
+  int R = 1, S = 1;
+  const std::vector<std::byte> all = gather_job(my_block, site_group, wan_group, options, R, S);
 
   std::vector<Offer> offers;
   std::vector<std::string> names;
   for (int s = 0; s < S; ++s)
     for (int r = 0; r < R; ++r) {
-      names.push_back(fmt::format("{}/{}", site_name(s), r));
+      names.push_back(fmt::format("{}/{}", site_name_of(options, s), r));
       const auto at = static_cast<std::size_t>(s * R + r) * kOfferBytes;
       offers.push_back(decode_offer(std::span(all).subspan(at, kOfferBytes), names.back()));
     }
@@ -190,6 +269,21 @@ ResumeChoice agree_on_resume_step(const CheckpointScan& mine, transport::Collect
   }
   ResumeChoice choice;
   if (!common.empty()) choice.step = *common.rbegin();
+  if (!holders.empty()) choice.newest = holders.begin()->first;
+  int lacked = 0;  // newer steps some rank holds and another has no file of at all
+  for (const auto& [step, count] : holders) {
+    if (choice.step && step <= *choice.step) break;
+    const bool someone_lacks = std::any_of(offers.begin(), offers.end(), [&](const Offer& o) {
+      const bool held = std::binary_search(o.valid.begin(), o.valid.end(), step, std::greater<>());
+      const bool torn = std::any_of(o.rejected.begin(), o.rejected.end(),
+                                    [&](const auto& rj) { return rj.first == step; });
+      const bool beyond_offer = o.n_valid == K && step < o.valid.back();
+      return !held && !torn && !beyond_offer;
+    });
+    lacked += someone_lacks ? 1 : 0;
+  }
+  // One lacking step is what a job killed while its ranks wrote a checkpoint leaves behind.
+  choice.diverged = lacked >= 2;
 
   std::size_t newer = 0;
   for (const auto& [step, count] : holders) {

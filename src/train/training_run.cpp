@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "desloc/core/error.hpp"
@@ -142,6 +143,8 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
   evaluator_.bind(rank_);
   if (networked_ && rank_->recover) recovery_.emplace(*rank_);
   result_.unigram_entropy_nats = dataset_.unigram_entropy_nats;
+  result_.train_loss_site =
+      cfg.site_names().at(networked_ ? static_cast<std::size_t>(rank_->site) : 0);
   result_.last_val_loss = std::numeric_limits<float>::quiet_NaN();
 }
 
@@ -173,17 +176,24 @@ void TrainingRun::resume() {
   if (networked_) {
     // A restarted job resumes where every rank can: the newest step all of them hold intact.
     const auto choice =
-        agree_on_resume_step(scan_checkpoints(ckpt_dir), rank_->site_group,
+        agree_on_resume_step(scan_checkpoints(ckpt_dir, writer()), rank_->site_group,
                              rank_->wan_group, {cfg_.site_names(), rank_->name, rank_->leader()});
     if (!choice.step)
       throw DataError(fmt::format(
           "--resume: the job's ranks share no intact checkpoint step ({}'s are in '{}'); run "
           "without --resume to start fresh",
           rank_->name, ckpt_dir));
+    if (choice.diverged && !opts_.force)
+      throw DataError(fmt::format(
+          "--resume: the ranks' checkpoints went apart: the newest step all of them hold is {}, "
+          "but some hold up to step {} (a site dropped from the run stops writing checkpoints; "
+          "see the passed-over steps above). Resuming at {} would discard the newer metrics and "
+          "checkpoints; pass --force to do it anyway",
+          *choice.step, choice.newest.value_or(*choice.step), *choice.step));
     const std::string path = checkpoint_path(ckpt_dir, *choice.step);
     found = FoundCheckpoint{path, load_checkpoint(path)};
   } else {
-    found = find_latest_checkpoint(ckpt_dir);
+    found = find_latest_checkpoint(ckpt_dir, writer());
   }
   if (!found)
     throw DataError("--resume: no valid checkpoint in '" + ckpt_dir +
@@ -207,7 +217,12 @@ void TrainingRun::resume() {
   tokens_seen_ = restore_state(from_checkpoint(std::move(ck), sites_[0].loaders.size()), sites_,
                                outer_ ? &*outer_ : nullptr);
   result_.start_step = step;
-  log::info("resumed from {} at step {} ({} worker{})", found->path, step, sites_.size(),
+  result_.already_finished = step >= total_;
+  if (result_.already_finished)
+    log::info("{}: the run already finished at step {} (train.steps = {}); nothing to do",
+              found->path, step, total_);
+  else
+    log::info("resumed from {} at step {} ({} worker{})", found->path, step, sites_.size(),
               sites_.size() == 1 ? "" : "s");
 }
 
@@ -243,10 +258,33 @@ void TrainingRun::write_run_record() {
       dataset_.train_tokens, dataset_.val_tokens, dataset_.unigram_entropy_nats));
 }
 
+// What this process's out_dir already holds, and how it was asked to start.
+StartIntent TrainingRun::start_intent() const {
+  namespace fs = std::filesystem;
+  StartIntent it{opts_.resume, opts_.force, 0, 0};
+  std::error_code ec;
+  for (fs::directory_iterator d(checkpoint_dir(cfg_, rank_), ec), end; !ec && d != end;
+       d.increment(ec)) {
+    const std::string name = d->path().filename().string();
+    if (name.starts_with("step_") && name.ends_with(".ckpt")) ++it.checkpoints;
+  }
+  std::ifstream metrics(metrics_path(cfg_, rank_));
+  for (std::string line; std::getline(metrics, line);)
+    if (line.find_first_not_of(" \t\r") != std::string::npos) ++it.metrics_records;
+  return it;
+}
+
 TrainResult TrainingRun::run() {
   // A restarted site rejoining a running job starts at the epoch's resume step; its state
   // arrives from a peer before its first step (receive_joined_state).
   const bool rejoining = networked_ && rank_->joining && !opts_.resume;
+  // Before anything is written: every rank starts the same way, and nobody overwrites another
+  // run's results unasked.
+  if (networked_ && !rejoining)
+    agree_on_start(start_intent(), rank_->site_group, rank_->wan_group,
+                   {cfg_.site_names(), rank_->name, rank_->leader()});
+  else if (!networked_)
+    check_fresh_start(start_intent(), cfg_.train.out_dir);
   if (opts_.resume)
     resume();
   else
@@ -406,7 +444,7 @@ void TrainingRun::record_step(const StepResult& s) {
   r.loss_by_site = site_losses_;
   r.site_bytes_sent =
       networked_ && rank_->site_group != nullptr ? rank_->site_group->bytes().total().sent : 0;
-  result_.last_train_loss = s.loss;
+  result_.last_train_loss = site_losses_.at(0);
   metrics_->write(r);
   for (const sync::Rejection& rj : averager_->rejections())
     metrics_->write(RejectionRecord{rj.step, optim::to_string(rj.state),
@@ -429,7 +467,7 @@ void TrainingRun::save(std::int64_t step) {
   const std::string path = checkpoint_path(checkpoint_dir(cfg_, rank_), step);
   save_checkpoint(
       path, to_checkpoint(capture_state(step, tokens_seen_, sites_, outer_ ? &*outer_ : nullptr),
-                          cfg_.hash()));
+                          cfg_.hash(), writer()));
   result_.last_checkpoint = path;
 }
 

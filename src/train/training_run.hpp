@@ -20,6 +20,7 @@
 #include "desloc/sync/sync_engine.hpp"
 #include "desloc/sync/sync_policy.hpp"
 #include "desloc/train/config.hpp"
+#include "desloc/train/resume_agreement.hpp"
 #include "desloc/train/trainer.hpp"
 #include "train/evaluation.hpp"
 #include "train/metrics.hpp"
@@ -56,6 +57,9 @@ class TrainingRun {
   void start_fresh();
   void resume();
   void write_run_record();
+  StartIntent start_intent() const;
+  // The name this process's checkpoints carry: its rank's "site/r", or "in-process".
+  std::string writer() const { return networked_ ? rank_->name : "in-process"; }
   bool stop_requested();
 
   StepResult take_step(std::int64_t t);                // Alg. 1: gradients, averages, update

@@ -5,6 +5,8 @@
 // error naming the failed peer, leaving every written checkpoint valid.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include <map>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "cluster_env.hpp"
+#include "desloc/core/file_io.hpp"
 #include "desloc/train/checkpoint.hpp"
 #include "test_env.hpp"
 
@@ -241,6 +244,62 @@ TEST(LaunchFaults, SiteKilledMidSyncMakesEverySurvivorExitWithinTheDeadlineNamin
   EXPECT_GT(checked, 0u);
   ::kill(c.coordinator.pid, SIGTERM);
   c.coordinator.wait(10s);
+}
+
+// The bytes of every file under dir, by path: to show that nothing was written.
+std::map<std::string, std::vector<std::uint8_t>> files_under(const fs::path& dir) {
+  std::map<std::string, std::vector<std::uint8_t>> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[e.path().string()] = read_file(e.path().string());
+  return out;
+}
+
+// Issue 18, item 1: --resume given to some ranks only. Before, the rank without it started a
+// fresh one-site run over its old checkpoints while the others died on a mismatched buffer;
+// now every rank refuses at the start, naming who was given --resume and who was not, and no
+// file of the finished run changes.
+TEST(LaunchFaults, ResumeGivenToOnlySomeRanksIsRefusedByEveryRankAndOverwritesNothing) {
+  Cluster c{fresh_dir("partial_resume"), {}, 0};
+  std::string toml = faults_toml(c.dir / "out", "t", "0.01", 12);
+  toml.replace(toml.find("checkpoint_every = 0"), 20, "checkpoint_every = 4");
+  const fs::path cfg = write_text(c.dir / "job.toml", toml);
+  const auto first = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const auto before = files_under(c.dir / "out");
+  c.start(cfg);
+  Process west = c.worker(cfg, "west", 0, {}, {"--resume"});
+  Process east = c.worker(cfg, "east", 0);
+  Process north = c.worker(cfg, "north", 0, {}, {"--resume"});
+  for (Process* p : {&west, &east, &north}) {
+    const int status = p->wait(30s);
+    EXPECT_NE(status, -1) << "a rank hung: " << p->output();
+    EXPECT_NE(status, 0) << p->output();
+    EXPECT_NE(p->output().find("the ranks disagree on --resume: west/0, north/0 were given it, "
+                               "east/0 was not"),
+              std::string::npos)
+        << p->output();
+  }
+  ::kill(c.coordinator.pid, SIGTERM);
+  c.coordinator.wait(10s);
+  EXPECT_EQ(files_under(c.dir / "out"), before);
+}
+
+// Issue 18, item 2: a fresh launch into the out_dir of another run refuses on every rank,
+// naming each rank's results, and writes nothing.
+TEST(LaunchFaults, FreshLaunchOverAnotherRunRefusesAndOverwritesNothing) {
+  const fs::path dir = fresh_dir("clobber_launch");
+  const fs::path cfg =
+      write_text(dir / "job.toml", with_steps(multi_site_toml(dir / "out", "\"west\", \"east\"", 1), 6));
+  const auto first = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const auto before = files_under(dir / "out");
+  const auto again = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
+  EXPECT_NE(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("already holds another run's results on west/0 (1 checkpoint, "),
+            std::string::npos)
+      << again.output;
+  EXPECT_NE(again.output.find("east/0 (1 checkpoint, "), std::string::npos) << again.output;
+  EXPECT_EQ(files_under(dir / "out"), before);
 }
 
 }  // namespace

@@ -94,6 +94,78 @@ TEST_F(Trainer, ResumeRefusesAChangedConfigAndOverwritesNothing) {
   EXPECT_EQ(read_file((dir / "metrics.jsonl").string()), metrics_before);
 }
 
+// Issue 18, item 2: a fresh start into an out_dir that holds another run's results refuses,
+// naming the directory and what is in it, and writes nothing; --force overwrites.
+TEST_F(Trainer, FreshStartOverAnotherRunRefusesUnlessForced) {
+  const auto dir = fresh_dir("clobber");
+  train::run_training(job(dir), {.stop_after = 5, .progress = 0});
+  const std::string ckpt = train::checkpoint_path((dir / "checkpoints").string(), 5);
+  const auto before = read_file(ckpt);
+  const auto metrics_before = read_file((dir / "metrics.jsonl").string());
+  auto other = job(dir);
+  other.schedule.lr = 0.02f;  // even another config
+  try {
+    train::run_training(other, {.progress = 0});
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    for (const std::string& part :
+         {dir.string(), std::string("1 checkpoint"), std::string("--resume"),
+          std::string("--force")})
+      EXPECT_NE(e.message().find(part), std::string::npos) << part << " in " << e.message();
+  }
+  EXPECT_EQ(read_file(ckpt), before);
+  EXPECT_EQ(read_file((dir / "metrics.jsonl").string()), metrics_before);
+  const auto forced = train::run_training(other, {.progress = 0, .force = true});
+  EXPECT_EQ(forced.steps_done, 20);
+}
+
+// Issue 18, item 3: one checkpoint scan with the same rules everywhere. A directory named like
+// a checkpoint (std::bad_alloc before), a misnamed file and another rank's checkpoint copied in
+// are each passed over, and the run resumes from the newest checkpoint that is really its own.
+TEST_F(Trainer, ResumePassesOverDirectoriesMisnamedFilesAndOtherRanksCheckpoints) {
+  const auto dir = fresh_dir("ckptedge");
+  const auto ckdir = dir / "checkpoints";
+  auto cfg = job(dir);
+  cfg.train.checkpoint_every = 5;
+  train::run_training(cfg, {.stop_after = 10, .progress = 0});
+  std::filesystem::create_directories(ckdir / "step_00000150.ckpt");
+  std::filesystem::copy_file(train::checkpoint_path(ckdir.string(), 10),
+                             train::checkpoint_path(ckdir.string(), 15));
+  auto foreign = train::load_checkpoint(train::checkpoint_path(ckdir.string(), 10));
+  EXPECT_EQ(foreign.writer, "in-process");
+  foreign.writer = "east/0";
+  foreign.step = 12;
+  train::save_checkpoint(train::checkpoint_path(ckdir.string(), 12), foreign);
+
+  const auto scan = train::scan_checkpoints(ckdir.string(), "in-process");
+  ASSERT_EQ(scan.valid.size(), 2u);
+  EXPECT_EQ(scan.valid[0].step, 10);
+  ASSERT_EQ(scan.rejected.size(), 3u);
+  EXPECT_NE(scan.rejected[0].reason.find("is a directory, not a checkpoint file"),
+            std::string::npos)
+      << scan.rejected[0].reason;
+  EXPECT_NE(scan.rejected[1].reason.find("holds step 10 but is named for step 15"),
+            std::string::npos)
+      << scan.rejected[1].reason;
+  EXPECT_NE(scan.rejected[2].reason.find("written by east/0, not by in-process"),
+            std::string::npos)
+      << scan.rejected[2].reason;
+
+  const auto resumed = train::run_training(cfg, {.resume = true, .progress = 0});
+  EXPECT_EQ(resumed.start_step, 10);
+  EXPECT_EQ(resumed.steps_done, 20);
+}
+
+// Issue 18, item 11 (the trainer's side): resuming a finished run runs nothing and says so.
+TEST_F(Trainer, ResumingAFinishedRunIsNothingToDo) {
+  const auto dir = fresh_dir("finished");
+  train::run_training(job(dir), {.progress = 0});
+  const auto again = train::run_training(job(dir), {.resume = true, .progress = 0});
+  EXPECT_TRUE(again.already_finished);
+  EXPECT_EQ(again.start_step, 20);
+  EXPECT_EQ(again.steps_done, 20);
+}
+
 TEST_F(Trainer, ResumeWithoutCheckpointSaysSo) {
   const auto dir = fresh_dir("nockpt");
   try {

@@ -8,6 +8,7 @@
 //            | workers x { i64 optim_t | u64 loader.epoch | u64 loader.cursor
 //                          | f32[n] x | f32[n] u | f32[n] v }
 //            | u64 outer_n | f32[outer_n] outer_ref | f32[outer_n] outer_momentum
+//            | char[64] writer, NUL-padded (version 3; version 2 files end before it)
 // Written atomically (temporary file, fsync, rename); a reader rejects any mismatch.
 #pragma once
 
@@ -21,7 +22,7 @@
 namespace desloc::train {
 
 inline constexpr char kCheckpointMagic[8] = {'D', 'S', 'L', 'C', 'C', 'K', 'P', '1'};
-inline constexpr std::uint32_t kCheckpointVersion = 2;
+inline constexpr std::uint32_t kCheckpointVersion = 3;  // 3: the writer's name
 
 struct WorkerState {
   std::int64_t optim_t = 0;  // the optimizer's step counter (bias correction, ADOPT warm start)
@@ -35,6 +36,9 @@ struct Checkpoint {
   std::uint64_t tokens_seen = 0;  // per worker
   std::vector<WorkerState> workers;
   std::vector<float> outer_ref, outer_momentum;  // empty unless sync.outer is set
+  // Who wrote it: a rank's "site/r", or "in-process" for `desloc train` (at most 63 bytes
+  // are kept); empty for a version 2 file.
+  std::string writer;
 };
 
 void save_checkpoint(const std::string& path, const Checkpoint& ck);
@@ -51,7 +55,9 @@ struct FoundCheckpoint {
   std::string path;
   Checkpoint checkpoint;
 };
-std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir);
+// `writer`: when not empty, a file written by someone else is skipped (as scan_checkpoints).
+std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir,
+                                                      const std::string& writer = "");
 
 // A checkpoint file that passed every check load_checkpoint makes (header, size, CRC32C,
 // buffer layout) and whose step matches its name.
@@ -60,6 +66,7 @@ struct CheckpointInfo {
   std::uint64_t config_hash = 0;
   std::uint64_t file_bytes = 0;  // bytes
   std::string path;
+  std::string writer;  // Checkpoint::writer
 };
 // A "step_<N>.ckpt" file that failed validation, and why (the DataError's message).
 struct RejectedCheckpoint {
@@ -77,10 +84,13 @@ struct CheckpointScan {
 // would throw, naming the path and the reason.
 CheckpointInfo validate_checkpoint(const std::string& path);
 
-// Every "step_<N>.ckpt" in dir, validated one at a time, newest first. Each rejected file is
-// reported with log::warn naming it and the reason. Other files (temporaries of an interrupted
-// write, user files) are ignored. An absent directory yields an empty scan.
-CheckpointScan scan_checkpoints(const std::string& dir);
+// Every "step_<N>.ckpt" in dir, validated one at a time, newest first: the one set of rules
+// for every resume. A file is rejected (log::warn naming it and the reason) when it fails
+// validate_checkpoint (also when it is a directory), holds another step than its name says,
+// or (when `writer` is not empty) was written by someone else, e.g. another rank's checkpoint
+// copied over this one's. Other files (temporaries of an interrupted write, user files) are
+// ignored. An absent directory yields an empty scan.
+CheckpointScan scan_checkpoints(const std::string& dir, const std::string& writer = "");
 std::vector<CheckpointInfo> list_valid_checkpoints(const std::string& dir);
 
 }  // namespace desloc::train

@@ -31,6 +31,30 @@ struct ResumeAgreementOptions {
   bool log = true;
 };
 
+// What a rank of a networked job brings to the start of a run, before it writes anything.
+struct StartIntent {
+  bool resume = false;                // given --resume
+  bool force = false;                 // given --force
+  std::uint32_t checkpoints = 0;      // step_*.ckpt entries in its checkpoint directory
+  std::uint32_t metrics_records = 0;  // non-empty lines in its metrics.jsonl
+  bool holds_results() const { return checkpoints > 0 || metrics_records > 0; }
+};
+
+// Called first by every rank of a networked job, --resume or not: every rank's intent travels
+// through the site group, then the WAN group (the same two all-gathers as the resume
+// agreement, 16 bytes a rank), so every rank sees all S x R and takes the same decision.
+// Throws ConfigError, on every rank alike, naming the ranks:
+//   - when some ranks were given --resume and others were not (a rank that started fresh would
+//     overwrite its results while its peers resumed: the run would mix two runs);
+//   - when a rank without --resume and without --force holds another run's results (its
+//     checkpoints and metrics would be overwritten).
+void agree_on_start(const StartIntent& mine, transport::Collective* site_group,
+                    transport::Collective* wan_group, const ResumeAgreementOptions& options);
+
+// The same refusal for one process (`desloc train`): ConfigError naming `dir` and its contents
+// when intent holds results, is not a resume and is not forced.
+void check_fresh_start(const StartIntent& intent, const std::string& dir);
+
 struct ResumeChoice {
   // The newest step every rank offered as valid; nullopt when they share none. Identical on
   // every rank.
@@ -39,6 +63,13 @@ struct ResumeChoice {
   // ranks lack it (at most 6 named, then a count) and why, e.g. "step 400: east/1 has it corrupt
   // ('...' is corrupt: payload CRC32C mismatch)". Identical on every rank.
   std::vector<std::string> passed_over;
+  // At least two newer steps are held intact by some ranks and absent (not even a corrupt
+  // file) on others: the ranks' runs went apart (a site was dropped and stopped writing), and
+  // resuming at `step` would discard the newer work. One such step is what a job killed while
+  // its ranks wrote a checkpoint leaves, and a step some rank holds only corrupt (a torn
+  // write) is the designed case for rolling back: neither counts.
+  bool diverged = false;
+  std::optional<std::int64_t> newest;  // the newest step any rank holds intact
 };
 
 // Called by every rank of the job with its own scan (scan_checkpoints of its checkpoint dir).

@@ -20,18 +20,26 @@ struct TrainOptions {
       -1;              // stop (with a checkpoint) once this many steps are done; -1 = run all
   int progress = -1;   // 1 = progress bar, 0 = log lines, -1 = bar only if stderr is a TTY
   bool quiet = false;  // no progress or status lines at all (warnings and errors still print)
+  // Start afresh over another run's checkpoints and metrics in out_dir, or resume from an
+  // older step than some ranks hold (discarding their newer work). Without it both refuse.
+  bool force = false;
 };
 
 struct TrainResult {
   std::int64_t start_step = 0;
   std::int64_t steps_done = 0;  // optimizer steps completed in total (including before a resume)
+  // The last step's training loss of one site: site 0 of job.sites in-process, this rank's
+  // site when networked, so that `desloc train` and the leader of `desloc launch` report the
+  // same quantity. train_loss_site names it.
   float last_train_loss = 0.0f;
+  std::string train_loss_site;
   float last_val_loss = 0.0f;               // NaN when no evaluation ran
   double unigram_entropy_nats = 0;          // of the training split, for comparison with val loss
   double tokens_per_s = 0;                  // mean over this run's steps
   int workers = 1;                          // workers at the end of the run
   std::uint64_t bytes_sent_per_worker = 0;  // ring all-reduce wire bytes of worker 0, this run
   bool interrupted = false;                 // stopped by SIGINT/SIGTERM after saving a checkpoint
+  bool already_finished = false;  // resumed a run that had reached train.steps: nothing ran
   std::string last_checkpoint;
 };
 
