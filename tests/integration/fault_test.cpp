@@ -349,6 +349,57 @@ TEST(FaultSuite, SiteDyingRightAfterTheFirstMembershipIsSurvivedOnEveryShardAndL
   expect_death_at_the_first_membership_is_survived(2, 2);
 }
 
+// The child of `parent` whose command line holds `arg` as one argument; -1 if none.
+pid_t child_with_argument(pid_t parent, const std::string& arg) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), {});
+    const auto close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != parent)
+      continue;
+    std::ifstream cmdline(entry.path() / "cmdline");
+    for (std::string a; std::getline(cmdline, a, '\0');)
+      if (a == arg) return static_cast<pid_t>(std::stol(name));
+  }
+  return -1;
+}
+
+// `desloc launch` with one site frozen (SIGSTOP) mid-run: the coordinator drops it after the
+// heartbeat timeout and the survivors finish. Launch must then end the frozen ranks itself and
+// exit 0 (the job finished without that site), not wait for them forever.
+TEST(FaultSuite, LaunchEndsTheRanksOfAFrozenSiteItDroppedAndExits) {
+  const fs::path dir = fresh_dir("launch_freeze");
+  const fs::path cfg = write_text(dir / "job.toml", elastic_toml(dir / "out", 1, 1, ""));
+  Process launch = Process::start({DESLOC_CLI, "launch", "--config", cfg.string(), "--quiet"},
+                                  dir / "launch.log");
+  const fs::path metrics = dir / "out" / "metrics.jsonl";
+  const auto end = Clock::now() + 120s;
+  while (Clock::now() < end && leader_step(metrics) < kSteps / 3) std::this_thread::sleep_for(20ms);
+  ASSERT_GE(leader_step(metrics), kSteps / 3) << launch.output();
+  const pid_t north = child_with_argument(launch.pid, "north");
+  ASSERT_GT(north, 0) << launch.output();
+  const auto frozen_at = Clock::now();
+  ::kill(north, SIGSTOP);
+  // The survivors need seconds for the rest of the run; launch then has its grace period.
+  const int status = launch.wait(150s);
+  if (status == -1) ::kill(north, SIGKILL);  // the watchdog fired: leave nothing frozen behind
+  EXPECT_EQ(status, 0) << "launch hung after dropping a frozen site:\n" << launch.output();
+  const std::string out = launch.output();
+  EXPECT_NE(out.find("the job finished without site(s): north"), std::string::npos) << out;
+  EXPECT_NE(out.find("stopping rank north/0"), std::string::npos) << out;
+  EXPECT_EQ(leader_step(metrics), kSteps) << out;
+  // Launch reaped it: no process of that id is left.
+  EXPECT_NE(::kill(north, 0), 0);
+  report_row("desloc launch, SIGSTOP a site: launch ends it once dropped", -1,
+             seconds(frozen_at, Clock::now()), 0.0, -1,
+             "dropped north, killed it, launch exited 0");
+}
+
 TEST(FaultSuite, BelowTheMinimumSiteCountTheJobEndsWithTheReason) {
   Job job("min_sites", 1, 1, "min_sites = 3\n");
   ASSERT_TRUE(job.reach(kSteps / 3)) << job.ranks[0][0].output();
