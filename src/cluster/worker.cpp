@@ -414,13 +414,15 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
                                        cfg.job.on_site_failure == "continue");
   if (failed) {
     // Nothing is trained yet, so this rank holds its start state: it offers that as step 0,
-    // which every survivor that has not stepped shares.
+    // which every survivor that has not stepped shares. A rejoining site holds nothing yet.
     log::warn(
         "{}: connecting the groups of membership epoch {} failed ({}); recovering in the "
         "next epoch",
         name, m.epoch, *failed);
+    const bool rejoining =
+        std::find(m.joining.begin(), m.joining.end(), opts.id.site) != m.joining.end();
     const std::int64_t start = 0;
-    ss.recover(cfg, std::span(&start, 1), *failed);
+    ss.recover(cfg, rejoining ? std::span<const std::int64_t>() : std::span(&start, 1), *failed);
   }
   return ss;
 }
