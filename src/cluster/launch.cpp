@@ -104,7 +104,63 @@ struct Child {
   std::string pending;
   bool exited = false;
   int status = 0;  // exit code, or 128 + signal
+  // Once the coordinator dropped its site: when it gets SIGTERM, and then SIGKILL.
+  Clock::time_point stop_at = Clock::time_point::max();
+  Clock::time_point kill_at = Clock::time_point::max();
+  bool killed = false;
 };
+
+// How long a rank of a dropped site has to leave after SIGTERM before SIGKILL.
+constexpr auto kTermGrace = 5s;
+
+// Whether the rank "site/r" belongs to a site in the coordinator's departed() list.
+bool site_departed(const std::string& rank_name, const std::vector<std::string>& departed) {
+  const std::string site = rank_name.substr(0, rank_name.rfind('/'));
+  return std::any_of(departed.begin(), departed.end(),
+                     [&](const std::string& d) { return d.rfind(site + " (", 0) == 0; });
+}
+
+// Stopped by a signal (SIGSTOP, SIGTSTP) or a tracer: it would not act on SIGTERM.
+bool is_stopped(pid_t pid) {
+  std::FILE* f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
+  if (f == nullptr) return false;
+  char buf[512] = {};
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* close = std::strrchr(buf, ')');
+  return n > 0 && close != nullptr && close[1] == ' ' && (close[2] == 'T' || close[2] == 't');
+}
+
+// A rank of a site the coordinator dropped normally leaves at once: it hears the next epoch
+// without its site. One that does not (frozen by SIGSTOP, a hung host) would keep launch
+// waiting forever. It gets SIGTERM `grace` after the drop, or as soon as every other rank has
+// exited, and SIGKILL kTermGrace later, at once if it is stopped.
+void stop_dropped_ranks(std::vector<Child>& children, const std::vector<std::string>& departed,
+                        Clock::duration grace) {
+  if (departed.empty()) return;
+  const auto now = Clock::now();
+  const bool others_done = std::all_of(children.begin(), children.end(), [&](const Child& c) {
+    return c.exited || site_departed(c.name, departed);
+  });
+  for (Child& c : children) {
+    if (c.exited || c.killed || !site_departed(c.name, departed)) continue;
+    if (c.stop_at == Clock::time_point::max()) c.stop_at = now + grace;
+    if (others_done) c.stop_at = std::min(c.stop_at, now);
+    if (c.kill_at == Clock::time_point::max() && now >= c.stop_at) {
+      const bool stopped = is_stopped(c.pid);
+      std::fprintf(stderr,
+                   "launch: stopping rank %s: the coordinator dropped its site and it is still "
+                   "running%s\n",
+                   c.name.c_str(), stopped ? ", stopped by a signal: killing it" : "");
+      ::kill(c.pid, SIGTERM);
+      c.kill_at = stopped ? now : now + kTermGrace;
+    }
+    if (now >= c.kill_at) {
+      ::kill(c.pid, SIGKILL);
+      c.killed = true;
+    }
+  }
+}
 
 Child spawn(const std::string& exe, const std::vector<std::string>& args, const std::string& name,
             const std::vector<std::pair<std::string, std::string>>& env) {
@@ -352,6 +408,7 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
         }
       kill_at = Clock::time_point::max();
     }
+    if (elastic) stop_dropped_ranks(children, coord.departed(), grace);
     if (opts.progress && Clock::now() - last_report > 10s && coord.membership()) {
       last_report = Clock::now();
       std::fprintf(stderr, "launch: %s\n", progress_line(coord, cfg.train.steps).c_str());
@@ -372,11 +429,7 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
   }
   // Elastic: the job succeeded if every failed rank belongs to a site the coordinator dropped
   // and some site finished.
-  auto dropped = [&](const std::string& rank_name) {
-    const std::string site = rank_name.substr(0, rank_name.rfind('/'));
-    return std::any_of(departed.begin(), departed.end(),
-                       [&](const std::string& d) { return d.rfind(site + " (", 0) == 0; });
-  };
+  auto dropped = [&](const std::string& rank_name) { return site_departed(rank_name, departed); };
   const bool survived =
       elastic && !departed.empty() &&
       std::all_of(children.begin(), children.end(),

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -149,17 +150,33 @@ struct Ports {
 };
 constexpr int kSiteSlot = 0, kWanSlot = 1, kNcclSlot = 2, kReverseSlot = 3, kPairSlot = 4;
 
-// Fault injection for the fault suite: $DESLOC_INJECT_CRASH = "SITE:STEP:x|u|v" makes every
-// rank of SITE kill itself halfway through its wide-area ring of that average (epoch 1 only).
-transport::OpLabel crash_from_environment(const std::string& site, std::uint64_t epoch) {
-  transport::OpLabel off;
+// Fault injection for the fault suite, from $DESLOC_INJECT_CRASH (read in epoch 1 only):
+//   SITE:STEP:x|u|v  every rank of SITE kills itself halfway through its wide-area ring of that
+//                    average;
+//   SITE:membership  every rank of SITE exits (status 9) right after it received membership
+//                    epoch 1, before it connects its groups: a death the others cannot have
+//                    taken a step past.
+struct CrashInjection {
+  bool at_membership = false;
+  transport::OpLabel in_average;  // step 0: none
+};
+
+CrashInjection crash_from_environment(const std::string& site, std::uint64_t epoch) {
+  CrashInjection off;
   const char* env = std::getenv("DESLOC_INJECT_CRASH");
   if (env == nullptr || *env == '\0' || epoch != 1) return off;
   const std::string text(env);
   const auto a = text.find(':');
+  if (a != std::string::npos && text.substr(a + 1) == "membership") {
+    if (text.substr(0, a) != site) return off;
+    CrashInjection at;
+    at.at_membership = true;
+    return at;
+  }
   const auto b = a == std::string::npos ? a : text.find(':', a + 1);
   if (b == std::string::npos)
-    throw ConfigError("$DESLOC_INJECT_CRASH = '" + text + "': expected SITE:STEP:x|u|v");
+    throw ConfigError("$DESLOC_INJECT_CRASH = '" + text +
+                      "': expected SITE:STEP:x|u|v or SITE:membership");
   if (text.substr(0, a) != site) return off;
   const std::string state = text.substr(b + 1);
   const auto kind =
@@ -168,11 +185,11 @@ transport::OpLabel crash_from_environment(const std::string& site, std::uint64_t
       : state == "v"
           ? optim::StateKind::kV
           : throw ConfigError("$DESLOC_INJECT_CRASH: state '" + state + "' is not x, u or v");
-  transport::OpLabel at;
-  at.step = std::atoll(text.substr(a + 1, b - a - 1).c_str());
-  at.state = static_cast<std::uint8_t>(kind);
+  CrashInjection at;
+  at.in_average.step = std::atoll(text.substr(a + 1, b - a - 1).c_str());
+  at.in_average.state = static_cast<std::uint8_t>(kind);
   log::warn("fault injection: site {} dies halfway through its {} average at step {}", site, state,
-            at.step);
+            at.in_average.step);
   return at;
 }
 
@@ -226,7 +243,7 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
     transport::RankClient* client = ss.client.get();
     base.should_abort = [client] { return client->recovery_pending(); };
   }
-  const transport::OpLabel crash = crash_from_environment(site, m.epoch);
+  const transport::OpLabel crash = crash_from_environment(site, m.epoch).in_average;
 
   if (uses_nccl(cfg)) {
     auto o = base;
@@ -295,6 +312,29 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
   ss.membership = m;
 }
 
+// Runs `connect`. With `elastic`, a peer that died or a link that broke while the groups
+// connected (ucp_ep_create to a worker that is gone, a handshake past its deadline) comes back
+// as the reason for a recovery instead of ending the rank; anything else is thrown.
+std::optional<std::string> mendable_failure(const std::function<void()>& connect, bool elastic) {
+  if (!elastic) {
+    connect();
+    return std::nullopt;
+  }
+  try {
+    connect();
+  } catch (const PeerFailure& e) {
+    return e.message();
+  } catch (const TransportError& e) {
+    return e.message();
+  } catch (const TimeoutError& e) {
+    return e.message();
+  }
+  return std::nullopt;
+}
+
+// Epochs in a row whose groups a recovering rank fails to connect before it gives up.
+constexpr int kMaxConnectAttempts = 3;
+
 }  // namespace
 
 Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pair_groups) {
@@ -342,6 +382,11 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   ss.client->connect(host, port, deadline);
   const transport::Membership m = ss.client->wait_membership(deadline);
   log::info("{}: membership epoch {} with {} ranks", name, m.epoch, m.members.size());
+  if (crash_from_environment(opts.id.site, m.epoch).at_membership) {
+    log::warn("fault injection: site {} dies right after membership epoch {}", opts.id.site,
+              m.epoch);
+    std::_Exit(9);
+  }
 
   // 3. Groups. The WAN ring follows the membership's ring order; data and sum order follow
   // job.sites, which the coordinator's ring order equals (it is configured with them).
@@ -364,44 +409,73 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   ss.sites = ring;
   ss.S = static_cast<int>(ring.size());
   ss.site_index = static_cast<int>(at - ring.begin());
-  connect_groups(cfg, ss, std::move(ports), m);
+  ss.membership = m;
+  const auto failed = mendable_failure([&] { connect_groups(cfg, ss, std::move(ports), m); },
+                                       cfg.job.on_site_failure == "continue");
+  if (failed) {
+    // Nothing is trained yet, so this rank holds its start state: it offers that as step 0,
+    // which every survivor that has not stepped shares. A rejoining site holds nothing yet.
+    log::warn(
+        "{}: connecting the groups of membership epoch {} failed ({}); recovering in the "
+        "next epoch",
+        name, m.epoch, *failed);
+    const bool rejoining =
+        std::find(m.joining.begin(), m.joining.end(), opts.id.site) != m.joining.end();
+    const std::int64_t start = 0;
+    ss.recover(cfg, rejoining ? std::span<const std::int64_t>() : std::span(&start, 1), *failed);
+  }
   return ss;
 }
 
 std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::int64_t> snapshots,
                               const std::string& reason) {
-  // Tear the broken epoch's groups down first (they abort what is in flight).
-  pairs.clear();
-  wan_reverse.reset();
-  wan_group.reset();
-  site_group.reset();
-  Ports ports = open_ports(cfg, *this, false);
-  transport::Recover report;
-  report.epoch = membership.epoch;
-  report.snapshots.assign(snapshots.begin(), snapshots.end());
-  report.worker_address = ports.packed;
-  report.reason = reason.substr(0, transport::kMaxReasonBytes);
-  const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.recovery_timeout_s) +
-                        std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms) +
-                        std::chrono::seconds(10);
-  const transport::Membership m = client->recover(report, deadline);
-  const std::string site = sites[std::size_t(site_index)];
-  if (m.sites.empty())
-    throw PeerFailure(
-        fmt::format("{}: the coordinator ended the job at epoch {}: {}", name, m.epoch, m.note));
-  std::vector<std::string> ring;
-  for (std::uint32_t i : m.ring_order) ring.push_back(m.sites.at(i));
-  const auto at = std::find(ring.begin(), ring.end(), site);
-  if (at == ring.end())
-    throw PeerFailure(fmt::format("{}: site {} was dropped from the job at epoch {}: {}", name,
-                                  site, m.epoch, m.note));
-  sites = ring;
-  S = static_cast<int>(sites.size());
-  site_index = static_cast<int>(at - ring.begin());
-  connect_groups(cfg, *this, std::move(ports), m);
-  log::warn("{}: membership epoch {}: {} site(s) [{}], rolling back to step {}", name, m.epoch, S,
-            fmt::join(sites, ", "), m.resume_step);
-  return m.resume_step;
+  std::string why = reason;
+  for (int attempt = 1;; ++attempt) {
+    // Tear the broken epoch's groups down first (they abort what is in flight).
+    pairs.clear();
+    wan_reverse.reset();
+    wan_group.reset();
+    site_group.reset();
+    Ports ports = open_ports(cfg, *this, false);
+    transport::Recover report;
+    report.epoch = membership.epoch;
+    report.snapshots.assign(snapshots.begin(), snapshots.end());
+    report.worker_address = ports.packed;
+    report.reason = why.substr(0, transport::kMaxReasonBytes);
+    const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.recovery_timeout_s) +
+                          std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms) +
+                          std::chrono::seconds(10);
+    const transport::Membership m = client->recover(report, deadline);
+    const std::string site = sites[std::size_t(site_index)];
+    if (m.sites.empty())
+      throw PeerFailure(
+          fmt::format("{}: the coordinator ended the job at epoch {}: {}", name, m.epoch, m.note));
+    std::vector<std::string> ring;
+    for (std::uint32_t i : m.ring_order) ring.push_back(m.sites.at(i));
+    const auto at = std::find(ring.begin(), ring.end(), site);
+    if (at == ring.end())
+      throw PeerFailure(fmt::format("{}: site {} was dropped from the job at epoch {}: {}", name,
+                                    site, m.epoch, m.note));
+    sites = ring;
+    S = static_cast<int>(sites.size());
+    site_index = static_cast<int>(at - ring.begin());
+    membership = m;
+    // A peer of the new epoch may die before the groups are up: that epoch fails in turn.
+    const auto failed =
+        mendable_failure([&] { connect_groups(cfg, *this, std::move(ports), m); }, true);
+    if (!failed) break;
+    if (attempt == kMaxConnectAttempts)
+      throw PeerFailure(fmt::format(
+          "{}: connecting the groups failed in {} membership epochs in a row; giving up (epoch "
+          "{}: {})",
+          name, attempt, m.epoch, *failed));
+    log::warn("{}: connecting the groups of membership epoch {} failed ({}); recovering again",
+              name, m.epoch, *failed);
+    why = *failed;
+  }
+  log::warn("{}: membership epoch {}: {} site(s) [{}], rolling back to step {}", name,
+            membership.epoch, S, fmt::join(sites, ", "), membership.resume_step);
+  return membership.resume_step;
 }
 
 train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& opts) {
@@ -437,13 +511,32 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
     ctx.join_step = ss.membership.resume_step;
   };
   bind_groups();
-  ctx.on_step = [&ss](std::int64_t step) { ss.client->set_step(static_cast<std::uint64_t>(step)); };
+  // Until its first step a rank holds its start state (the trainer keeps no snapshot of it).
+  bool stepped = false;
+  bool kept_start = false;  // a recovery told the trainer to keep that state (see below)
+  ctx.on_step = [&](std::int64_t step) {
+    stepped = true;
+    if (kept_start) ctx.joining = kept_start = false;
+    ss.client->set_step(static_cast<std::uint64_t>(step));
+  };
   if (cfg.job.on_site_failure == "continue") {
     ctx.recovery_pending = [&ss] { return ss.client->recovery_pending(); };
     ctx.recover = [&](std::span<const std::int64_t> snapshots, const std::string& reason) {
       averager.reset();
-      const std::int64_t resume = ss.recover(cfg, snapshots, reason);
+      // A fresh start that failed before this rank's first step: its state is the start
+      // (step 0), a rollback point every survivor that has not stepped shares. A rank that is
+      // joining holds nothing yet, and a resumed one starts elsewhere: both offer what the
+      // trainer holds.
+      const bool untouched = snapshots.empty() && !stepped && !opts.train.resume && !ctx.joining;
+      const std::int64_t start = 0;
+      const std::int64_t resume =
+          ss.recover(cfg, untouched ? std::span(&start, 1) : snapshots, reason);
       bind_groups();
+      if (untouched && !ctx.joining && resume == start) {
+        // The trainer has no snapshot of step 0 to restore, and needs none: told that it
+        // joins, it goes on from `resume` with the state it holds, which is that step's.
+        ctx.joining = kept_start = true;
+      }
       return resume;
     };
   }

@@ -555,6 +555,48 @@ TEST_F(ControlPlane, WaitingForAnAbsentRankTimesOutNamingCoordinatorAndRank) {
             (std::vector<std::string>{"1 more site(s) x 1 rank(s) not yet seen"}));
 }
 
+TEST_F(ControlPlane, ARankWaitingAloneIsToldWhoNeverRegisteredWhenTheCoordinatorGivesUp) {
+  auto o = coord_options(2, 1);
+  o.site_names = {"west", "east"};
+  Coordinator coord(o);
+  const auto port = coord.start(0);
+  RankClient a(rank_options("west", 0));
+  a.connect("127.0.0.1", port, in(5s));
+  std::this_thread::sleep_for(300ms);
+  coord.stop();  // as `desloc coordinator` does at job.rendezvous_timeout_s
+  try {
+    a.wait_membership(in(5s));
+    FAIL() << "membership arrived with a rank absent";
+  } catch (const PeerFailure& e) {
+    const std::string msg = e.message();
+    EXPECT_NE(msg.find("never registered: east/0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("1 of 2 ranks registered"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("after this rank waited 0."), std::string::npos) << msg;
+    EXPECT_NE(msg.find("job.rendezvous_timeout_s"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("check its log"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(ControlPlane, AListenAddressIsResolvedOrNamedWhenItCannotBe) {
+  auto o = coord_options(1, 1);
+  o.bind_address = "localhost";  // a name of this machine is fine
+  Coordinator named(o);
+  EXPECT_NE(named.start(0), 0);
+  named.stop();
+  o.bind_address = "notahost.invalid";
+  Coordinator nowhere(o);
+  try {
+    nowhere.start(1);
+    FAIL() << "listened on an address that does not resolve";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.message();
+    EXPECT_NE(msg.find("cannot listen on notahost.invalid:1: 'notahost.invalid' is not an IP "
+                       "address and could not be resolved"),
+              std::string::npos)
+        << msg;
+  }
+}
+
 TEST_F(ControlPlane, UnreachableCoordinatorTimesOut) {
   // Take an ephemeral port and release it so nothing listens there.
   std::uint16_t port = 0;

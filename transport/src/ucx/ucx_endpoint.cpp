@@ -21,12 +21,12 @@ UcxEndpoint::UcxEndpoint(UcxWorker& worker, const WorkerAddress& peer_address, i
     params.err_handler.cb = &UcxEndpoint::on_error;
     params.err_handler.arg = state_.get();
   }
-  DESLOC_UCX_CHECK(
-      ucp_ep_create(worker.get(), &params, &state_->ep),
-      "endpoint to rank " + std::to_string(peer_rank) +
-          (detect_peer_failure ? "; shared-memory transports of UCX 1.13 cannot detect peer "
-                                 "failure: set peer_failure_detection = false with them"
-                               : ""));
+  // Unreachable: the peer's worker is gone (its process exited), or no transport of this
+  // worker reaches it. A TransportError, so that an elastic job recovers without that peer.
+  DESLOC_UCX_CHECK(ucp_ep_create(worker.get(), &params, &state_->ep),
+                   "endpoint to rank " + std::to_string(peer_rank) +
+                       ": its process may have exited, or the transports of this group "
+                       "(transport.tls, or transport.site_tls inside a site) do not reach it");
 }
 
 void UcxEndpoint::on_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {

@@ -1,0 +1,613 @@
+// The coordinator's membership decisions (transport/include/desloc/transport/membership.hpp),
+// driven by events alone: every fault the fault suite injects into a real job, here as a table
+// row that runs in microseconds. Time is event data, so silence and timeouts are exact.
+#include "desloc/transport/membership.hpp"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace desloc::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using Steps = std::vector<std::int64_t>;
+
+// A job's ranks as the coordinator's I/O would report them: each Hello opens a new connection,
+// and the clock only moves when the script says so.
+class Job {
+ public:
+  explicit Job(MembershipRules rules) : roster(std::move(rules)) {}
+
+  // S sites x R ranks, all registered: epoch 1.
+  static Job formed(const std::vector<std::string>& sites, std::size_t R,
+                    std::function<void(MembershipRules&)> tweak = {}) {
+    MembershipRules rules;
+    rules.num_sites = sites.size();
+    rules.ranks_per_site = R;
+    rules.site_names = sites;
+    rules.heartbeat_timeout = 3000ms;
+    rules.recovery_timeout = 10000ms;
+    if (tweak) tweak(rules);
+    Job job(rules);
+    for (const auto& s : sites)
+      for (std::uint32_t r = 0; r < R; ++r) job.hello(s, r);
+    return job;
+  }
+
+  MembershipDecision hello(const std::string& site, std::uint32_t rank, std::uint64_t epoch = 0) {
+    const RankId id{site, rank};
+    const std::uint64_t c = ++connections;
+    auto d =
+        roster.on(HelloEvent{id, {std::uint8_t(rank), 1}, epoch, "connection " + id.str(), c, now});
+    if (!d.reject) connection[id] = c;
+    return d;
+  }
+  MembershipDecision close(const std::string& site, std::uint32_t rank,
+                           const std::string& reason = "peer closed the connection") {
+    const RankId id{site, rank};
+    return roster.on(ClosedEvent{id, connection[id], "rank " + id.str(), reason, now});
+  }
+  // A Recover for the current epoch (or `epoch`), with fresh addresses.
+  MembershipDecision report(const std::string& site, std::uint32_t rank, Steps snapshots,
+                            std::optional<std::uint64_t> epoch = std::nullopt) {
+    const RankId id{site, rank};
+    Recover rep;
+    rep.epoch = epoch.value_or(roster.state().membership ? roster.state().membership->epoch : 0);
+    rep.snapshots = std::move(snapshots);
+    rep.worker_address = {std::uint8_t(rank), 2};
+    rep.reason = "collective broke";
+    return roster.on(RecoverEvent{id, connection[id], rep, now});
+  }
+  MembershipDecision heartbeat(const std::string& site, std::uint32_t rank, std::uint64_t step,
+                               std::optional<std::uint64_t> epoch = std::nullopt) {
+    const RankId id{site, rank};
+    const auto e = epoch.value_or(roster.state().membership ? roster.state().membership->epoch : 0);
+    return roster.on(HeartbeatEvent{id, connection[id], e, step, now});
+  }
+  MembershipDecision bye(const std::string& site, std::uint32_t rank, std::uint64_t step) {
+    const RankId id{site, rank};
+    return roster.on(ByeEvent{id, connection[id], step, now});
+  }
+  MembershipDecision tick() { return roster.on(TickEvent{now}); }
+  void advance(std::chrono::milliseconds d) { now += d; }
+  // `d` passes in seconds: the ranks of `sites` heartbeat, and the coordinator checks.
+  void live(std::chrono::milliseconds d, const std::vector<std::string>& sites) {
+    for (auto left = d; left > 0ms; left -= 1000ms) {
+      advance(std::min<std::chrono::milliseconds>(left, 1000ms));
+      for (const auto& s : sites)
+        for (std::uint32_t r = 0; r < roster.rules().ranks_per_site; ++r) heartbeat(s, r, 1);
+      tick();
+    }
+  }
+  // Every survivor of `sites` (all its ranks) reports `snapshots`.
+  void all_report(const std::vector<std::string>& sites, const Steps& snapshots) {
+    for (const auto& s : sites)
+      for (std::uint32_t r = 0; r < roster.rules().ranks_per_site; ++r) report(s, r, snapshots);
+  }
+
+  const Membership& membership() const { return *roster.state().membership; }
+
+  Roster roster;
+  Clock::time_point now{};
+  std::uint64_t connections = 0;
+  std::map<RankId, std::uint64_t> connection;
+};
+
+// The messages of one type that a decision sends, with their recipients.
+template <class M>
+std::vector<std::pair<std::vector<RankId>, M>> sent(const MembershipDecision& d) {
+  std::vector<std::pair<std::vector<RankId>, M>> out;
+  for (const auto& o : d.sends)
+    if (const M* m = std::get_if<M>(&o.message)) out.emplace_back(o.to, *m);
+  return out;
+}
+
+std::vector<std::string> departed_sites(const Roster& roster) {
+  std::vector<std::string> out;
+  for (const auto& [site, why] : roster.state().departed) out.push_back(site);
+  return out;
+}
+
+std::string logged(const MembershipDecision& d) {
+  std::string out;
+  for (const auto& l : d.log) out += l.text + "\n";
+  return out;
+}
+
+const std::vector<std::string> kSites{"west", "east", "north"};
+
+// ------------------------------------------------------------------------ the recovery table
+
+// From epoch 1 over [west, east, north] with R ranks each, `script` injects a fault and the
+// survivors' reports; the row states the epoch that follows.
+struct RecoveryRow {
+  std::string name;
+  std::size_t R = 1;
+  std::size_t min_sites = 1;
+  std::function<void(Job&)> script;
+  std::uint64_t epoch = 2;
+  std::vector<std::string> sites;  // empty: the job ends
+  std::int64_t resume_step = 0;
+  std::vector<std::string> joining;
+  std::string note;                   // a part of the epoch's note
+  std::vector<std::string> departed;  // sorted
+};
+
+void PrintTo(const RecoveryRow& row, std::ostream* os) { *os << row.name; }
+
+class RecoveryTable : public ::testing::TestWithParam<RecoveryRow> {};
+
+TEST_P(RecoveryTable, OpensTheExpectedEpoch) {
+  const RecoveryRow& row = GetParam();
+  Job job = Job::formed(kSites, row.R, [&](MembershipRules& r) { r.min_sites = row.min_sites; });
+  ASSERT_EQ(job.membership().epoch, 1u);
+  row.script(job);
+  const Membership& m = job.membership();
+  EXPECT_EQ(m.epoch, row.epoch) << m.note;
+  EXPECT_EQ(m.sites, row.sites) << m.note;
+  if (!row.sites.empty()) {
+    EXPECT_EQ(m.resume_step, row.resume_step) << m.note;
+    EXPECT_EQ(m.members.size(), row.sites.size() * row.R);
+    for (const auto& e : m.members)
+      EXPECT_NE(std::find(m.sites.begin(), m.sites.end(), e.site), m.sites.end());
+  } else {
+    EXPECT_TRUE(m.members.empty());
+  }
+  EXPECT_EQ(m.joining, row.joining);
+  EXPECT_NE(m.note.find(row.note), std::string::npos) << m.note;
+  EXPECT_EQ(departed_sites(job.roster), row.departed);
+  EXPECT_FALSE(job.roster.state().recovering);
+}
+
+const RecoveryRow kRecoveryRows[] = {
+    {"LossOfOneRankTakesItsWholeSite",
+     2,
+     1,
+     [](Job& j) {
+       j.close("east", 1);
+       j.all_report({"west", "north"}, {3, 7});
+     },
+     2,
+     {"west", "north"},
+     7,
+     {},
+     "east/1 disconnected (peer closed the connection); dropped "
+     "site(s) [east]",
+     {"east"}},
+    {"LossOfASite",
+     1,
+     1,
+     [](Job& j) {
+       j.close("east", 0);
+       j.all_report({"west", "north"}, {11, 15});
+     },
+     2,
+     {"west", "north"},
+     15,
+     {},
+     "dropped site(s) [east]",
+     {"east"}},
+    {"SilencePastTheHeartbeatTimeout",
+     1,
+     1,
+     [](Job& j) {
+       j.advance(2000ms);
+       j.heartbeat("west", 0, 40);
+       j.heartbeat("north", 0, 40);
+       j.advance(1001ms);  // east: last heard at 0, now 3001 ms ago
+       j.tick();
+       j.all_report({"west", "north"}, {39});
+     },
+     2,
+     {"west", "north"},
+     39,
+     {},
+     "east/0 silent for more than 3000 ms",
+     {"east"}},
+    {"ASurvivorWithoutRecoverBeforeTheTimeoutIsDroppedToo",
+     1,
+     1,
+     [](Job& j) {
+       j.close("east", 0);
+       j.report("west", 0, {20});
+       j.live(10000ms, {"west", "north"});  // north is alive but never reports
+       ASSERT_TRUE(j.roster.state().recovering) << "exactly at the timeout: still waiting";
+       j.advance(1ms);
+       j.tick();
+     },
+     2,
+     {"west"},
+     20,
+     {},
+     "dropped site(s) [east, north]",
+     {"east", "north"}},
+    {"BelowMinSitesTheJobEnds",
+     1,
+     3,
+     [](Job& j) {
+       j.close("east", 0);
+       j.all_report({"west", "north"}, {8});
+     },
+     2,
+     {},
+     0,
+     {},
+     "only 2 site(s) remain, below the job's minimum of 3: the job ends",
+     {"east"}},
+    {"TheResumeStepIsTheNewestAllSurvivorsHold",
+     1,
+     1,
+     [](Job& j) {
+       j.close("north", 0);
+       j.report("west", 0, {23, 27});
+       j.report("east", 0, {27, 31});
+     },
+     2,
+     {"west", "east"},
+     27,
+     {},
+     "dropped site(s) [north]",
+     {"north"}},
+    {"SurvivorsThatShareNoSnapshotEndTheJob",
+     1,
+     1,
+     [](Job& j) {
+       j.close("east", 0);
+       j.report("west", 0, {3});
+       j.report("north", 0, {7});
+     },
+     2,
+     {},
+     0,
+     {},
+     "the survivors share no rollback step (north/0 [7], west/0 [3]): the job ends",
+     {"east"}},
+    {"SurvivorsThatHaveNotSteppedShareStepZero",
+     2,
+     1,
+     [](Job& j) {
+       j.close("east", 0);  // right after epoch 1: nobody took a step
+       j.all_report({"west", "north"}, {0});
+     },
+     2,
+     {"west", "north"},
+     0,
+     {},
+     "dropped site(s) [east]",
+     {"east"}},
+    {"ASurvivorWithoutStateJoinsFromAPeer",
+     1,
+     1,
+     [](Job& j) {
+       j.close("east", 0);
+       j.report("west", 0, {12});
+       j.report("north", 0, {});
+     },
+     2,
+     {"west", "north"},
+     12,
+     {"north"},
+     "joining [north]",
+     {"east"}},
+    {"NoSurvivorHoldingStateEndsTheJob",
+     1,
+     1,
+     [](Job& j) {
+       j.close("east", 0);
+       j.all_report({"west", "north"}, {});
+     },
+     2,
+     {},
+     0,
+     {},
+     "joining [north, west]; no surviving site holds its state: the job ends",
+     {"east"}},
+    {"ABrokenCollectiveReportedByARankKeepsEverySite",
+     2,
+     1,
+     [](Job& j) {
+       j.report("north", 1, {44});  // a rank saw its collective fail; nobody is lost
+       j.all_report({"west", "east"}, {44});
+       j.report("north", 0, {44});
+     },
+     2,
+     {"west", "east", "north"},
+     44,
+     {},
+     "north/1 reported: collective broke",
+     {}},
+    {"AStaleRecoverIsIgnored",
+     1,
+     1,
+     [](Job& j) {
+       j.close("east", 0);
+       j.all_report({"west", "north"}, {5});
+       j.report("west", 0, {5}, 1);  // late, for the closed epoch 1
+     },
+     2,
+     {"west", "north"},
+     5,
+     {},
+     "dropped site(s) [east]",
+     {"east"}},
+    {"TwoSitesLostInOneRecovery",
+     1,
+     1,
+     [](Job& j) {
+       j.close("east", 0);
+       j.close("north", 0);
+       j.report("west", 0, {9});
+     },
+     2,
+     {"west"},
+     9,
+     {},
+     "dropped site(s) [east, north]",
+     {"east", "north"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Membership, RecoveryTable, ::testing::ValuesIn(kRecoveryRows),
+                         [](const auto& info) { return info.param.name; });
+
+// ------------------------------------------------------------------------ admission
+
+struct AdmissionRow {
+  std::string name;
+  std::function<MembershipDecision(Job&)> hello;  // on a job of 2 sites x 2 ranks
+  std::optional<RejectCode> code;                 // nullopt: admitted
+  std::string reason;
+};
+
+void PrintTo(const AdmissionRow& row, std::ostream* os) { *os << row.name; }
+
+class AdmissionTable : public ::testing::TestWithParam<AdmissionRow> {};
+
+TEST_P(AdmissionTable, AdmitsOrRefusesWithTheReason) {
+  const AdmissionRow& row = GetParam();
+  MembershipRules rules;
+  rules.num_sites = 2;
+  rules.ranks_per_site = 2;
+  rules.site_names = {"west", "east"};
+  Job job(rules);
+  job.hello("west", 0);
+  const MembershipDecision d = row.hello(job);
+  ASSERT_EQ(d.reject.has_value(), row.code.has_value()) << logged(d);
+  if (d.reject) {
+    EXPECT_EQ(d.reject->code, *row.code);
+    EXPECT_NE(d.reject->reason.find(row.reason), std::string::npos) << d.reject->reason;
+    EXPECT_TRUE(d.sends.empty());
+  }
+}
+
+const AdmissionRow kAdmissionRows[] = {
+    {"ANewRankIsWelcomed", [](Job& j) { return j.hello("east", 1); }, std::nullopt, ""},
+    {"ADuplicateIsRefused", [](Job& j) { return j.hello("west", 0); }, RejectCode::kDuplicate,
+     "west/0 is already registered from connection west/0"},
+    {"AnUnknownSiteIsRefused", [](Job& j) { return j.hello("south", 0); }, RejectCode::kWorldSize,
+     "site 'south' is not one of the job's sites (west, east)"},
+    {"ARankOnceTheJobRunsIsRefused",
+     [](Job& j) {
+       j.hello("west", 1);
+       j.hello("east", 0);
+       j.hello("east", 1);
+       return j.hello("east", 1);
+     },
+     RejectCode::kDuplicate, "east/1 is already registered"},
+    {"AReconnectAtAnEpochThatIsNotLiveIsRefused",
+     [](Job& j) {
+       j.hello("west", 1);
+       j.hello("east", 0);
+       j.hello("east", 1);
+       return j.hello("east", 0, 3);  // east/0 is connected: no broken link to replace
+     },
+     RejectCode::kWorldSize, "east/0 reconnects at epoch 3, but it is not a live member"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Membership, AdmissionTable, ::testing::ValuesIn(kAdmissionRows),
+                         [](const auto& info) { return info.param.name; });
+
+// ------------------------------------------------------------------------ single cases
+
+TEST(Membership, TheLastRankToRegisterGetsItsWelcomeThenEveryoneGetsEpochOne) {
+  MembershipRules rules;
+  rules.num_sites = 2;
+  rules.site_names = {"west", "east"};
+  Job job(rules);
+  const auto first = job.hello("west", 0);
+  ASSERT_EQ(first.sends.size(), 2u);  // Welcome, then who is still missing
+  EXPECT_TRUE(std::holds_alternative<Welcome>(first.sends[0].message));
+  const auto status = sent<Status>(first);
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_EQ(status[0].second.missing, (std::vector<std::string>{"east/0"}));
+  const auto last = job.hello("east", 0);
+  ASSERT_EQ(last.sends.size(), 2u);
+  EXPECT_TRUE(std::holds_alternative<Welcome>(last.sends[0].message));
+  const auto epoch1 = sent<Membership>(last);
+  ASSERT_EQ(epoch1.size(), 1u);
+  EXPECT_EQ(epoch1[0].first, (std::vector<RankId>{{"east", 0}, {"west", 0}}));
+  EXPECT_EQ(epoch1[0].second.epoch, 1u);
+  EXPECT_EQ(epoch1[0].second.sites, (std::vector<std::string>{"west", "east"}));
+  EXPECT_EQ(epoch1[0].second.ring_order, (std::vector<std::uint32_t>{0, 1}));
+}
+
+TEST(Membership, ALossTellsTheOthersWhoIsLostAndClosesTheEpoch) {
+  Job job = Job::formed(kSites, 1);
+  const auto d = job.close("east", 0);
+  const auto lost = sent<Status>(d);
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].second.missing, (std::vector<std::string>{"east/0 (disconnected)"}));
+  EXPECT_EQ(lost[0].first, (std::vector<RankId>{{"north", 0}, {"west", 0}}));
+  const auto recovery = sent<Recovery>(d);
+  ASSERT_EQ(recovery.size(), 1u);
+  EXPECT_EQ(recovery[0].second.epoch, 1u);
+  EXPECT_EQ(recovery[0].first, (std::vector<RankId>{{"north", 0}, {"west", 0}}));
+  EXPECT_TRUE(job.roster.state().recovering);
+  // The dropped site's ranks that are still connected hear the next epoch too: they leave.
+  job.close("north", 0, "");  // a clean close is still a loss
+  EXPECT_TRUE(job.roster.state().recovering);
+  const auto next = job.report("west", 0, {6});
+  const auto epoch2 = sent<Membership>(next);
+  ASSERT_EQ(epoch2.size(), 1u);
+  EXPECT_EQ(epoch2[0].first, (std::vector<RankId>{{"west", 0}}));
+  EXPECT_EQ(epoch2[0].second.sites, (std::vector<std::string>{"west"}));
+  EXPECT_EQ(epoch2[0].second.members[0].worker_address, (std::vector<std::uint8_t>{0, 2}))
+      << "the member's address is the fresh one from its Recover";
+}
+
+TEST(Membership, ARankThatSaidByeLeavesWithoutARecovery) {
+  Job job = Job::formed(kSites, 1);
+  job.bye("east", 0, 1500);
+  const auto d = job.close("east", 0, "");
+  EXPECT_TRUE(d.sends.empty());
+  EXPECT_FALSE(job.roster.state().recovering);
+  EXPECT_EQ(job.roster.progress(job.now)[0].step, 1500u);
+}
+
+TEST(Membership, ThreeFailedEpochsInARowEachOpenTheNext) {
+  // The trainer gives up after one step failed in three epochs; the coordinator opens each.
+  Job job = Job::formed(kSites, 2);
+  for (std::uint64_t e = 1; e <= 3; ++e) {
+    ASSERT_EQ(job.membership().epoch, e);
+    job.report("west", 1, {100});
+    EXPECT_TRUE(job.roster.state().recovering);
+    job.all_report(kSites, {100});
+    EXPECT_EQ(job.membership().epoch, e + 1);
+    EXPECT_EQ(job.membership().sites, kSites);
+    EXPECT_EQ(job.membership().resume_step, 100);
+  }
+  EXPECT_TRUE(job.roster.departed().empty());
+}
+
+TEST(Membership, AStaleEpochIsWarnedAboutIgnoredOrRefused) {
+  Job job = Job::formed(kSites, 1);
+  job.close("east", 0);
+  job.all_report({"west", "north"}, {4});
+  ASSERT_EQ(job.membership().epoch, 2u);
+  // A heartbeat two epochs behind is worth a warning; one epoch behind is a rank catching up.
+  EXPECT_EQ(logged(job.heartbeat("west", 0, 9, 1)), "");
+  EXPECT_NE(logged(job.heartbeat("north", 0, 9, 7))
+                .find("north/0 reports membership epoch 7 but the current one is 2"),
+            std::string::npos);
+  // A Recover for a closed epoch changes nothing.
+  const auto late = job.report("north", 0, {4}, 1);
+  EXPECT_TRUE(late.sends.empty());
+  EXPECT_FALSE(job.roster.state().recovering);
+  EXPECT_NE(logged(late).find("ignoring north/0's Recover for epoch 1 (current epoch 2)"),
+            std::string::npos);
+  // The dropped site reconnecting with its old epoch is no member.
+  const auto back = job.hello("east", 0, 1);
+  ASSERT_TRUE(back.reject.has_value());
+  EXPECT_NE(back.reject->reason.find("east/0 reconnects at epoch 1, but it is not a live member"),
+            std::string::npos);
+}
+
+TEST(Membership, ARestartedSiteRejoinsAtTheNextEpochAsJoining) {
+  Job job = Job::formed(kSites, 2);
+  job.close("east", 0);
+  job.close("east", 1);
+  job.all_report({"west", "north"}, {16});
+  ASSERT_EQ(job.membership().sites, (std::vector<std::string>{"west", "north"}));
+  // East restarts: its first rank waits for the second.
+  const auto first = job.hello("east", 1);
+  ASSERT_FALSE(first.reject);
+  EXPECT_FALSE(job.roster.state().recovering);
+  EXPECT_EQ(sent<Status>(first).size(), 1u);
+  EXPECT_TRUE(job.hello("east", 1).reject.has_value()) << "one process per (site, rank)";
+  const auto second = job.hello("east", 0);
+  EXPECT_TRUE(job.roster.state().recovering);
+  const auto recovery = sent<Recovery>(second);
+  ASSERT_EQ(recovery.size(), 1u);
+  EXPECT_EQ(recovery[0].second.reason, "site east rejoins");
+  job.all_report({"west", "north"}, {16, 20});
+  const Membership& m = job.membership();
+  EXPECT_EQ(m.epoch, 3u);
+  EXPECT_EQ(m.sites, kSites);  // back in its ring position
+  EXPECT_EQ(m.joining, (std::vector<std::string>{"east"}));
+  EXPECT_EQ(m.resume_step, 20);
+  EXPECT_EQ(m.members.size(), 6u);
+  EXPECT_TRUE(job.roster.departed().empty());
+  // An old connection of east closing now is no loss of the new one.
+  job.connection[{"east", 0}] = 3;  // its first life's connection (west/0, west/1, east/0)
+  EXPECT_TRUE(job.close("east", 0).sends.empty());
+  EXPECT_FALSE(job.roster.state().recovering);
+}
+
+TEST(Membership, ACoordinatorRestartRebuildsTheEpochFromTheRanksThatComeBack) {
+  MembershipRules rules;
+  rules.num_sites = 3;
+  rules.ranks_per_site = 2;
+  rules.site_names = kSites;
+  rules.heartbeat_timeout = 3000ms;
+  Job job(rules);
+  job.hello("west", 0, 4);
+  job.hello("west", 1, 4);
+  job.hello("north", 1, 5);  // north/0 never comes back
+  job.advance(1000ms);
+  job.hello("east", 1, 5);
+  job.hello("east", 0, 5);
+  const auto fresh = job.hello("north", 0, 0);
+  ASSERT_TRUE(fresh.reject.has_value());
+  EXPECT_NE(fresh.reject->reason.find("rebuilding the membership of a running job (epoch 5)"),
+            std::string::npos);
+  job.advance(2999ms);
+  job.tick();
+  EXPECT_FALSE(job.roster.state().membership) << "ranks may still be arriving";
+  job.advance(1ms);
+  const auto d = job.tick();
+  const Membership& m = job.membership();
+  EXPECT_EQ(m.epoch, 5u);
+  EXPECT_EQ(m.sites, (std::vector<std::string>{"west", "east"}));
+  EXPECT_EQ(m.members.size(), 4u);
+  EXPECT_TRUE(sent<Membership>(d).empty()) << "the ranks already train in it";
+  EXPECT_EQ(departed_sites(job.roster), (std::vector<std::string>{"north"}));
+  EXPECT_NE(logged(d).find("incomplete, left out: [north]"), std::string::npos);
+  EXPECT_EQ(job.roster.state().ranks.count({"north", 1}), 0u);
+}
+
+TEST(Membership, WithoutElasticityALossIsReportedButNoEpochCloses) {
+  Job job = Job::formed(kSites, 1, [](MembershipRules& r) { r.elastic = false; });
+  const auto d = job.close("east", 0);
+  EXPECT_EQ(sent<Status>(d).size(), 1u);
+  EXPECT_TRUE(sent<Recovery>(d).empty());
+  EXPECT_NE(logged(d).find("it will be listed missing after 3000 ms"), std::string::npos);
+  // A broken link to this same coordinator is mended by a reconnect at the live epoch.
+  EXPECT_FALSE(job.hello("east", 0, 1).reject.has_value());
+  EXPECT_TRUE(job.roster.state().ranks.at({"east", 0}).connected());
+}
+
+TEST(Membership, WhileTheWorldFillsUpATickTellsTheWaitingRanksWhoIsMissing) {
+  MembershipRules rules;
+  rules.num_sites = 2;
+  rules.site_names = {"west", "east"};
+  Job job(rules);
+  job.hello("west", 0);
+  const auto d = job.tick();
+  const auto status = sent<Status>(d);
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_EQ(status[0].second.missing, (std::vector<std::string>{"east/0"}));
+  EXPECT_TRUE(job.tick().sends.empty()) << "only on change";
+}
+
+TEST(Membership, ARecoverBeforeTheMembershipIsAProtocolError) {
+  MembershipRules rules;
+  rules.num_sites = 2;
+  Job job(rules);
+  job.hello("west", 0);
+  EXPECT_EQ(job.report("west", 0, {1}, 1).protocol_error, "Recover before the membership");
+}
+
+TEST(Membership, CommonRollbackStepIsTheNewestSharedOne) {
+  EXPECT_EQ(common_rollback_step({}), std::nullopt);
+  EXPECT_EQ(common_rollback_step({{}}), std::nullopt);
+  EXPECT_EQ(common_rollback_step({{0}}), 0);
+  EXPECT_EQ(common_rollback_step({{3, 7}, {7, 11}}), 7);
+  EXPECT_EQ(common_rollback_step({{7, 3}, {3, 7}, {3}}), 3);
+  EXPECT_EQ(common_rollback_step({{3}, {7}}), std::nullopt);
+}
+
+}  // namespace
+}  // namespace desloc::transport

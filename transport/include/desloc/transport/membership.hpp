@@ -1,0 +1,163 @@
+// The coordinator's membership decisions as a deterministic state machine: who is admitted, who
+// is lost, when an epoch closes, who joins and where the survivors roll back to. No I/O and no
+// clock: time arrives with every event, and each decision lists the frames to send.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "desloc/core/log.hpp"
+#include "desloc/transport/control_plane.hpp"
+#include "desloc/transport/wire.hpp"
+
+namespace desloc::transport {
+
+// The part of CoordinatorOptions that decides membership.
+struct MembershipRules {
+  std::size_t num_sites = 1;
+  std::size_t ranks_per_site = 1;
+  std::vector<std::string> site_names;  // the ring order; empty = the first S names to register
+  bool elastic = true;                  // a lost site leaves and the others go on
+  std::size_t min_sites = 1;            // fewer live sites end the job
+  std::chrono::milliseconds heartbeat_timeout{3000};
+  std::chrono::milliseconds recovery_timeout{10000};
+
+  static MembershipRules of(const CoordinatorOptions& options);
+  std::size_t world() const { return num_sites * ranks_per_site; }
+};
+
+// What the coordinator knows of one registered rank.
+struct RankRecord {
+  std::string peer;  // "ip:port" of its control connection, for messages
+  std::vector<std::uint8_t> worker_address;
+  // The control connection it registered on (the coordinator numbers them from 1); 0 while
+  // none is open. Events from another connection of the same rank id are stale.
+  std::uint64_t connection = 0;
+  Clock::time_point last_seen{};
+  bool silent = false;              // past heartbeat_timeout: listed missing
+  std::uint64_t step = 0;           // from its latest heartbeat
+  bool finished = false;            // said Bye: its disconnect is the end of its work
+  bool joining = false;             // its site left and is rejoining: not in the membership yet
+  std::uint64_t rebuilt_epoch = 0;  // reconnected to a restarted coordinator at this epoch
+  bool connected() const { return connection != 0; }
+};
+
+struct MembershipState {
+  std::map<RankId, RankRecord> ranks;
+  std::optional<Membership> membership;  // from epoch 1 on
+  // A recovery: the current epoch failed and the survivors' Recover reports are collected.
+  bool recovering = false;
+  Clock::time_point recovery_start{};
+  std::string recovery_reason;
+  std::set<std::string> failing_sites;  // dropped when this recovery ends
+  std::map<RankId, Recover> reports;
+  std::map<std::string, std::string> departed;  // site -> "dropped at epoch N: why"
+  // After a coordinator restart: the newest epoch a reconnecting rank reported, and when the
+  // last one came; the membership is rebuilt once they stop coming.
+  std::uint64_t rebuild_epoch = 0;
+  Clock::time_point last_rebuild_registration{};
+  std::size_t status_sent_for = 0;  // ranks registered at the last Status broadcast
+};
+
+// --- Events: what the coordinator's I/O saw. `connection` identifies the control connection.
+
+// A rank that passed the token and the Hello's static checks asks to register. epoch > 0: it
+// trains in that epoch and reconnects (after a broken link, or to a restarted coordinator).
+struct HelloEvent {
+  RankId id;
+  std::vector<std::uint8_t> worker_address;
+  std::uint64_t epoch = 0;
+  std::string peer;
+  std::uint64_t connection = 0;
+  Clock::time_point now{};
+};
+struct HeartbeatEvent {
+  RankId id;
+  std::uint64_t connection = 0;
+  std::uint64_t epoch = 0;
+  std::uint64_t step = 0;
+  Clock::time_point now{};
+};
+struct ByeEvent {
+  RankId id;
+  std::uint64_t connection = 0;
+  std::uint64_t step = 0;
+  Clock::time_point now{};
+};
+struct RecoverEvent {
+  RankId id;
+  std::uint64_t connection = 0;
+  Recover report;
+  Clock::time_point now{};
+};
+// A registered rank's connection closed; reason "" when it closed cleanly.
+struct ClosedEvent {
+  RankId id;
+  std::uint64_t connection = 0;
+  std::string peer;  // the connection's name for messages, e.g. "rank east/0 (10.0.0.2:5123)"
+  std::string reason;
+  Clock::time_point now{};
+};
+// The coordinator's periodic check: silence, a quiet rebuild, a recovery past its timeout.
+struct TickEvent {
+  Clock::time_point now{};
+};
+using MembershipEvent =
+    std::variant<HelloEvent, HeartbeatEvent, ByeEvent, RecoverEvent, ClosedEvent, TickEvent>;
+
+// --- Decisions: what the coordinator's I/O must do, in order.
+
+struct Outgoing {
+  std::vector<RankId> to;  // each must be sent the message on its current connection
+  std::variant<Welcome, Status, Recovery, Membership> message;
+};
+struct LogLine {
+  log::Level level = log::Level::kInfo;
+  std::string text;
+};
+struct MembershipDecision {
+  std::optional<Reject> reject;  // a HelloEvent that is refused: nothing else happens
+  std::vector<Outgoing> sends;
+  std::vector<LogLine> log;
+  // A frame that has no place in the protocol now (a Recover before any membership): the
+  // connection that sent it is refused with this reason.
+  std::string protocol_error;
+};
+
+// The coordinator's roster: the membership state and the rules that move it. Every decision is
+// a function of the state and the event alone, so the same events give the same epochs.
+class Roster {
+ public:
+  explicit Roster(MembershipRules rules) : rules_(std::move(rules)) {}
+
+  MembershipDecision on(const MembershipEvent& event);
+
+  const MembershipRules& rules() const { return rules_; }
+  const MembershipState& state() const { return state_; }
+  MembershipState& state() { return state_; }  // tests set up a state directly
+
+  // Queries for the coordinator's public API.
+  std::vector<RankProgress> progress(Clock::time_point now) const;
+  std::vector<RankId> missing(Clock::time_point now) const;
+  std::vector<std::string> unregistered() const;
+  std::vector<std::string> departed() const;
+  Status status() const;  // while the world fills up: who is registered and who not yet
+
+ private:
+  class Step;
+  MembershipRules rules_;
+  MembershipState state_;
+};
+
+// The newest step every survivor can roll back to: the intersection of their snapshot lists.
+// nullopt when `offers` is empty or they share none.
+std::optional<std::int64_t> common_rollback_step(
+    const std::vector<std::vector<std::int64_t>>& offers);
+
+}  // namespace desloc::transport
