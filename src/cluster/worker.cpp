@@ -511,32 +511,13 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
     ctx.join_step = ss.membership.resume_step;
   };
   bind_groups();
-  // Until its first step a rank holds its start state (the trainer keeps no snapshot of it).
-  bool stepped = false;
-  bool kept_start = false;  // a recovery told the trainer to keep that state (see below)
-  ctx.on_step = [&](std::int64_t step) {
-    stepped = true;
-    if (kept_start) ctx.joining = kept_start = false;
-    ss.client->set_step(static_cast<std::uint64_t>(step));
-  };
+  ctx.on_step = [&ss](std::int64_t step) { ss.client->set_step(static_cast<std::uint64_t>(step)); };
   if (cfg.job.on_site_failure == "continue") {
     ctx.recovery_pending = [&ss] { return ss.client->recovery_pending(); };
     ctx.recover = [&](std::span<const std::int64_t> snapshots, const std::string& reason) {
       averager.reset();
-      // A fresh start that failed before this rank's first step: its state is the start
-      // (step 0), a rollback point every survivor that has not stepped shares. A rank that is
-      // joining holds nothing yet, and a resumed one starts elsewhere: both offer what the
-      // trainer holds.
-      const bool untouched = snapshots.empty() && !stepped && !opts.train.resume && !ctx.joining;
-      const std::int64_t start = 0;
-      const std::int64_t resume =
-          ss.recover(cfg, untouched ? std::span(&start, 1) : snapshots, reason);
+      const std::int64_t resume = ss.recover(cfg, snapshots, reason);
       bind_groups();
-      if (untouched && !ctx.joining && resume == start) {
-        // The trainer has no snapshot of step 0 to restore, and needs none: told that it
-        // joins, it goes on from `resume` with the state it holds, which is that step's.
-        ctx.joining = kept_start = true;
-      }
       return resume;
     };
   }

@@ -274,21 +274,44 @@ StartIntent TrainingRun::start_intent() const {
   return it;
 }
 
+// Before anything is written: every rank starts the same way, nobody overwrites another run's
+// results unasked, and the state is the start's or the agreed checkpoint's. A site that fails
+// in the middle (its ranks are the others' peers in the agreements) is dropped like any failed
+// site, and the survivors agree again in the next epoch: nothing was written, so every one of
+// them offers step 0, which only stands for "before the first step" here.
+void TrainingRun::start(bool rejoining) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      if (networked_ && !rejoining)
+        agree_on_start(start_intent(), rank_->site_group, rank_->wan_group,
+                       {cfg_.site_names(), rank_->name, rank_->leader()});
+      else if (!networked_)
+        check_fresh_start(start_intent(), cfg_.train.out_dir);
+      if (opts_.resume)
+        resume();
+      else
+        start_fresh();
+      return;
+    } catch (const Error& e) {
+      if (!recovery_ || rejoining || !cluster::Recovery::recoverable(e) ||
+          attempt >= cluster::Recovery::kMaxFailuresOfOneStep)
+        throw;
+      log::warn("{}: the job's start failed ({}); agreeing again in the next epoch", rank_->name,
+                e.message());
+      evaluator_.unbind();
+      averager_ = nullptr;
+      const std::int64_t before_start = 0;
+      rank_->recover(std::span(&before_start, 1), e.message());
+      bind_groups();
+    }
+  }
+}
+
 TrainResult TrainingRun::run() {
   // A restarted site rejoining a running job starts at the epoch's resume step; its state
   // arrives from a peer before its first step (receive_joined_state).
   const bool rejoining = networked_ && rank_->joining && !opts_.resume;
-  // Before anything is written: every rank starts the same way, and nobody overwrites another
-  // run's results unasked.
-  if (networked_ && !rejoining)
-    agree_on_start(start_intent(), rank_->site_group, rank_->wan_group,
-                   {cfg_.site_names(), rank_->name, rank_->leader()});
-  else if (!networked_)
-    check_fresh_start(start_intent(), cfg_.train.out_dir);
-  if (opts_.resume)
-    resume();
-  else
-    start_fresh();
+  start(rejoining);
   if (rejoining) {
     result_.start_step = rank_->join_step;
     pending_transfer_ = true;

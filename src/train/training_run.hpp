@@ -54,6 +54,7 @@ class TrainingRun {
   };
 
   SiteReplica make_site(int index) const;
+  void start(bool rejoining);  // the start agreements, then start_fresh or resume
   void start_fresh();
   void resume();
   void write_run_record();
