@@ -115,7 +115,8 @@ workers = {}
 inline void ensure_brown(const std::string& dir) {
   if (std::filesystem::exists(std::filesystem::path(dir) / "dataset.toml")) return;
   std::printf("preparing the Brown corpus into %s\n", dir.c_str());
-  data::prepare_corpus({.source = "brown", .out_dir = dir});
+  // Forced: a directory without dataset.toml holds no usable dataset, whatever else is in it.
+  data::prepare_corpus({.source = "brown", .out_dir = dir, .force = true});
 }
 
 inline std::string human_bytes(double b) {

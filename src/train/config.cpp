@@ -6,7 +6,9 @@
 #include <fmt/ranges.h>
 
 #include <toml++/toml.h>
+#include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -18,7 +20,9 @@
 namespace desloc::train {
 namespace {
 
+// "file:line:column", or just the name for a value that no file holds (a command-line flag).
 std::string where(const std::string& file, const toml::source_region& r) {
+  if (r.begin.line == 0) return file;
   return fmt::format("{}:{}:{}", file, r.begin.line, r.begin.column);
 }
 
@@ -351,7 +355,26 @@ const std::vector<Section>& sections() {
   return s;
 }
 
-JobConfig from_table(const toml::table& root, const std::string& file) {
+// Binds each override of `section` through the section's own declarations, so a flag meets
+// the checks its key meets in a file; messages name the flag.
+void apply_overrides(const Section& sec, const std::vector<KeyOverride>& overrides,
+                     JobConfig& job) {
+  for (const KeyOverride& o : overrides) {
+    if (o.section != sec.name) continue;
+    toml::table table;
+    std::visit([&](const auto& v) { table.insert(o.key, v); }, o.value);
+    Binder b(o.flag, sec.name, &table, nullptr);
+    sec.bind(b, job);
+    b.reject_unknown_keys();
+  }
+}
+
+JobConfig from_table(const toml::table& root, const std::string& file,
+                     const std::vector<KeyOverride>& overrides) {
+  for (const KeyOverride& o : overrides)
+    if (std::none_of(sections().begin(), sections().end(),
+                     [&](const Section& s) { return o.section == s.name; }))
+      throw ConfigError(fmt::format("{}: overrides unknown table '{}'", o.flag, o.section));
   JobConfig job;
   job.source = file;
   std::set<std::string> known;
@@ -365,6 +388,7 @@ JobConfig from_table(const toml::table& root, const std::string& file) {
     Binder b(file, sec.name, node ? node->as_table() : nullptr, nullptr);
     sec.bind(b, job);
     b.reject_unknown_keys();
+    apply_overrides(sec, overrides, job);
     if (std::string(sec.name) == "model") heads_at = b.location_of("heads");
     if (std::string(sec.name) == "sync") check_sync(b, job.sync);
     if (std::string(sec.name) == "job" && !job.job.sites.empty()) {
@@ -414,7 +438,8 @@ JobConfig from_table(const toml::table& root, const std::string& file) {
 
 }  // namespace
 
-JobConfig parse_config(std::string_view text, const std::string& source_name) {
+JobConfig parse_config(std::string_view text, const std::string& source_name,
+                       const std::vector<KeyOverride>& overrides) {
   toml::table root;
   try {
     root = toml::parse(text, source_name);
@@ -422,10 +447,22 @@ JobConfig parse_config(std::string_view text, const std::string& source_name) {
     throw ConfigError(
         fmt::format("{}: TOML syntax error: {}", where(source_name, e.source()), e.description()));
   }
-  return from_table(root, source_name);
+  return from_table(root, source_name, overrides);
 }
 
-JobConfig load_config(const std::string& path) {
+JobConfig load_config(const std::string& path, const std::vector<KeyOverride>& overrides) {
+  // A directory reads as an empty document, which would silently mean "all defaults".
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    std::vector<std::string> tomls;
+    for (std::filesystem::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().extension() == ".toml") tomls.push_back(it->path().string());
+    std::sort(tomls.begin(), tomls.end());
+    throw ConfigError(fmt::format("{}: is a directory, not a config file; pass a TOML file{}", path,
+                                  tomls.empty()
+                                      ? std::string(" (e.g. configs/quickstart.toml)")
+                                      : fmt::format(" such as {}", fmt::join(tomls, " or "))));
+  }
   toml::table root;
   try {
     root = toml::parse_file(path);
@@ -435,7 +472,7 @@ JobConfig load_config(const std::string& path) {
       throw ConfigError(fmt::format("{}: cannot read config: {}", path, e.description()));
     throw ConfigError(fmt::format("{}: TOML syntax error: {}", where(path, r), e.description()));
   }
-  return from_table(root, path);
+  return from_table(root, path, overrides);
 }
 
 std::string default_config_toml() {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "desloc/core/error.hpp"
@@ -158,4 +159,45 @@ TEST(Config, EveryShippedConfigIsValid) {
     ++n;
   }
   EXPECT_GE(n, 2);
+}
+
+TEST(Config, DirectoryIsRefusedNamingThePath) {
+  const auto dir = std::filesystem::temp_directory_path() / "desloc_config_test_dir";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "job.toml") << "[train]\nsteps = 3\n";
+  try {
+    desloc::train::load_config(dir.string());
+    FAIL() << "a directory was read as a config";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.message();
+    EXPECT_NE(msg.find(dir.string() + ": is a directory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find((dir / "job.toml").string()), std::string::npos) << msg;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Config, OverridesMeetTheKeysOwnChecksAndNameTheFlag) {
+  using desloc::train::KeyOverride;
+  const auto ok = parse_config("[train]\nthreads = 2\n", "job.toml",
+                               {{"--threads", "train", "threads", std::int64_t{7}},
+                                {"--out-dir", "train", "out_dir", std::string("elsewhere")}});
+  EXPECT_EQ(ok.train.threads, 7);
+  EXPECT_EQ(ok.train.out_dir, "elsewhere");
+  EXPECT_EQ(ok.source, "job.toml");
+  for (const std::int64_t bad : {std::int64_t{65536}, std::int64_t{1025}, std::int64_t{-1}}) {
+    try {
+      parse_config("", "job.toml", {{"--threads", "train", "threads", bad}});
+      FAIL() << "--threads " << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.message(),
+                "--threads: train.threads = " + std::to_string(bad) + " is out of range [0, 1024]");
+    }
+  }
+  try {
+    parse_config("", "job.toml", {{"--threads", "train", "threads", std::string("many")}});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("--threads: train.threads must be an integer"), std::string::npos)
+        << e.message();
+  }
 }

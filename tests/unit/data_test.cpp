@@ -346,6 +346,7 @@ TEST_F(DataTest, FailedPrepareOverwritesNothingAndRerunRemovesStaleShards) {
   const DatasetInfo first = prepare_corpus(opts);
   ASSERT_GT(first.train_shards.size(), 3u);
   const std::string description = read_text(path("out/dataset.toml"));
+  opts.force = true;  // the runs below replace the dataset on purpose
 
   opts.source = path("missing.txt");
   EXPECT_THROW(prepare_corpus(opts), DataError);
@@ -359,6 +360,69 @@ TEST_F(DataTest, FailedPrepareOverwritesNothingAndRerunRemovesStaleShards) {
   EXPECT_TRUE(fs::exists(path("out/train_000.bin")));
   EXPECT_FALSE(fs::exists(path("out/train_001.bin")));
   EXPECT_EQ(load_dataset(path("out")).train_tokens, first.train_tokens);
+}
+
+TEST_F(DataTest, PrepareRefusesToReplaceADatasetUnlessForced) {
+  write_text(path("a.txt"), sample_text(50));
+  write_text(path("b.txt"), sample_text(60));
+  PrepareOptions opts;
+  opts.source = path("a.txt");
+  opts.out_dir = path("out");
+  opts.shard_tokens = 1000;
+  opts.progress = false;
+  prepare_corpus(opts);
+  const std::string description = read_text(path("out/dataset.toml"));
+  opts.source = path("b.txt");
+  expect_error<ConfigError>([&] { prepare_corpus(opts); },
+                            {path("out"), "already holds a dataset", "dataset.toml",
+                             "train_000.bin", path("a.txt"), "--force", "new --out"});
+  EXPECT_EQ(read_text(path("out/dataset.toml")), description);
+  // A shard alone counts too; other files (the npm cache) do not.
+  fs::create_directories(path("other/.cache"));
+  write_text(path("other/notes.txt"), "mine");
+  opts.out_dir = path("other");
+  EXPECT_NO_THROW(prepare_corpus(opts));
+  fs::create_directories(path("third"));
+  write_text(path("third/val.bin"), "x");
+  opts.out_dir = path("third");
+  expect_error<ConfigError>([&] { prepare_corpus(opts); }, {"val.bin"});
+  opts.force = true;
+  EXPECT_NO_THROW(prepare_corpus(opts));
+}
+
+TEST_F(DataTest, CensusCountsTheBytesThatAreNotText) {
+  EXPECT_EQ(census_text("plain\ttext\r\n\f\v").not_text(), 0u);
+  EXPECT_EQ(census_text("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80").not_text(), 0u);
+  const TextCensus control = census_text(std::string("a\0b\x01\x1B\x7F", 6));
+  EXPECT_EQ(control.control, 4u);
+  EXPECT_EQ(control.invalid_utf8, 0u);
+  EXPECT_EQ(census_text("\xFF").invalid_utf8, 1u);
+  EXPECT_EQ(census_text("\xC0\xAF").invalid_utf8, 2u);          // overlong '/'
+  EXPECT_EQ(census_text("\xED\xA0\x80").invalid_utf8, 3u);      // a UTF-16 surrogate
+  EXPECT_EQ(census_text("\xF4\x90\x80\x80").invalid_utf8, 4u);  // above U+10FFFF
+  EXPECT_EQ(census_text("ab\xE2\x82").invalid_utf8, 2u);        // cut short at the end
+  const TextCensus half = census_text(std::string("ab\x01\x02", 4));
+  EXPECT_DOUBLE_EQ(half.fraction(), 0.5);
+}
+
+TEST_F(DataTest, PrepareRefusesBinaryUnlessAllowed) {
+  std::string bytes(8192, '\0');
+  std::uint32_t state = 12345;
+  for (auto& b : bytes) {
+    state = state * 1664525u + 1013904223u;
+    b = static_cast<char>(state >> 24);
+  }
+  write_text(path("random.bin"), bytes);
+  PrepareOptions opts;
+  opts.source = path("random.bin");
+  opts.out_dir = path("out");
+  opts.progress = false;
+  expect_error<ConfigError>([&] { prepare_corpus(opts); },
+                            {path("random.bin"), "% of its bytes are not text", "--allow-binary"});
+  EXPECT_FALSE(fs::exists(path("out/dataset.toml")));
+  opts.allow_binary = true;
+  const DatasetInfo info = prepare_corpus(opts);
+  EXPECT_EQ(info.train_tokens + info.val_tokens, bytes.size());
 }
 
 // ---------------------------------------------------------------- bad dataset.toml

@@ -3,13 +3,17 @@
 // unmeetable-target message.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "desloc/core/error.hpp"
 #include "desloc/topology/planner.hpp"
 #include "desloc/topology/simulator.hpp"
 #include "desloc/topology/topology.hpp"
+#include "test_support.hpp"
 
 using namespace desloc;
 using namespace desloc::topology;
@@ -236,4 +240,39 @@ TEST(Planner, TwoLanesUseBothDirectionsAndHalveTheRingTime) {
   // Two sites have one link, already used both ways: no second lane.
   const Topology ab = parse_topology(topology_toml("AB", 50, triangle), "ab.toml");
   EXPECT_EQ(make_plan(ab, req).chosen.lanes, 1);
+}
+
+// A link of 1e-17 Mbit/s or a target of 1e-30 once sent the search for Kx on a walk of about
+// 1e20 steps; both are refused from the closed form at once, naming what Kx they would need.
+TEST(Planner, AbsurdLinksAndTargetsAreRefusedAtOnce) {
+  std::string text = topology_toml("AB", 50, triangle);
+  text.replace(text.find("bandwidth_mbit = 1000.000000"), 28, "bandwidth_mbit = 1e-17");
+  const Topology t = parse_topology(text, "slow.toml");
+  PlanRequest req;
+  req.state_bytes = 1e6;
+  req.steps = 1000;
+  const test_support::Watchdog watchdog(std::chrono::seconds(30), "make_plan");
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    make_plan(t, req);
+    FAIL() << "planned over a 1e-17 Mbit/s link";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("needs Kx >= "), std::string::npos) << m;
+    EXPECT_NE(m.find("train.steps = 1000"), std::string::npos) << m;
+  }
+  const Topology fast = parse_topology(topology_toml("AB", 50, triangle), "ab.toml");
+  req.target_overhead = 1e-30;
+  req.steps = std::numeric_limits<std::int64_t>::max();  // Kv = 6 Kx must still fit
+  try {
+    make_plan(fast, req);
+    FAIL() << "planned a 1e-30 overhead";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--target-overhead 1e-30"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  // Within reach, the largest allowed Kx still plans.
+  req.target_overhead = 0.05;
+  req.steps = 100000;
+  EXPECT_NO_THROW(make_plan(fast, req));
 }

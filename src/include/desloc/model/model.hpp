@@ -59,6 +59,13 @@ struct BackendOptions {
   int device = 0;               // CUDA device ordinal
 };
 
+// Floats of the CPU backend's activation arena for batches of up to max_batch sequences of
+// model.context tokens: what forward and backward keep per layer, the logits and the
+// activation gradients (gpt_cpu.cpp lays them out). In double, so that absurd sizes give a
+// huge number rather than an overflowed one. The CUDA backend keeps its activations on the
+// device.
+double cpu_activation_floats(const GptConfig& cfg, int max_batch);
+
 // Creates a backend. Throws ConfigError for an unknown backend, or for "cuda" when this
 // build has no CUDA support or no device is present.
 std::unique_ptr<Model> make_model(const GptConfig& cfg, const BackendOptions& opts);

@@ -31,6 +31,8 @@ struct ParamTensor {
 // Linear weights are stored (out, in) like torch.nn.Linear: y = x @ W^T + b.
 class ParamLayout {
  public:
+  // Throws ConfigError when a size does not fit its type: 4 * d_model must fit an int (the
+  // shapes), and the total must fit a size_t of floats.
   explicit ParamLayout(const GptConfig& cfg);
 
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
@@ -67,5 +69,10 @@ class ParamLayout {
   std::vector<ParamTensor> tensors_;
   std::size_t total_ = 0;
 };
+
+// ParamLayout(cfg).total() in closed form, V C + T C + L (12 C^2 + 13 C) + 2 C, in double so
+// that no product overflows: for planning models too large to build on this machine, and for
+// estimating a job's memory before anything is allocated.
+double parameter_count(const GptConfig& cfg);
 
 }  // namespace desloc::model

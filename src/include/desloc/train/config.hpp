@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "desloc/model/gpt_config.hpp"
@@ -99,11 +100,23 @@ struct JobConfig {
   std::string canonical() const;  // the text that hash() digests
 };
 
+// A command-line flag that overrides one key (e.g. --threads for train.threads). It goes
+// through the key's own declaration in config.cpp, so it meets the same type and range checks
+// as the key in a file; its errors name the flag where a file's name file:line:column.
+struct KeyOverride {
+  std::string flag;     // "--threads"
+  std::string section;  // "train"
+  std::string key;      // "threads"
+  std::variant<std::int64_t, double, bool, std::string> value;
+};
+
 // Parses and validates. Throws ConfigError whose message starts with
 // "<file>:<line>:<column>: " and names the key, for syntax errors, unknown keys or tables,
-// wrong types, and invalid values (non-positive sizes, heads not dividing d_model, ...).
-JobConfig load_config(const std::string& path);
-JobConfig parse_config(std::string_view text, const std::string& source_name);
+// wrong types, and invalid values (non-positive sizes, heads not dividing d_model, ...), and
+// for a path that is a directory or cannot be read. Overrides apply after the file's values.
+JobConfig load_config(const std::string& path, const std::vector<KeyOverride>& overrides = {});
+JobConfig parse_config(std::string_view text, const std::string& source_name,
+                       const std::vector<KeyOverride>& overrides = {});
 
 // Every key with its default and documentation, as a valid TOML document.
 std::string default_config_toml();

@@ -5,16 +5,22 @@
 // in the background and only delays the sites if the previous one has not finished.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "desloc/topology/topology.hpp"
 
 namespace desloc::topology {
 
+// The methods simulate() models.
+inline constexpr std::array<std::string_view, 4> kSimulatedMethods{"none", "ddp", "local_adam",
+                                                                   "desloc"};
+
 struct SimJob {
-  std::string method = "desloc";  // "none", "ddp", "local_adam" or "desloc"
+  std::string method = "desloc";  // one of kSimulatedMethods
   std::int64_t steps = 1000;
   std::int64_t kx = 1, ku = 3, kv = 6;
   std::int64_t phase_x = 0, phase_u = 0, phase_v = 0;
