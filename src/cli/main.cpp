@@ -81,10 +81,11 @@ int cmd_train(const desloc::train::JobConfig& cfg, const desloc::train::TrainOpt
                   static_cast<long long>(r.start_step), metrics.c_str());
     return r.interrupted ? 130 : 0;
   }
-  std::printf("trained steps %lld..%lld: final train loss %.4f, val loss %s, %.0f tokens/s\n",
-              static_cast<long long>(r.start_step), static_cast<long long>(r.steps_done),
-              r.last_train_loss, describe_val_loss(r.last_val_loss, r.unigram_entropy_nats).c_str(),
-              r.tokens_per_s);
+  std::printf(
+      "trained steps %lld..%lld: final train loss %.4f (site %s), val loss %s, %.0f tokens/s\n",
+      static_cast<long long>(r.start_step), static_cast<long long>(r.steps_done), r.last_train_loss,
+      r.train_loss_site.c_str(), describe_val_loss(r.last_val_loss, r.unigram_entropy_nats).c_str(),
+      r.tokens_per_s);
   if (!r.last_checkpoint.empty()) std::printf("checkpoint: %s\n", r.last_checkpoint.c_str());
   std::printf("metrics: %s\n", metrics.c_str());
   if (r.interrupted) return 130;
@@ -359,6 +360,9 @@ int main(int argc, char** argv) {
       ->required();
   train->add_flag("--resume", topts.resume,
                   "continue bit-exactly from the newest valid checkpoint in out_dir");
+  train->add_flag("--force", topts.force,
+                  "start afresh even though out_dir holds another run's checkpoints and "
+                  "metrics (they are overwritten); without it such a start is refused");
   train->add_option("--stop-after", topts.stop_after,
                     "stop after this many total steps (checkpointing first); the schedule still "
                     "spans train.steps");
@@ -383,6 +387,10 @@ int main(int argc, char** argv) {
   launch->add_flag("--resume", launch_resume,
                    "restart the job from the newest checkpoint every rank holds intact (corrupt "
                    "or partial ones are skipped and named)");
+  bool launch_force = false;
+  launch->add_flag("--force", launch_force,
+                   "start afresh over another run's results in out_dir, or resume from an older "
+                   "step than some ranks hold (discarding their newer work); refused without it");
 
   // desloc coordinator
   auto* coordinator = app.add_subcommand(
@@ -423,6 +431,9 @@ int main(int argc, char** argv) {
   worker->add_flag("--resume", wopts.train.resume,
                    "continue from the newest checkpoint that every rank of the job holds intact "
                    "(every rank must be given --resume)");
+  worker->add_flag("--force", wopts.train.force,
+                   "start afresh over another run's results in out_dir, or resume from an older "
+                   "step than some ranks hold; refused without it");
   std::string worker_profile;
   worker->add_option("--profile", worker_profile,
                      "measure the topology instead of training; site 0 writes this file");
@@ -554,6 +565,7 @@ int main(int argc, char** argv) {
         lopts.config_path = launch_config;
         lopts.progress = !launch_quiet;
         if (launch_resume) lopts.worker_args.push_back("--resume");
+        if (launch_force) lopts.worker_args.push_back("--force");
         return desloc::cluster::run_launch(cfg, lopts);
       }
       desloc::cluster::LaunchOptions p;

@@ -172,9 +172,22 @@ Child spawn(const std::string& exe, const std::vector<std::string>& args, const 
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // A stop sent to the child between fork and exec would run launch's own counting handler
+  // there and be lost, leaving a rank that waits out its rendezvous deadline. So the stop
+  // signals are blocked across the fork, and the child puts back their default action before
+  // it unblocks them: a stop that arrived meanwhile ends it at once.
+  sigset_t stops, before;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGINT);
+  sigaddset(&stops, SIGTERM);
+  ::pthread_sigmask(SIG_BLOCK, &stops, &before);
   const pid_t pid = ::fork();
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
   if (pid < 0) throw Error(fmt::format("launch: fork for {}: {}", name, std::strerror(errno)));
   if (pid == 0) {
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &before, nullptr);
     // Own process group: a terminal Ctrl-C reaches launch alone, which turns it into an
     // orderly stop of every rank.
     ::setpgid(0, 0);
@@ -346,6 +359,12 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
       std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms) + 10s;
   auto last_report = Clock::now();
   const bool elastic = cfg.job.on_site_failure == "continue";
+  // After a forwarded stop, a rank that checkpointed and exited (130), or one that the signal
+  // or a second Ctrl-C ended before it could (a rank still starting up), was stopped, not lost.
+  auto stopped_by_us = [&](int status) {
+    return handled_signals > 0 && (status == 130 || status == 128 + SIGINT ||
+                                   status == 128 + SIGTERM || status == 128 + SIGKILL);
+  };
   auto alive = [&] {
     return std::count_if(children.begin(), children.end(),
                          [](const Child& c) { return !c.exited; });
@@ -370,7 +389,7 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
       }
       c.exited = true;
       c.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      const bool clean = c.status == 0 || (handled_signals > 0 && c.status == 130);
+      const bool clean = c.status == 0 || stopped_by_us(c.status);
       if (!clean && elastic) {
         if (first_failure.empty()) first_failure = c.name;
         std::fprintf(stderr,
@@ -417,15 +436,26 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
   const auto departed = coord.departed();
   coord.stop();
 
-  std::vector<std::string> failed;
+  std::vector<std::string> failed, unsaved;
   bool all_interrupted = handled_signals > 0;
   for (const auto& c : children) {
     if (c.status != 0) failed.push_back(fmt::format("{} (exit {})", c.name, c.status));
-    all_interrupted = all_interrupted && (c.status == 130 || c.status == 0);
+    all_interrupted = all_interrupted && (c.status == 0 || stopped_by_us(c.status));
+    if (c.status != 0 && c.status != 130) unsaved.push_back(c.name);
   }
   if (failed.empty()) {
     std::fprintf(stderr, "launch: all %d ranks finished\n", world);
     return 0;
+  }
+  if (all_interrupted) {
+    if (unsaved.empty())
+      std::fprintf(stderr, "launch: stopped by signal; every rank checkpointed\n");
+    else
+      std::fprintf(stderr,
+                   "launch: stopped by signal; %s ended before a checkpoint (still starting up, "
+                   "or killed by a second Ctrl-C); the others checkpointed\n",
+                   fmt::format("{}", fmt::join(unsaved, ", ")).c_str());
+    return 130;
   }
   // Elastic: the job succeeded if every failed rank belongs to a site the coordinator dropped
   // and some site finished.
@@ -439,10 +469,6 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
     std::fprintf(stderr, "launch: the job finished without site(s): %s\n",
                  fmt::format("{}", fmt::join(departed, "; ")).c_str());
     return 0;
-  }
-  if (all_interrupted) {
-    std::fprintf(stderr, "launch: stopped by signal; every rank checkpointed\n");
-    return 130;
   }
   std::fprintf(stderr, "launch: job failed; first failure: %s; exit statuses: %s\n",
                first_failure.empty() ? "?" : first_failure.c_str(),

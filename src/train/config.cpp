@@ -1,6 +1,7 @@
 // TOML -> JobConfig. A Binder walks each section once, either reading values (with type and
 // range checks that report file:line:column) or describing defaults for documentation.
 #include "desloc/train/config.hpp"
+#include "desloc/transport/site_name.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -296,13 +297,6 @@ void bind_transport(Binder& b, TransportSection& t) {
             2);
 }
 
-bool valid_site_name(const std::string& s) {
-  if (s.empty() || s.size() > 32 || !std::isalpha(static_cast<unsigned char>(s[0]))) return false;
-  for (char c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
-  return true;
-}
-
 // Cross-key rules of [sync]; each error points at the offending key.
 void check_sync(const Binder& b, const sync::SyncConfig& s) {
   const bool desloc = s.method == "desloc";
@@ -394,11 +388,9 @@ JobConfig from_table(const toml::table& root, const std::string& file,
     if (std::string(sec.name) == "job" && !job.job.sites.empty()) {
       std::set<std::string> seen;
       for (const auto& site : job.job.sites) {
-        if (!valid_site_name(site))
-          throw ConfigError(fmt::format(
-              "{}: job.sites: '{}' is not a valid site name (1-32 of [A-Za-z0-9_-], starting "
-              "with a letter)",
-              b.location_of("sites"), site));
+        if (!transport::valid_site_name(site))
+          throw ConfigError(fmt::format("{}: job.sites: '{}' is not a valid site name ({})",
+                                        b.location_of("sites"), site, transport::kSiteNameRule));
         if (!seen.insert(site).second)
           throw ConfigError(
               fmt::format("{}: job.sites names '{}' twice", b.location_of("sites"), site));

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "desloc/train/memory_estimate.hpp"
 #include "train/training_run.hpp"
 
 namespace desloc::train {
@@ -27,6 +28,8 @@ std::string checkpoint_dir(const JobConfig& cfg, const RankContext* rank) {
 }
 
 TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts, RankContext* rank) {
+  // Before anything is allocated: a config this machine cannot hold is refused with its keys.
+  check_memory(cfg, rank != nullptr ? ProcessRole::kRank : ProcessRole::kInProcess);
   return TrainingRun(cfg, opts, rank).run();
 }
 

@@ -451,7 +451,7 @@ TEST(Cli, WorkerStoppedDuringStartupExits130) {
 // SIGTERM before its main() has installed the start-up handler still dies by the signal (143),
 // and launch calls that a failure ("job failed", exit 1), sometimes only after waiting out
 // transport.deadline_s for a peer of the dropped site. Passes about half the time today.
-TEST(Cli, DISABLED_LaunchStoppedDuringStartupExits130) {
+TEST(Cli, LaunchStoppedDuringStartupExits130) {
   const auto dir = fresh_dir("cli_launch_stop");
   const auto cfg = write_text(dir / "job.toml", tiny_job_toml(dir / "out") +
                                                     "[job]\nsites = [\"west\", \"east\"]\n"
