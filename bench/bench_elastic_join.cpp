@@ -90,7 +90,7 @@ int run(const Options& o) {
     double final_loss[2] = {0, 0};
     for (int joined = 0; joined < 2; ++joined) {
       train::JobConfig cfg = bench::small_lm_job(o.data, o.steps, eval_every, o.threads, o.workers);
-      cfg.sync.method = m.method;
+      cfg.sync.method = *desloc::parse_sync_method(m.method);
       cfg.sync.kx = o.kx;
       if (joined) {
         cfg.sync.join_step = o.join;

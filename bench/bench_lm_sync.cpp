@@ -103,7 +103,7 @@ int run(const Options& o) {
   for (const auto& m : methods) {
     train::JobConfig cfg = bench::small_lm_job(
         o.data, o.steps, int(std::max<std::int64_t>(1, o.steps / 24)), o.threads, o.workers);
-    cfg.sync.method = m.method;
+    cfg.sync.method = *desloc::parse_sync_method(m.method);
     cfg.sync.kx = m.kx;
     cfg.train.out_dir = (fs::path(o.out_dir) / m.label).string();
     fs::remove_all(cfg.train.out_dir);

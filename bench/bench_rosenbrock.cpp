@@ -175,7 +175,7 @@ constexpr Method kMethods[] = {{"DES-LOC", "desloc"},
 
 ToyProblemConfig make_config(const Options& o, const char* method) {
   ToyProblemConfig c;
-  c.sync.method = method;
+  c.sync.method = *desloc::parse_sync_method(method);
   c.sync.workers = o.workers;
   c.sync.kx = o.kx;
   c.sync.ku = o.ku;

@@ -49,12 +49,8 @@ void validate(const ToyProblemConfig& cfg) {
   if (s.outer != "none")
     throw ConfigError("toy problem: sync.outer = \"" + s.outer +
                       "\" is not supported here; set it to \"none\"");
-  const bool periodic = s.method == "favg" || s.method == "favg_reset" ||
-                        s.method == "local_adam" || s.method == "desloc";
-  if (!periodic && s.method != "none" && s.method != "ddp")
-    throw ConfigError("toy problem: sync.method = \"" + s.method +
-                      "\" is unknown; expected none, ddp, favg, favg_reset, local_adam or desloc");
-  if (periodic && s.kx <= 0)
+  // Every method but ddp has a parameter period (none ignores it).
+  if (s.averages_params() && s.kx <= 0)
     throw ConfigError("toy problem: sync.kx must be positive, got " + std::to_string(s.kx));
   cfg.optimizer.validate();
 }

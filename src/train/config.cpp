@@ -223,9 +223,11 @@ void bind_train(Binder& b, RunConfig& r) {
 }
 
 void bind_sync(Binder& b, sync::SyncConfig& s) {
-  b.string("method", s.method,
+  std::string method(to_string(s.method));
+  b.string("method", method,
            "\"none\", \"ddp\", \"favg\" (FAVG+OPT), \"favg_reset\", \"local_adam\" or \"desloc\"",
            {"none", "ddp", "favg", "favg_reset", "local_adam", "desloc"});
+  s.method = parse_sync_method(method).value_or(s.method);  // the list above checked it
   b.integer("workers", s.workers, "in-process virtual workers (sites) M", 1, 4096);
   // At most INT64_MAX / 6, so that the default Kv = 6 * kx cannot overflow.
   b.integer64("kx", s.kx, "parameter-average period Kx (the K of favg, favg_reset, local_adam)", 1,
@@ -299,13 +301,13 @@ void bind_transport(Binder& b, TransportSection& t) {
 
 // Cross-key rules of [sync]; each error points at the offending key.
 void check_sync(const Binder& b, const sync::SyncConfig& s) {
-  const bool desloc = s.method == "desloc";
+  const bool desloc = s.method == SyncMethod::kDesloc;
   for (const char* key : {"ku", "kv", "phase_u", "phase_v"}) {
     if (b.has(key) && !desloc)
       throw ConfigError(fmt::format(
           "{}: sync.{} is set, but method = \"{}\" has no separate {} average; remove it "
           "or use method = \"desloc\"",
-          b.location_of(key), key, s.method, key[0] == 'k' ? key + 1 : key + 6));
+          b.location_of(key), key, to_string(s.method), key[0] == 'k' ? key + 1 : key + 6));
   }
   for (const char* key : {"ku", "kv"}) {
     if (b.has(key) && (key[1] == 'u' ? s.ku : s.kv) <= 0)
@@ -324,7 +326,7 @@ void check_sync(const Binder& b, const sync::SyncConfig& s) {
   if (s.outer != "none" && !s.averages_params())
     throw ConfigError(fmt::format(
         "{}: sync.outer = \"{}\" needs a parameter average, but method = \"{}\" has none",
-        b.location_of("outer"), s.outer, s.method));
+        b.location_of("outer"), s.outer, to_string(s.method)));
   if (s.join_step > 0 && s.join_workers <= s.workers)
     throw ConfigError(fmt::format(
         "{}: sync.join_workers = {} must exceed sync.workers = {} when join_step is set",
@@ -490,10 +492,10 @@ std::string JobConfig::canonical() const {
                       schedule.min_lr_ratio, schedule.decay_fraction);
   text += fmt::format("data:{},{},{};train:{},{},{};", data.batch, seq_len(), data.seed,
                       train.steps, train.seed, train.backend);
-  text += fmt::format("sync:{},{},{},{},{},{},{},{},{},{:a},{:a},{},{}", sync.method, sync.workers,
-                      sync.kx, sync.effective_ku(), sync.effective_kv(), sync.phase_x, sync.phase_u,
-                      sync.phase_v, sync.outer, sync.outer_lr, sync.outer_momentum, sync.join_step,
-                      sync.join_workers);
+  text += fmt::format("sync:{},{},{},{},{},{},{},{},{},{:a},{:a},{},{}", to_string(sync.method),
+                      sync.workers, sync.kx, sync.effective_ku(), sync.effective_kv(), sync.phase_x,
+                      sync.phase_u, sync.phase_v, sync.outer, sync.outer_lr, sync.outer_momentum,
+                      sync.join_step, sync.join_workers);
   // Sites and ranks shape the data partition and the order of every sum.
   // So do the lanes: the second half of each shard sums in the reversed ring's order.
   text += fmt::format(";job:{},{},{}", fmt::join(site_names(), ","), job.ranks_per_site,

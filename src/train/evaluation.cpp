@@ -27,7 +27,7 @@ Evaluator::Evaluator(const JobConfig& cfg, model::Model& model, const data::Data
     : cfg_(cfg),
       model_(model),
       eval_(dataset, cfg.data.batch, cfg.seq_len()),
-      site0_(cfg.sync.method == "ddp" || cfg.sync.method == "none") {}
+      site0_(!cfg.sync.averages_params()) {}
 
 void Evaluator::bind(RankContext* rank) {
   rank_ = rank;

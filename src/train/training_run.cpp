@@ -229,10 +229,10 @@ void TrainingRun::resume() {
 void TrainingRun::write_run_record() {
   RunRecord r;
   r.name = std::filesystem::path(cfg_.train.out_dir).filename().string();
-  r.method = cfg_.sync.method;
+  r.method = to_string(cfg_.sync.method);
   r.workers = cfg_.sync.workers;
   if (cfg_.sync.averages_params()) r.kx = cfg_.sync.kx;
-  if (cfg_.sync.method == "desloc") {
+  if (cfg_.sync.method == SyncMethod::kDesloc) {
     r.ku = cfg_.sync.effective_ku();
     r.kv = cfg_.sync.effective_kv();
   }
@@ -253,7 +253,7 @@ void TrainingRun::write_run_record() {
       "desloc train: {} parameters ({} backend), {} site{} x {} rank{} ({}{}), B={} T={}, {} "
       "steps, {} train / {} val tokens, unigram entropy {:.4f} nats",
       model_->layout().total(), model_->backend_name(), sites, sites == 1 ? "" : "s", R_,
-      R_ == 1 ? "" : "s", cfg_.sync.method,
+      R_ == 1 ? "" : "s", to_string(cfg_.sync.method),
       networked_ ? ", this process is " + rank_->name : std::string(", in-process"), B_, T_, total_,
       dataset_.train_tokens, dataset_.val_tokens, dataset_.unigram_entropy_nats));
 }
@@ -394,7 +394,7 @@ TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
   std::vector<sync::Replica> replicas = views_of(sites_);
   const bool stop = engine_.finish(replicas, site_stop_);
   if (networked_) {
-    if (cfg_.sync.method == "none")
+    if (cfg_.sync.method == SyncMethod::kNone)
       stop_agreed_ = site_stop_;
     else if (s.due.any())
       stop_agreed_ = stop;
@@ -505,7 +505,7 @@ void TrainingRun::maybe_join(std::int64_t t) {
   using optim::StateKind;
   const int lanes = cfg_.transport.lanes;
   const std::size_t n = model_->layout().total();
-  const bool share_moments = cfg_.sync.method == "desloc" || cfg_.sync.method == "local_adam";
+  const bool share_moments = shares_moments(cfg_.sync.method);
   const auto x = mean_of(sites_, StateKind::kX, R_, lanes);
   const auto u =
       share_moments ? mean_of(sites_, StateKind::kU, R_, lanes) : std::vector<float>(n, 0.0f);

@@ -26,6 +26,7 @@
 #include "test_support.hpp"
 
 using namespace desloc;
+using desloc::SyncMethod;
 using namespace std::chrono_literals;
 using optim::StateKind;
 using test_support::Watchdog;
@@ -427,7 +428,8 @@ TEST(NetworkedGuard, OneControlExchangeCarriesEveryDueStateAndTheStopRequest) {
   Watchdog watchdog(90s);
   constexpr int S = 3, R = 2;
   constexpr std::size_t n = 2048;
-  const sync::SyncPolicy policy({.method = "desloc", .workers = S, .kx = 2, .ku = 2, .kv = 2});
+  const sync::SyncPolicy policy(
+      {.method = SyncMethod::kDesloc, .workers = S, .kx = 2, .ku = 2, .kv = 2});
   ASSERT_TRUE(policy.at(2).x && policy.at(2).u && policy.at(2).v);
   test_support::WorldOptions world;
   world.collective.deadline = 20s;

@@ -19,7 +19,7 @@ namespace {
 // workers, the paper's periods), which takes well under a second per method.
 ToyProblemConfig paper_config(const char* method) {
   ToyProblemConfig c;
-  c.sync.method = method;
+  c.sync.method = parse_sync_method(method).value();
   c.sync.workers = 256;
   c.sync.kx = 192;
   c.sync.ku = 192;
@@ -122,7 +122,7 @@ TEST(Rosenbrock, EqualReplicasFollowOnePathAndCountBytes) {
   for (const char* method : {"desloc", "local_adam", "favg"}) {
     SCOPED_TRACE(method);
     ToyProblemConfig c = one;
-    c.sync.method = method;
+    c.sync.method = parse_sync_method(method).value();
     c.sync.workers = 2;
     const auto r = run_rosenbrock(c);
     EXPECT_EQ(r.distance, ref.distance);
@@ -154,7 +154,8 @@ TEST(Rosenbrock, BadConfigIsAConfigError) {
   c = paper_config("desloc");
   c.sync.outer = "nesterov";
   EXPECT_THROW(run_rosenbrock(c), ConfigError);
-  c = paper_config("bogus");
+  c = paper_config("desloc");  // an unknown method is now unrepresentable; a bad period is not
+  c.sync.kx = 0;
   EXPECT_THROW(run_rosenbrock(c), ConfigError);
 }
 

@@ -13,6 +13,7 @@
 #include "desloc/train/config.hpp"
 
 using namespace desloc;
+using desloc::SyncMethod;
 using optim::StateKind;
 using sync::SyncConfig;
 using sync::SyncPolicy;
@@ -29,7 +30,7 @@ using V = std::vector<std::int64_t>;
 }  // namespace
 
 TEST(SyncPolicy, DeslocDefaultsAreThreeAndSixKx) {
-  const SyncPolicy p({.method = "desloc", .kx = 4});
+  const SyncPolicy p({.method = SyncMethod::kDesloc, .kx = 4});
   EXPECT_EQ(steps_where(p, 24, &sync::SyncDecision::x), (V{4, 8, 12, 16, 20, 24}));
   EXPECT_EQ(steps_where(p, 24, &sync::SyncDecision::u), (V{12, 24}));
   EXPECT_EQ(steps_where(p, 24, &sync::SyncDecision::v), (V{24}));
@@ -37,35 +38,40 @@ TEST(SyncPolicy, DeslocDefaultsAreThreeAndSixKx) {
 }
 
 TEST(SyncPolicy, PhasesShiftEachState) {
-  const SyncPolicy p(
-      {.method = "desloc", .kx = 4, .ku = 6, .kv = 8, .phase_x = 1, .phase_u = 2, .phase_v = 7});
+  const SyncPolicy p({.method = SyncMethod::kDesloc,
+                      .kx = 4,
+                      .ku = 6,
+                      .kv = 8,
+                      .phase_x = 1,
+                      .phase_u = 2,
+                      .phase_v = 7});
   EXPECT_EQ(steps_where(p, 24, &sync::SyncDecision::x), (V{1, 5, 9, 13, 17, 21}));
   EXPECT_EQ(steps_where(p, 24, &sync::SyncDecision::u), (V{2, 8, 14, 20}));
   EXPECT_EQ(steps_where(p, 24, &sync::SyncDecision::v), (V{7, 15, 23}));
 }
 
 TEST(SyncPolicy, FamilyMembers) {
-  const SyncPolicy ddp({.method = "ddp"});
+  const SyncPolicy ddp({.method = SyncMethod::kDdp});
   EXPECT_EQ(steps_where(ddp, 3, &sync::SyncDecision::grad), (V{1, 2, 3}));
   EXPECT_FALSE(ddp.at(2).x);
-  const SyncPolicy favg({.method = "favg", .kx = 3});
+  const SyncPolicy favg({.method = SyncMethod::kFavg, .kx = 3});
   EXPECT_EQ(steps_where(favg, 9, &sync::SyncDecision::x), (V{3, 6, 9}));
   EXPECT_TRUE(steps_where(favg, 9, &sync::SyncDecision::u).empty());
-  const SyncPolicy reset({.method = "favg_reset", .kx = 3});
+  const SyncPolicy reset({.method = SyncMethod::kFavgReset, .kx = 3});
   EXPECT_EQ(steps_where(reset, 9, &sync::SyncDecision::reset_uv), (V{3, 6, 9}));
-  const SyncPolicy local({.method = "local_adam", .kx = 5});
+  const SyncPolicy local({.method = SyncMethod::kLocalAdam, .kx = 5});
   EXPECT_EQ(steps_where(local, 10, &sync::SyncDecision::v), (V{5, 10}));
   EXPECT_EQ(steps_where(local, 10, &sync::SyncDecision::u), (V{5, 10}));
-  const SyncPolicy none({.method = "none", .kx = 1});
+  const SyncPolicy none({.method = SyncMethod::kNone, .kx = 1});
   EXPECT_FALSE(none.at(1).any());
 }
 
 TEST(SyncPolicy, TrafficPerStepMatchesThePaper) {
   // DES-LOC at Ku = 3Kx, Kv = 6Kx sends 1.5/Kx model sizes per step: 170x less than DDP at
   // Kx = 256 and half of Local Adam's 3/Kx.
-  const SyncPolicy desloc({.method = "desloc", .kx = 256});
-  const SyncPolicy local({.method = "local_adam", .kx = 256});
-  const SyncPolicy ddp({.method = "ddp"});
+  const SyncPolicy desloc({.method = SyncMethod::kDesloc, .kx = 256});
+  const SyncPolicy local({.method = SyncMethod::kLocalAdam, .kx = 256});
+  const SyncPolicy ddp({.method = SyncMethod::kDdp});
   EXPECT_NEAR(desloc.state_syncs_per_step(), 1.5 / 256, 1e-12);
   EXPECT_NEAR(ddp.state_syncs_per_step() / desloc.state_syncs_per_step(), 170.67, 0.01);
   EXPECT_NEAR(local.state_syncs_per_step() / desloc.state_syncs_per_step(), 2.0, 1e-12);
@@ -144,7 +150,7 @@ TEST(SyncedStep, OrderIsGradientThenAverageThenUpdate) {
   std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
   const float c[2] = {-0.25f, 3.0f};
   auto grad = [&](std::size_t w) { reps[w].g[0] = reps[w].x[0] - c[w]; };
-  const SyncPolicy policy({.method = "favg", .workers = 2, .kx = 2});
+  const SyncPolicy policy({.method = SyncMethod::kFavg, .workers = 2, .kx = 2});
   sync::VirtualAverager avg(2);
   auto r1 = sync::run_synced_step(1, policy, avg, reps, grad, 0.5f);
   EXPECT_FALSE(r1.due.x);
@@ -207,7 +213,7 @@ TEST(SyncedStep, ResetZeroesMomentsAfterTheAverage) {
   std::vector<float> x0 = {1, 2}, x1 = {3, 4}, g0(2), g1(2);
   std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
   auto grad = [&](std::size_t w) { std::fill(reps[w].g.begin(), reps[w].g.end(), 1.0f); };
-  const SyncPolicy policy({.method = "favg_reset", .workers = 2, .kx = 1});
+  const SyncPolicy policy({.method = SyncMethod::kFavgReset, .workers = 2, .kx = 1});
   sync::VirtualAverager avg(2);
   sync::run_synced_step(1, policy, avg, reps, grad, 0.1f, {.reset_step_count = true});
   // u was zeroed before the update, so after it u = (1 - beta1) g exactly.

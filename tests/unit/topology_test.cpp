@@ -1,6 +1,7 @@
 // topology.toml parsing (every bad input named) and the planner: ring order on uneven links,
 // the star comparison, the smallest Kx within target, Ku/Kv from half-lives, phases, and the
 // unmeetable-target message.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "desloc/core/error.hpp"
+#include "desloc/sync/sync_policy.hpp"
 #include "desloc/topology/planner.hpp"
 #include "desloc/topology/simulator.hpp"
 #include "desloc/topology/topology.hpp"
@@ -182,19 +184,21 @@ TEST(Simulator, ClosedFormsWithoutNoise) {
   SimJob job;
   job.state_bytes = 3e6;
   job.steps = 600;
-  job.kx = 16;
-  job.ku = 48;
-  job.kv = 96;
+  job.schedule.kx = 16;
+  job.schedule.ku = 48;
+  job.schedule.kv = 96;
   const double sync = ring_seconds(t, {"A", "B", "C"}, 3e6);
-  job.method = "none";
+  job.schedule.method = SyncMethod::kNone;
   EXPECT_NEAR(simulate(t, job).total_s, 60.0, 1e-9);
-  job.method = "ddp";
+  job.schedule.method = SyncMethod::kDdp;
   auto ddp = simulate(t, job);
   EXPECT_NEAR(ddp.total_s, 600 * (0.1 + sync), 1e-9);
   EXPECT_NEAR(ddp.bytes_per_site, 600 * 3e6 * 4.0 / 3.0, 1e-3);
-  job.method = "local_adam";
+  job.schedule.method = SyncMethod::kLocalAdam;
   EXPECT_EQ(simulate(t, job).syncs, 3 * (600 / 16));
-  job.method = "desloc";
+  job.schedule.method = SyncMethod::kFavg;
+  EXPECT_EQ(simulate(t, job).syncs, 600 / 16);
+  job.schedule.method = SyncMethod::kDesloc;
   const auto d = simulate(t, job);
   EXPECT_EQ(d.syncs, 600 / 16 + 600 / 48 + 600 / 96);
   EXPECT_NEAR(d.total_s, 60.0 + double(d.syncs) * sync, 1e-9);
@@ -204,21 +208,49 @@ TEST(Simulator, ClosedFormsWithoutNoise) {
   EXPECT_LT(simulate(t, job).total_s, 60.0 + 3 * sync + 1e-9);
 }
 
+// The simulator and the trainer share one due rule: for every method, with and without
+// phases, the simulator performs exactly the averages the trainer's SyncPolicy makes.
+TEST(Simulator, CountsExactlyTheAveragesTheTrainerMakes) {
+  const Topology t = parse_topology(topology_toml("ABC", 100, triangle), "tri.toml");
+  for (const SyncMethod m : kSyncMethods)
+    for (const std::int64_t phase : {0, 3}) {
+      sync::SyncConfig c{.method = m, .workers = 3, .kx = 4, .phase_x = phase};
+      if (m == SyncMethod::kDesloc) {
+        c.ku = 10;
+        c.kv = 14;
+        c.phase_u = phase + 1;
+        c.phase_v = phase + 2;
+      }
+      const sync::SyncPolicy policy(c);
+      SimJob job;
+      job.state_bytes = 1e6;
+      job.steps = 97;
+      job.schedule = c.schedule();
+      std::int64_t averages = 0;
+      for (std::int64_t step = 1; step <= job.steps; ++step) averages += policy.at(step).states();
+      SCOPED_TRACE(fmt::format("{} phase {}", to_string(m), phase));
+      EXPECT_EQ(simulate(t, job).syncs, averages);
+      if (m != SyncMethod::kNone) {
+        EXPECT_GT(averages, 0);
+      }
+    }
+}
+
 TEST(Simulator, ComputeNoiseMakesSitesWaitAtSyncs) {
   const Topology t = parse_topology(topology_toml("ABC", 100, triangle), "tri.toml");
   SimJob job;
   job.state_bytes = 3e6;
   job.steps = 960;
-  job.kx = 96;
-  job.ku = 288;
-  job.kv = 576;
+  job.schedule.kx = 96;
+  job.schedule.ku = 288;
+  job.schedule.kv = 576;
   job.jitter = 0.3;
   const auto noisy = simulate(t, job);
   EXPECT_GT(noisy.wait_s, 0.0);
   EXPECT_EQ(simulate(t, job).total_s, noisy.total_s);  // a fixed seed: reproducible
   job.jitter = 0;
   EXPECT_GT(noisy.total_s, simulate(t, job).total_s * 0.9);
-  job.method = "bogus";
+  job.schedule.kx = 0;
   EXPECT_THROW(simulate(t, job), ConfigError);
 }
 

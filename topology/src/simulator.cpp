@@ -11,21 +11,12 @@
 #include "desloc/topology/planner.hpp"
 
 namespace desloc::topology {
-namespace {
-
-bool due(std::int64_t t, std::int64_t period, std::int64_t phase) {
-  return period > 0 && (t - phase) % period == 0 && t >= phase;
-}
-
-}  // namespace
-
 SimResult simulate(const Topology& t, const SimJob& job) {
-  const bool known = std::find(kSimulatedMethods.begin(), kSimulatedMethods.end(), job.method) !=
-                     kSimulatedMethods.end();
-  if (!known) throw ConfigError("simulate: unknown method '" + job.method + "'");
+  const SyncSchedule& plan = job.schedule;
   if (job.steps < 1) throw ConfigError("simulate: steps must be >= 1");
-  if (job.method != "none" && job.method != "ddp" && job.kx < 1)
-    throw ConfigError("simulate: kx must be >= 1");
+  if (averages_params(plan.method) &&
+      (plan.kx < 1 || (plan.method == SyncMethod::kDesloc && (plan.ku < 1 || plan.kv < 1))))
+    throw ConfigError("simulate: the periods kx, ku and kv must be >= 1");
   const std::vector<std::string> ring = job.ring.empty() ? t.site_names() : job.ring;
   const std::size_t n = t.sites.size();
   const double sync = ring_seconds(t, ring, job.state_bytes, job.lanes);
@@ -43,15 +34,7 @@ SimResult simulate(const Topology& t, const SimJob& job) {
       clock[s] += dt;
       compute[s] += dt;
     }
-    int states = 0;
-    if (job.method == "ddp") {
-      states = 1;
-    } else if (job.method == "local_adam") {
-      states = due(step, job.kx, job.phase_x) ? 3 : 0;
-    } else if (job.method == "desloc") {
-      states = int(due(step, job.kx, job.phase_x)) + int(due(step, job.ku, job.phase_u)) +
-               int(due(step, job.kv, job.phase_v));
-    }
+    const int states = plan.at(step).states();
     if (states == 0 || n < 2) continue;
     const double cost = sync * states;
     r.syncs += states;

@@ -6,21 +6,20 @@
 #include <cstdint>
 #include <string>
 
+#include "desloc/core/sync_schedule.hpp"
+
 namespace desloc::sync {
 
+using desloc::SyncDecision;
+using desloc::SyncMethod;
+
 struct SyncConfig {
-  // "none"       : workers never communicate (independent runs; the single-site default)
-  // "ddp"        : the gradient is averaged every step
-  // "favg"       : FAVG+OPT / Local SGD with local Adam: x every kx, u and v stay local
-  // "favg_reset" : x every kx; u and v are zeroed after each parameter average
-  // "local_adam" : x, u and v every kx
-  // "desloc"     : x every kx, u every ku, v every kv, each with its own phase
-  std::string method = "none";
-  int workers = 1;           // in-process virtual workers (M)
-  std::int64_t kx = 32;      // parameter-average period
-  std::int64_t ku = 0;       // first-moment period; 0 = 3 * kx (desloc only)
-  std::int64_t kv = 0;       // second-moment period; 0 = 6 * kx (desloc only)
-  std::int64_t phase_x = 0;  // average x at steps t with (t - phase_x) mod kx == 0
+  SyncMethod method = SyncMethod::kNone;  // see desloc/core/sync_schedule.hpp
+  int workers = 1;                        // in-process virtual workers (M)
+  std::int64_t kx = 32;                   // parameter-average period
+  std::int64_t ku = 0;                    // first-moment period; 0 = 3 * kx (desloc only)
+  std::int64_t kv = 0;                    // second-moment period; 0 = 6 * kx (desloc only)
+  std::int64_t phase_x = 0;               // average x at steps t with (t - phase_x) mod kx == 0
   std::int64_t phase_u = 0;
   std::int64_t phase_v = 0;
   std::string outer = "none";  // "none" | "nesterov" (DiLoCo outer step on x_ref - mean x)
@@ -31,17 +30,9 @@ struct SyncConfig {
 
   std::int64_t effective_ku() const { return ku > 0 ? ku : 3 * kx; }
   std::int64_t effective_kv() const { return kv > 0 ? kv : 6 * kx; }
-  bool averages_params() const { return method != "none" && method != "ddp"; }
-};
-
-// The states due at one step. `reset_uv` zeroes u and v after the parameter average.
-struct SyncDecision {
-  bool grad = false;
-  bool x = false;
-  bool u = false;
-  bool v = false;
-  bool reset_uv = false;
-  bool any() const { return grad || x || u || v; }
+  bool averages_params() const { return desloc::averages_params(method); }
+  // The schedule these settings describe (ku and kv resolved), as the simulator takes it.
+  SyncSchedule schedule() const;
 };
 
 class SyncPolicy {
@@ -49,13 +40,14 @@ class SyncPolicy {
   explicit SyncPolicy(SyncConfig cfg);  // cfg must already be validated
   // t is the 1-based number of the step being taken (the first update is t = 1).
   // A state with period K and phase p is due when t >= 1 and (t - p) mod K == 0.
-  SyncDecision at(std::int64_t t) const;
+  SyncDecision at(std::int64_t t) const { return schedule_.at(t); }
   const SyncConfig& config() const { return cfg_; }
   // Mean payload per step in units of the model size: 1 for DDP, 1/Kx + 1/Ku + 1/Kv for DES-LOC.
-  double state_syncs_per_step() const;
+  double state_syncs_per_step() const { return schedule_.state_syncs_per_step(); }
 
  private:
   SyncConfig cfg_;
+  SyncSchedule schedule_;
 };
 
 }  // namespace desloc::sync

@@ -11,19 +11,20 @@
 #include <string_view>
 #include <vector>
 
+#include "desloc/core/sync_schedule.hpp"
 #include "desloc/topology/topology.hpp"
 
 namespace desloc::topology {
 
-// The methods simulate() models.
-inline constexpr std::array<std::string_view, 4> kSimulatedMethods{"none", "ddp", "local_adam",
-                                                                   "desloc"};
+// The methods `desloc simulate` compares by default. simulate() models every SyncMethod: the
+// favg methods move x only.
+inline constexpr std::array<SyncMethod, 4> kSimulatedMethods{
+    SyncMethod::kNone, SyncMethod::kDdp, SyncMethod::kLocalAdam, SyncMethod::kDesloc};
 
 struct SimJob {
-  std::string method = "desloc";  // one of kSimulatedMethods
+  // Which states are averaged when: the trainer's own rule (desloc/core/sync_schedule.hpp).
+  SyncSchedule schedule{SyncMethod::kDesloc, 1, 3, 6, 0, 0, 0};
   std::int64_t steps = 1000;
-  std::int64_t kx = 1, ku = 3, kv = 6;
-  std::int64_t phase_x = 0, phase_u = 0, phase_v = 0;
   double state_bytes = 0;         // one state buffer (4 x parameters)
   std::vector<std::string> ring;  // WAN ring order; empty = the topology's site order
   int lanes = 1;                  // 2 = also the reversed ring (3+ sites)

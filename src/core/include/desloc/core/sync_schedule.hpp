@@ -1,0 +1,65 @@
+// The DES-LOC schedule as pure logic (arXiv 2505.22549, Alg. 1, line 2): the synchronisation
+// methods, and which states are due at step t. One definition, shared by the trainer
+// (sync::SyncPolicy) and the simulator (topology::simulate), so a prediction counts exactly the
+// averages a run makes.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace desloc {
+
+enum class SyncMethod : std::uint8_t {
+  kNone,       // sites never communicate (independent runs; the single-site default)
+  kDdp,        // the gradient is averaged every step
+  kFavg,       // FAVG+OPT / Local SGD with local Adam: x every kx, u and v stay local
+  kFavgReset,  // x every kx; u and v are zeroed after each parameter average
+  kLocalAdam,  // x, u and v every kx
+  kDesloc,     // x every kx, u every ku, v every kv, each with its own phase
+};
+inline constexpr std::array<SyncMethod, 6> kSyncMethods{
+    SyncMethod::kNone,      SyncMethod::kDdp,       SyncMethod::kFavg,
+    SyncMethod::kFavgReset, SyncMethod::kLocalAdam, SyncMethod::kDesloc};
+
+// The config's spelling: "none", "ddp", "favg", "favg_reset", "local_adam", "desloc".
+std::string_view to_string(SyncMethod m);
+std::optional<SyncMethod> parse_sync_method(std::string_view name);
+
+// Whether the method averages x (every method but none and ddp).
+constexpr bool averages_params(SyncMethod m) {
+  return m != SyncMethod::kNone && m != SyncMethod::kDdp;
+}
+// Whether the method shares u and v across sites (a joining site can start from their mean).
+constexpr bool shares_moments(SyncMethod m) {
+  return m == SyncMethod::kLocalAdam || m == SyncMethod::kDesloc;
+}
+
+// A state with period K and phase p is due at the 1-based step t when t >= 1 and
+// (t - p) mod K == 0.
+bool due_at(std::int64_t t, std::int64_t period, std::int64_t phase);
+
+// The states due at one step. `reset_uv` zeroes u and v after the parameter average.
+struct SyncDecision {
+  bool grad = false;
+  bool x = false;
+  bool u = false;
+  bool v = false;
+  bool reset_uv = false;
+  bool any() const { return grad || x || u || v; }
+  int states() const { return int(grad) + int(x) + int(u) + int(v); }
+};
+
+struct SyncSchedule {
+  SyncMethod method = SyncMethod::kNone;
+  std::int64_t kx = 1, ku = 3, kv = 6;  // periods in steps (ku, kv: desloc only)
+  std::int64_t phase_x = 0, phase_u = 0, phase_v = 0;
+
+  SyncDecision at(std::int64_t t) const;
+  // Mean payload per step in units of the model size: 1 for DDP, 1/Kx + 1/Ku + 1/Kv for
+  // DES-LOC, 3/Kx for Local Adam, 1/Kx for the favg methods.
+  double state_syncs_per_step() const;
+};
+
+}  // namespace desloc
