@@ -17,6 +17,7 @@
 #include "desloc/core/file_io.hpp"
 #include "desloc/report/svg_chart.hpp"
 #include "report/jsonl.hpp"
+#include "report/records.hpp"
 
 namespace desloc::report {
 namespace {
@@ -28,30 +29,6 @@ constexpr double kTargetFactor = 1.0;
 // Longer train curves are averaged over equal windows down to about this many points: the
 // chart stays small and per-step noise does not hide the trend.
 constexpr std::size_t kMaxTrainPoints = 800;
-// Header fields shown in the table's "settings" column, in this order.
-constexpr const char* kSettingKeys[] = {"workers", "kx", "ku", "kv", "outer"};
-
-std::int64_t step_of(const JsonValue& record, const std::string& where) {
-  const JsonValue* step = record.find("step");
-  if (step == nullptr || !step->is_number() || !std::isfinite(step->number) || step->number < 0)
-    throw DataError(fmt::format(
-        "{}: a \"{}\" record needs a non-negative numeric \"step\"; was the file written by "
-        "`desloc train`?",
-        where, record.string_or("type", "")));
-  return static_cast<std::int64_t>(step->number);
-}
-
-std::string setting_text(const JsonValue& v) {
-  if (v.is_string()) return v.string;
-  if (v.is_number()) {
-    if (v.number == std::floor(v.number) && std::abs(v.number) < 1e15)
-      return fmt::format("{}", static_cast<long long>(v.number));
-    return fmt::format("{:g}", v.number);
-  }
-  if (v.kind == JsonValue::Kind::kBool) return v.boolean ? "true" : "false";
-  return "";
-}
-
 std::string default_name(const std::string& path) {
   const std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
   const std::string dir = p.parent_path().filename().string();
@@ -141,35 +118,34 @@ RunSeries load_run(const std::string& jsonl_path) {
                       where));
     const std::string type = r.string_or("type", "");
     if (type == "run") {
-      run.name = r.string_or("name", run.name);
-      run.method = r.string_or("method", run.method);
+      const train::RunRecord h = read_run_record(r);
+      if (!h.name.empty()) run.name = h.name;
+      run.method = h.method;
       std::string settings;
-      for (const char* key : kSettingKeys) {
-        const JsonValue* v = r.find(key);
-        if (v == nullptr) continue;
-        const std::string text = setting_text(*v);
-        if (text.empty() || (std::string_view(key) == "outer" && text == "none")) continue;
+      auto add = [&](const char* key, const std::string& text) {
         settings += fmt::format("{}{}={}", settings.empty() ? "" : " ", key, text);
-      }
+      };
+      if (h.workers > 0) add("workers", std::to_string(h.workers));
+      for (const auto& [key, k] :
+           {std::pair{"kx", h.kx}, std::pair{"ku", h.ku}, std::pair{"kv", h.kv}})
+        if (k) add(key, std::to_string(*k));
+      if (!h.outer.empty() && h.outer != "none") add("outer", h.outer);
       run.settings = settings;
     } else if (type == "train") {
+      const train::TrainRecord t = read_train_record(r, where);
       TrainPoint p;
-      p.step = step_of(r, where);
-      p.loss = r.number_or_nan("loss");
-      p.tokens_per_s = r.number_or_nan("tokens_per_s");
+      p.step = t.step;
+      p.loss = t.loss;
+      p.tokens_per_s = t.tokens_per_s;
+      for (std::size_t k = 0; k < p.bytes_by_state.size(); ++k)
+        p.bytes_by_state[k] = static_cast<double>(t.wire[k]);
+      // The total as written: older files have it without the split by state.
       const double bytes = r.number_or_nan("bytes_sent");
-      p.bytes_sent = finite(bytes) ? bytes : 0.0;  // older files: no accounting = no traffic
-      if (const JsonValue* by = r.find("bytes_by_state"); by != nullptr)
-        for (std::size_t k = 0; k < p.bytes_by_state.size(); ++k) {
-          const double b = by->number_or_nan(kStateNames[k]);
-          p.bytes_by_state[k] = finite(b) ? b : 0.0;
-        }
+      p.bytes_sent = std::isfinite(bytes) ? bytes : 0.0;  // no accounting = no traffic
       run.train.push_back(p);
     } else if (type == "eval") {
-      EvalPoint e;
-      e.step = step_of(r, where);
-      e.val_loss = r.number_or_nan("val_loss");
-      run.eval.push_back(e);
+      const train::EvalRecord e = read_eval_record(r, where);
+      run.eval.push_back({e.step, e.val_loss, 0.0});
     }  // other record types are for other tools
   }
   if (run.name.empty()) run.name = default_name(jsonl_path);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <regex>
 
 #include "desloc/core/error.hpp"
@@ -14,6 +15,7 @@
 #include "desloc/report/topology_svg.hpp"
 #include "desloc/topology/topology.hpp"
 #include "report/jsonl.hpp"
+#include "report/records.hpp"
 
 using namespace desloc;
 using namespace desloc::report;
@@ -136,6 +138,74 @@ TEST(Json, ParsesScalarsObjectsArraysAndEscapes) {
   EXPECT_EQ(k->array[1].array[0].number, 2.0);
   EXPECT_TRUE(k->array[2].is_object());
   EXPECT_TRUE(v.find("e")->array.empty());
+}
+
+// The writer and the reader of metrics.jsonl share one definition: every record the trainer
+// writes reads back field for field (non-finite numbers as NaN).
+TEST(MetricsRecords, WhatTheTrainerWritesTheReportReadsBack) {
+  train::TrainRecord t;
+  t.step = 120;
+  t.loss = 2.12954187f;
+  t.lr = 3e-4f;
+  t.grad_norm = std::numeric_limits<float>::quiet_NaN();
+  t.tokens_per_s = 4096.5;
+  t.step_ms = 61.25;
+  t.tokens = 491520;
+  t.workers = 2;
+  t.synced = "xu";
+  t.wire = {0, 1000, 2000, 0};
+  t.payload = {0, 4000, 4000, 0};
+  t.wire_by_worker = {3000, 3000};
+  t.loss_by_site = {2.1f, 2.15890122f};
+  t.site_bytes_sent = 77;
+  const auto back = read_train_record(parse_json(t.to_json(), "t"), "t");
+  EXPECT_EQ(back.step, t.step);
+  EXPECT_EQ(back.loss, 2.129542);  // written with 7 significant digits
+  EXPECT_FLOAT_EQ(float(back.lr), float(t.lr));
+  EXPECT_TRUE(std::isnan(back.grad_norm));
+  EXPECT_DOUBLE_EQ(back.tokens_per_s, t.tokens_per_s);
+  EXPECT_DOUBLE_EQ(back.step_ms, t.step_ms);
+  EXPECT_EQ(back.tokens, t.tokens);
+  EXPECT_EQ(back.workers, t.workers);
+  EXPECT_EQ(back.synced, t.synced);
+  EXPECT_EQ(back.wire, t.wire);
+  EXPECT_EQ(back.payload, t.payload);
+  EXPECT_EQ(back.wire_by_worker, t.wire_by_worker);
+  EXPECT_EQ(back.loss_by_site, t.loss_by_site);  // exact: 9 significant digits
+  EXPECT_EQ(back.site_bytes_sent, t.site_bytes_sent);
+
+  train::RunRecord h;
+  h.name = "quick \"start\"";
+  h.method = "desloc";
+  h.workers = 2;
+  h.kx = 16;
+  h.ku = 48;
+  h.outer = "none";
+  h.parameters = 34688;
+  h.batch = 8;
+  h.seq_len = 128;
+  h.steps = 600;
+  h.config_hash = 0x22da55861280f3a8ULL;
+  h.sites = "west,east";
+  h.ranks_per_site = 2;
+  h.rank = "west/0";
+  h.wan_link = "west/0->east/0";
+  const auto run = read_run_record(parse_json(h.to_json(), "h"));
+  EXPECT_EQ(run.name, h.name);
+  EXPECT_EQ(run.kx, h.kx);
+  EXPECT_EQ(run.ku, h.ku);
+  EXPECT_FALSE(run.kv.has_value());
+  EXPECT_EQ(run.config_hash, h.config_hash);
+  EXPECT_EQ(run.sites, h.sites);
+  EXPECT_EQ(run.ranks_per_site, h.ranks_per_site);
+  EXPECT_EQ(run.wan_link, h.wan_link);
+  EXPECT_EQ(run.parameters, h.parameters);
+
+  const train::EvalRecord e{600, 2.13, 0.5, 2};
+  const auto eval = read_eval_record(parse_json(e.to_json(), "e"), "e");
+  EXPECT_EQ(eval.step, e.step);
+  EXPECT_EQ(eval.val_loss, e.val_loss);
+  EXPECT_EQ(eval.workers, e.workers);
 }
 
 TEST(Json, RejectsMalformedInputWithPlace) {

@@ -1,0 +1,84 @@
+// The records of a run's metrics.jsonl, one struct per "type": written by the trainer
+// (to_json) and read back by `desloc report` (report/records.hpp), so that both sides use the
+// same fields. Non-finite numbers are written as null and read back as NaN.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace desloc::train {
+
+struct RunRecord {  // the first line of a fresh run
+  std::string name, method;
+  int workers = 1;
+  std::optional<std::int64_t> kx, ku, kv;  // null when the method has no such period
+  std::string outer;
+  std::uint64_t parameters = 0;
+  int batch = 0, seq_len = 0;
+  std::int64_t steps = 0;
+  std::uint64_t config_hash = 0;
+  std::string sites;  // comma-separated
+  int ranks_per_site = 1;
+  std::string rank;      // "site/r", or "all" in-process
+  std::string wan_link;  // "west/0->east/0": the link this rank's wire bytes crossed
+  std::string to_json() const;
+};
+
+struct TrainRecord {  // after every step
+  std::int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0;  // written with 7 significant digits
+  double tokens_per_s = 0, step_ms = 0;
+  std::uint64_t tokens = 0;
+  std::size_t workers = 0;
+  std::string synced;                         // the states averaged: "g", "x", "xu", "xuv"...
+  std::array<std::uint64_t, 4> wire{};        // bytes sent, by optim::StateKind
+  std::array<std::uint64_t, 4> payload{};     // bytes averaged, by optim::StateKind
+  std::vector<std::uint64_t> wire_by_worker;  // every replica's total wire bytes
+  std::vector<float> loss_by_site;            // exact (round-trips a float)
+  std::uint64_t site_bytes_sent = 0;          // the site group's bytes (networked)
+  std::string to_json() const;
+};
+
+struct EvalRecord {
+  std::int64_t step = 0;
+  double val_loss = 0;
+  double eval_s = 0;
+  std::size_t workers = 0;
+  std::string to_json() const;
+};
+
+struct RecoveryRecord {  // a rollback into a new membership epoch
+  std::int64_t step = 0, failed_step = 0;
+  std::uint64_t epoch = 0;
+  int sites = 0;
+  std::int64_t replayed_steps = 0;
+  double recover_s = 0;
+  std::uint64_t bytes_resent = 0;
+  std::string to_json() const;
+};
+
+struct RejoinRecord {  // this site came back and received the state
+  std::int64_t step = 0;
+  std::uint64_t epoch = 0;
+  int sites = 0;
+  std::uint64_t state_bytes = 0;
+  double transfer_s = 0;
+  std::string to_json() const;
+};
+
+struct RejectionRecord {  // the payload guard left a site out of an average
+  std::int64_t step = 0;
+  std::string state, site, reason;
+  std::string to_json() const;
+};
+
+struct JoinRecord {  // in-process elastic join
+  std::int64_t step = 0;
+  std::size_t workers_before = 0, workers_after = 0;
+  std::string to_json() const;
+};
+
+}  // namespace desloc::train
