@@ -6,10 +6,10 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
-#include <map>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <map>
 
 #include <chrono>
 #include <cstring>
@@ -121,6 +121,15 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
     }
   EXPECT_EQ(train_field(dir / "launch" / "metrics.jsonl", "val_loss"),
             train_field(dir / "train" / "metrics.jsonl", "val_loss"));
+  // Issue 18, item 12: the summaries report the same quantity, site 0's train loss, named.
+  auto summary = [](const std::string& out) {
+    const auto at = out.find("final train loss ");
+    return at == std::string::npos ? std::string("(none)")
+                                   : out.substr(at, out.find(", val loss", at) - at);
+  };
+  EXPECT_EQ(summary(launched.output), summary(reference.output)) << launched.output;
+  EXPECT_NE(summary(reference.output).find("(site " + sites[0] + ")"), std::string::npos)
+      << reference.output;
 }
 
 TEST(Launch, ThreeSitesOfOneRankReproduceTheInProcessRunBitForBit) {
@@ -288,8 +297,8 @@ TEST(LaunchFaults, ResumeGivenToOnlySomeRanksIsRefusedByEveryRankAndOverwritesNo
 // naming each rank's results, and writes nothing.
 TEST(LaunchFaults, FreshLaunchOverAnotherRunRefusesAndOverwritesNothing) {
   const fs::path dir = fresh_dir("clobber_launch");
-  const fs::path cfg =
-      write_text(dir / "job.toml", with_steps(multi_site_toml(dir / "out", "\"west\", \"east\"", 1), 6));
+  const fs::path cfg = write_text(
+      dir / "job.toml", with_steps(multi_site_toml(dir / "out", "\"west\", \"east\"", 1), 6));
   const auto first = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const auto before = files_under(dir / "out");
@@ -300,6 +309,33 @@ TEST(LaunchFaults, FreshLaunchOverAnotherRunRefusesAndOverwritesNothing) {
       << again.output;
   EXPECT_NE(again.output.find("east/0 (1 checkpoint, "), std::string::npos) << again.output;
   EXPECT_EQ(files_under(dir / "out"), before);
+}
+
+// Issue 18, item 2: `launch --resume` on a run whose ranks went apart (here: east lacks its
+// two newest checkpoints, as a site dropped from the run would) refuses instead of rolling the
+// others back and rewriting their newer checkpoints; --force resumes from the common step.
+TEST(LaunchFaults, ResumeThatWouldDiscardNewerCheckpointsRefusesUnlessForced) {
+  const fs::path dir = fresh_dir("diverged");
+  std::string toml = with_steps(multi_site_toml(dir / "out", "\"west\", \"east\"", 1), 8);
+  toml.replace(toml.find("checkpoint_every = 0"), 20, "checkpoint_every = 2");
+  const fs::path cfg = write_text(dir / "job.toml", toml);
+  const auto first = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const fs::path east = dir / "out" / "ranks" / "east-0" / "checkpoints";
+  for (int step : {6, 8}) fs::remove(train::checkpoint_path(east.string(), step));
+  const auto west_before = files_under(dir / "out" / "checkpoints");
+  const auto refused =
+      run_command(std::string(DESLOC_CLI) + " launch --resume --config " + cfg.string());
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("the ranks' checkpoints went apart: the newest step all of them "
+                                "hold is 4, but some hold up to step 8"),
+            std::string::npos)
+      << refused.output;
+  EXPECT_EQ(files_under(dir / "out" / "checkpoints"), west_before);
+  const auto forced =
+      run_command(std::string(DESLOC_CLI) + " launch --resume --force --config " + cfg.string());
+  EXPECT_EQ(forced.exit_code, 0) << forced.output;
+  EXPECT_NE(forced.output.find("trained steps 4..8"), std::string::npos) << forced.output;
 }
 
 }  // namespace
