@@ -1,6 +1,6 @@
 // `desloc report RUNS... --out report.html`: compares training runs in one self-contained HTML
 // page. A RUN is a metrics.jsonl, a run directory holding one, or a directory of run directories.
-#include "report_command.hpp"
+#include "commands.hpp"
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,11 +25,6 @@ struct ReportOptions {
   std::string out = "report.html";
   std::string title = "desloc training runs";
 };
-
-ReportOptions& options() {
-  static ReportOptions opts;
-  return opts;
-}
 
 // One argument -> the metrics files it names, in a stable order.
 std::vector<std::string> metrics_files(const std::string& arg) {
@@ -54,10 +50,20 @@ std::vector<std::string> metrics_files(const std::string& arg) {
   return found;
 }
 
+int run_report(const ReportOptions& o) {
+  std::vector<std::string> files;
+  for (const std::string& arg : o.runs)
+    for (std::string& f : metrics_files(arg)) files.push_back(std::move(f));
+  report::write_report(files, o.out, o.title);
+  std::printf("wrote %s (%zu run%s)\n", o.out.c_str(), files.size(), files.size() == 1 ? "" : "s");
+  return 0;
+}
+
 }  // namespace
 
-CLI::App* add_report_command(CLI::App& app) {
-  ReportOptions& o = options();
+Command add_report(CLI::App& app) {
+  auto opts = std::make_shared<ReportOptions>();
+  ReportOptions& o = *opts;
   auto* cmd = app.add_subcommand(
       "report", "compare training runs in one self-contained HTML page (tables and SVG charts)");
   cmd->add_option("runs", o.runs,
@@ -65,17 +71,7 @@ CLI::App* add_report_command(CLI::App& app) {
       ->required();
   cmd->add_option("-o,--out", o.out, "the HTML file to write")->capture_default_str();
   cmd->add_option("--title", o.title, "the page title")->capture_default_str();
-  return cmd;
-}
-
-int run_report_command() {
-  const ReportOptions& o = options();
-  std::vector<std::string> files;
-  for (const std::string& arg : o.runs)
-    for (std::string& f : metrics_files(arg)) files.push_back(std::move(f));
-  report::write_report(files, o.out, o.title);
-  std::printf("wrote %s (%zu run%s)\n", o.out.c_str(), files.size(), files.size() == 1 ? "" : "s");
-  return 0;
+  return {cmd, [opts] { return run_report(*opts); }};
 }
 
 }  // namespace desloc::cli

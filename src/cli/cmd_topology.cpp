@@ -1,0 +1,230 @@
+// `desloc plan` and `desloc simulate`: choose periods and a ring order from a measured topology,
+// and predict a job on one.
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "desloc/core/error.hpp"
+#include "desloc/core/file_io.hpp"
+#include "desloc/model/param_layout.hpp"
+#include "desloc/report/svg_chart.hpp"
+#include "desloc/report/topology_svg.hpp"
+#include "desloc/topology/planner.hpp"
+#include "desloc/topology/simulator.hpp"
+#include "desloc/train/config.hpp"
+#include "desloc/transport/ring_order.hpp"
+#include "flag_checks.hpp"
+
+namespace desloc::cli {
+namespace {
+
+struct PlanOptions {
+  std::string topology, config, out, svg_dir;
+  double target = 0.05;
+  bool overlap = false;
+};
+
+int run_plan(const PlanOptions& o) {
+  const std::string& topology_path = o.topology;
+  const std::string& out = o.out;
+  const std::string& svg_dir = o.svg_dir;
+  const auto cfg = train::load_config(o.config);
+  const auto topo = topology::load_topology(topology_path);
+  const auto sites = cfg.site_names();
+  for (const auto& s : sites) topo.site(s);  // every job site must be in the topology
+  topology::PlanRequest req;
+  req.state_bytes = 4.0 * model::parameter_count(cfg.model);
+  req.target_overhead = o.target;
+  req.beta1 = cfg.optim.beta1;
+  req.beta2 = cfg.optim.beta2;
+  req.steps = cfg.train.steps;
+  req.overlap = o.overlap;
+  req.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(sites.size()));
+  const auto plan = topology::make_plan(topo, req);
+  for (const auto& line : plan.explanation) std::printf("%s\n", line.c_str());
+  std::printf("\n%s", plan.config_fragment.c_str());
+  if (!out.empty()) {
+    const auto& text = plan.config_fragment;
+    write_file_atomic(out, {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
+    std::printf("wrote %s\n", out.c_str());
+  }
+  if (!svg_dir.empty()) {
+    std::filesystem::create_directories(svg_dir);
+    const std::string diagram = svg_dir + "/topology.svg", heat = svg_dir + "/bandwidth.svg";
+    report::write_svg_file(diagram,
+                           report::svg_topology_diagram(
+                               topo, plan.chosen.order,
+                               fmt::format("{}: {} ({:.3f} s per all-reduce), Kx {}", topology_path,
+                                           plan.chosen.describe(), plan.chosen.seconds, plan.kx)));
+    report::write_svg_file(
+        heat, report::svg_bandwidth_heatmap(topo, "measured bandwidth, " + topology_path));
+    std::printf("wrote %s and %s\n", diagram.c_str(), heat.c_str());
+  }
+  return 0;
+}
+
+struct SimulateOptions {
+  std::string topology, config, methods = "none,ddp,local_adam,desloc";
+  std::int64_t steps = 0;  // 0 = train.steps
+  bool overlap = false;
+  double jitter = 0.0, link_scale = 1.0, step_scale = 1.0, params = 0.0;  // params 0 = config's
+};
+
+// The simulator walks every step; beyond this a run takes minutes per method.
+constexpr std::int64_t kMaxSimulatedSteps = 1'000'000'000;
+
+// "--methods none,ddp" -> {kNone, kDdp}; ConfigError for no name at all or an unknown one.
+std::vector<SyncMethod> parse_methods(const std::string& text) {
+  std::string valid;
+  for (const auto m : kSyncMethods)
+    valid += fmt::format("{}{}", valid.empty() ? "" : ", ", to_string(m));
+  std::vector<SyncMethod> methods;
+  std::string list = text + ",";
+  for (std::size_t at = 0, next; (next = list.find(',', at)) != std::string::npos; at = next + 1) {
+    const std::string m = list.substr(at, next - at);
+    if (m.empty()) continue;
+    const auto method = parse_sync_method(m);
+    if (!method)
+      throw ConfigError(
+          fmt::format("--methods: unknown method '{}'; the simulator models {}", m, valid));
+    methods.push_back(*method);
+  }
+  if (methods.empty())
+    throw ConfigError(fmt::format(
+        "--methods '{}' names no method; give a comma-separated list of {}", text, valid));
+  return methods;
+}
+
+int run_simulate(const SimulateOptions& o) {
+  const auto methods = parse_methods(o.methods);
+  const auto cfg = train::load_config(o.config);
+  auto topo = topology::load_topology(o.topology);
+  // The scales are checked finite and positive; their products must stay so too.
+  for (auto& l : topo.links) {
+    l.bandwidth_bps *= o.link_scale;
+    if (!(std::isfinite(l.bandwidth_bps) && l.bandwidth_bps > 0))
+      throw ConfigError(fmt::format(
+          "--link-scale {}: the link {} -> {} would carry {} bytes/s; choose a scale that keeps "
+          "every bandwidth finite and positive",
+          o.link_scale, l.from, l.to, l.bandwidth_bps));
+  }
+  for (auto& site : topo.sites) {
+    site.step_s *= o.step_scale;
+    if (!(std::isfinite(site.step_s) && site.step_s > 0))
+      throw ConfigError(fmt::format(
+          "--step-scale {}: site {}'s step would take {} s; choose a scale that keeps every step "
+          "time finite and positive",
+          o.step_scale, site.name, site.step_s));
+  }
+  const double params = o.params > 0 ? o.params : model::parameter_count(cfg.model);
+  topology::SimJob base;
+  base.steps = o.steps > 0 ? o.steps : cfg.train.steps;
+  if (base.steps > kMaxSimulatedSteps)
+    throw ConfigError(
+        fmt::format("{}: train.steps = {} is more than the simulator walks ({}); pass --steps",
+                    cfg.source, cfg.train.steps, kMaxSimulatedSteps));
+  base.state_bytes = 4.0 * params;
+  base.overlap = o.overlap;
+  base.jitter = o.jitter;
+  base.ring = cfg.site_names();
+  base.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(base.ring.size()));
+  for (const auto& s : base.ring) topo.site(s);
+  // The job's periods and phases, whichever method each row simulates; a job that is not
+  // desloc compares against desloc at the paper's ratios Ku = 3 Kx, Kv = 6 Kx.
+  auto sync = cfg.sync;
+  if (sync.method != SyncMethod::kDesloc) sync = {.kx = cfg.sync.kx};
+  sync.method = SyncMethod::kDesloc;
+  base.schedule = sync.schedule();
+  std::printf(
+      "simulate: %zu sites, %.3g parameters (%.2f MB per state), %lld steps, Kx %lld, "
+      "Ku %lld, Kv %lld, %s syncs, compute jitter %.2f\n",
+      topo.sites.size(), params, base.state_bytes / 1e6, static_cast<long long>(base.steps),
+      static_cast<long long>(base.schedule.kx), static_cast<long long>(base.schedule.ku),
+      static_cast<long long>(base.schedule.kv), o.overlap ? "overlapped" : "blocking", o.jitter);
+  std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s\n", "method", "ms/step", "total", "comm s",
+              "wait s", "syncs", "MB/site", "vs none");
+  double none_total = 0;
+  for (const auto& method : methods) {
+    auto job = base;
+    job.schedule.method = method;
+    const auto r = topology::simulate(topo, job);
+    if (method == SyncMethod::kNone) none_total = r.total_s;
+    const std::string total = r.total_s >= 86400  ? fmt::format("{:.2f} days", r.total_s / 86400)
+                              : r.total_s >= 3600 ? fmt::format("{:.2f} h", r.total_s / 3600)
+                                                  : fmt::format("{:.1f} s", r.total_s);
+    std::printf("%-11s %10.1f %12s %10.3f %10.3f %8lld %12.1f %9s\n",
+                std::string(to_string(method)).c_str(), r.step_s * 1e3, total.c_str(), r.comm_s,
+                r.wait_s, static_cast<long long>(r.syncs), r.bytes_per_site / 1e6,
+                none_total > 0 ? fmt::format("{:.3f}x", r.total_s / none_total).c_str() : "-");
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Command> add_topology_commands(CLI::App& app) {
+  auto plan_opts = std::make_shared<PlanOptions>();
+  PlanOptions& p = *plan_opts;
+  auto* plan = app.add_subcommand(
+      "plan",
+      "choose the wide-area ring order, Kx, Ku, Kv and their phases from a measured topology "
+      "(topology.toml) and a job, with the reasons; prints a config fragment");
+  plan->add_option("--topology", p.topology, "topology.toml (sites, step times, links)")
+      ->required();
+  plan->add_option("-c,--config", p.config, "job config (model size, betas, steps)")->required();
+  plan->add_option("--target-overhead", p.target,
+                   "communication time as a fraction of compute time; refused when Kx would "
+                   "have to exceed train.steps")
+      ->check(finite_above(0, "communication time / compute time, e.g. 0.05"))
+      ->capture_default_str();
+  plan->add_flag("--overlap", p.overlap,
+                 "price syncs as overlapped with compute (a what-if: desloc's syncs block)");
+  plan->add_option("--out", p.out, "also write the config fragment to this file");
+  plan->add_option("--svg", p.svg_dir,
+                   "write topology.svg (sites, links, the chosen ring) and bandwidth.svg (the "
+                   "bandwidth matrix as a heatmap) into this directory");
+
+  auto sim_opts = std::make_shared<SimulateOptions>();
+  SimulateOptions& s = *sim_opts;
+  auto* simulate = app.add_subcommand(
+      "simulate",
+      "predict step time and time to N steps of DDP, Local Adam and DES-LOC on a topology "
+      "(discrete-event model); what-ifs scale the links, the compute or the model");
+  simulate->add_option("--topology", s.topology, "topology.toml")->required();
+  simulate->add_option("-c,--config", s.config, "job config (model, periods, steps, sites)")
+      ->required();
+  simulate->add_option("--steps", s.steps, "steps to simulate (default: train.steps)")
+      ->check(whole_in(1, kMaxSimulatedSteps, "steps to simulate"));
+  simulate
+      ->add_option("--methods", s.methods,
+                   "comma-separated methods, of none, ddp, favg, favg_reset, local_adam, "
+                   "desloc")
+      ->capture_default_str();
+  simulate->add_flag("--overlap", s.overlap, "syncs run under the next steps' compute");
+  simulate
+      ->add_option("--jitter", s.jitter,
+                   "per-step compute noise (sigma of a log-normal factor, e.g. 0.3)")
+      ->check(finite_at_least(0, "sigma of the log-normal compute noise"))
+      ->capture_default_str();
+  simulate->add_option("--link-scale", s.link_scale, "what-if: multiply every bandwidth")
+      ->check(finite_above(0, "factor on every bandwidth"))
+      ->capture_default_str();
+  simulate->add_option("--step-scale", s.step_scale, "what-if: multiply every step time")
+      ->check(finite_above(0, "factor on every step time"))
+      ->capture_default_str();
+  simulate->add_option("--params", s.params, "what-if: model parameters (default: the config's)")
+      ->check(finite_above(0, "model parameters"));
+
+  return {{plan, [plan_opts] { return run_plan(*plan_opts); }},
+          {simulate, [sim_opts] { return run_simulate(*sim_opts); }}};
+}
+
+}  // namespace cli
