@@ -18,6 +18,8 @@ find_package(fmt REQUIRED)
 find_package(Boost 1.74 REQUIRED)
 find_package(OpenSSL REQUIRED)
 pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
+# The test bed's delay line (src/netbed/netdelay.cpp): packets from an iptables NFQUEUE.
+pkg_check_modules(NETFILTER_QUEUE REQUIRED IMPORTED_TARGET libnetfilter_queue)
 
 if(DESLOC_TESTS)
   find_package(GTest REQUIRED)

@@ -18,6 +18,7 @@ usage() {
 usage:
   $prog up     --name BED --sites A,B[,C...] [--rate A-B=100mbit,A>C=1gbit,...]
                [--default-rate 1gbit] [--shaper htb|tbf] [--subnet 10.77.0.0/24]
+               [--rtt A-B=40ms,A>C=10ms,...] [--jitter A-B=1ms,...] [--loss A-B=0.1%,...]
   $prog down   --name BED
   $prog status [--name BED]
   $prog env    --name BED --site A
@@ -30,6 +31,12 @@ usage:
   --shaper htb (default): one htb class per destination, u32 filter on the destination IP.
            tbf: one token bucket per site egress; needs every site's destinations at one rate
            (e.g. two sites: a single link).
+  --rtt A-B=T adds a round trip T to the pair, half in each direction; A>B=T delays only A to B
+         by T (one way). --jitter A-B=T adds normal noise of sigma T to each direction's delay
+         (packets are never reordered); --loss A-B=P drops P (e.g. 0.1%) of each direction's
+         packets. T: <number>(us|ms|s). The delays are held by desloc-netdelay (built with the
+         project; \$NETBED_NETDELAY, else build/src/, else PATH) at the receiving site's INPUT
+         hook through an iptables NFQUEUE rule, one queue per sending site (docs/netbed.md).
 Runs as root. 'up' removes everything it made if it fails; 'down' is idempotent and also
 terminates processes still running inside the bed's namespaces.
 EOF
@@ -60,6 +67,65 @@ rate_bits() {
     gbit) awk -v n="$num" 'BEGIN { printf "%.0f", n * 1e9 }' ;;
     *) die "bad rate unit in '$r'" ;;
   esac
+}
+
+valid_duration() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?(us|ms|s)$ ]]; }
+valid_loss() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?%$ ]] && awk -v p="${1%\%}" 'BEGIN { exit !(p < 100) }'; }
+
+# A duration -> microseconds (a decimal), times $2 (default 1).
+duration_us() {
+  [[ $1 =~ ^([0-9]+(\.[0-9]+)?)(us|ms|s)$ ]] || die "bad duration '$1'"
+  local scale=1
+  case ${BASH_REMATCH[3]} in ms) scale=1000 ;; s) scale=1000000 ;; esac
+  awk -v n="${BASH_REMATCH[1]}" -v s="$scale" -v f="${2:-1}" 'BEGIN { printf "%.3f", n * s * f }'
+}
+
+# Parses a pair list "A-B=V,A>C=V" of option $1 (text $2) into the associative array named $5,
+# keyed "src>dst": A-B sets both directions, A>B one. $3 validates a value, $4 describes one;
+# $6 "halve" stores V/2 for an A-B pair (a round trip split over its two directions) and V for
+# A>B, in microseconds. Uses the caller's sites_csv and index[].
+# shellcheck disable=SC2034  # out is a nameref: the caller reads what is stored through it
+parse_pairs() {
+  local opt=$1 csv=$2 check=$3 want=$4 how=$6 item lhs v one both
+  local -a items
+  local -n out=$5
+  local -A seen=()
+  [[ -n $csv ]] || return 0
+  IFS=, read -r -a items <<<"$csv"
+  for item in "${items[@]}"; do
+    [[ $item =~ ^([^=]+)=(.*)$ ]] || die "up: bad $opt entry '$item' (want A-B=V or A>B=V)"
+    lhs=${BASH_REMATCH[1]}; v=${BASH_REMATCH[2]}
+    "$check" "$v" || die "up: bad value '$v' in $opt '$item' (want $want)"
+    [[ $lhs =~ ^([^->]+)([->])([^->]+)$ ]] || die "up: bad pair '$lhs' in $opt '$item' (want A-B or A>B)"
+    local a=${BASH_REMATCH[1]} sep=${BASH_REMATCH[2]} b=${BASH_REMATCH[3]}
+    [[ -n ${index[$a]:-} ]] || die "up: unknown site '$a' in $opt '$item' (sites: $sites_csv)"
+    [[ -n ${index[$b]:-} ]] || die "up: unknown site '$b' in $opt '$item' (sites: $sites_csv)"
+    [[ $a != "$b" ]] || die "up: $opt '$item' links a site to itself"
+    one=$v; both=$v
+    if [[ $how == halve ]]; then one=$(duration_us "$v"); both=$(duration_us "$v" 0.5); fi
+    [[ -z ${seen[$a>$b]:-} ]] || die "up: $opt for $a>$b given twice"
+    seen[$a>$b]=1
+    if [[ $sep == - ]]; then
+      [[ -z ${seen[$b>$a]:-} ]] || die "up: $opt for $b>$a given twice"
+      seen[$b>$a]=1
+      out["$a>$b"]=$both; out["$b>$a"]=$both
+    else
+      out["$a>$b"]=$one
+    fi
+  done
+}
+
+# The delay program: $NETBED_NETDELAY, the build next to this script, or PATH.
+find_netdelay() {
+  local here candidate
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  for candidate in "${NETBED_NETDELAY:-}" "$here/../build/src/desloc-netdelay" "$(command -v desloc-netdelay || true)"; do
+    if [[ -n $candidate && -x $candidate ]]; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
 }
 
 require_root() {
@@ -114,11 +180,15 @@ fail_point() {  # test hook: NETBED_FAIL_AT=<point> makes 'up' fail there (tests
 
 cmd_up() {
   local bed='' sites_csv='' rates_csv='' default_rate=1gbit shaper=htb subnet=$kDefaultSubnet
+  local rtt_csv='' jitter_csv='' loss_csv=''
   while [[ $# -gt 0 ]]; do
     case $1 in
       --name) bed=${2:-}; shift 2 ;;
       --sites) sites_csv=${2:-}; shift 2 ;;
       --rate) rates_csv=${2:-}; shift 2 ;;
+      --rtt) rtt_csv=${2:-}; shift 2 ;;
+      --jitter) jitter_csv=${2:-}; shift 2 ;;
+      --loss) loss_csv=${2:-}; shift 2 ;;
       --default-rate) default_rate=${2:-}; shift 2 ;;
       --shaper) shaper=${2:-}; shift 2 ;;
       --subnet)
@@ -149,30 +219,12 @@ cmd_up() {
   done
 
   # rate[src>dst] for every ordered pair: explicit entries first, then the default.
-  local -A rate=() explicit=()
-  local item lhs r a b
-  if [[ -n $rates_csv ]]; then
-    IFS=, read -r -a items <<<"$rates_csv"
-    for item in "${items[@]}"; do
-      [[ $item =~ ^([^=]+)=(.*)$ ]] || die "up: bad --rate entry '$item' (want A-B=100mbit or A>B=100mbit)"
-      lhs=${BASH_REMATCH[1]}; r=${BASH_REMATCH[2]}
-      valid_rate "$r" || die "up: bad rate '$r' in '$item' (want <number>(bit|kbit|mbit|gbit), e.g. 300mbit)"
-      if [[ $lhs =~ ^([^->]+)([->])([^->]+)$ ]]; then
-        a=${BASH_REMATCH[1]}; b=${BASH_REMATCH[3]}
-      else
-        die "up: bad pair '$lhs' in '$item' (want A-B or A>B)"
-      fi
-      [[ -n ${index[$a]:-} ]] || die "up: unknown site '$a' in '$item' (sites: $sites_csv)"
-      [[ -n ${index[$b]:-} ]] || die "up: unknown site '$b' in '$item' (sites: $sites_csv)"
-      [[ $a != "$b" ]] || die "up: '$item' links a site to itself"
-      [[ -z ${explicit[$a>$b]:-} ]] || die "up: rate for $a>$b given twice"
-      rate[$a>$b]=$r; explicit[$a>$b]=1
-      if [[ ${BASH_REMATCH[2]} == - ]]; then
-        [[ -z ${explicit[$b>$a]:-} ]] || die "up: rate for $b>$a given twice"
-        rate[$b>$a]=$r; explicit[$b>$a]=1
-      fi
-    done
-  fi
+  local -A rate=() delay=() jitter=() loss=()
+  local a b r
+  parse_pairs --rate "$rates_csv" valid_rate "<number>(bit|kbit|mbit|gbit), e.g. 300mbit" rate same
+  parse_pairs --rtt "$rtt_csv" valid_duration "<number>(us|ms|s), e.g. 40ms" delay halve
+  parse_pairs --jitter "$jitter_csv" valid_duration "<number>(us|ms|s), e.g. 1ms" jitter same
+  parse_pairs --loss "$loss_csv" valid_loss "a percentage below 100, e.g. 0.1%" loss same
   for a in "${sites[@]}"; do
     for b in "${sites[@]}"; do
       [[ $a == "$b" ]] && continue
@@ -196,6 +248,12 @@ cmd_up() {
   require_root
   require_netns
   command -v tc >/dev/null 2>&1 || die "'tc' (iproute2) not found; install iproute2"
+  local netdelay=''
+  if [[ ${#delay[@]} -gt 0 || ${#jitter[@]} -gt 0 || ${#loss[@]} -gt 0 ]]; then
+    netdelay=$(find_netdelay) ||
+      die "up: --rtt, --jitter and --loss need desloc-netdelay: build the project (cmake --build build), or set NETBED_NETDELAY to its path"
+    command -v iptables >/dev/null 2>&1 || die "up: --rtt, --jitter and --loss need iptables (Debian package iptables)"
+  fi
   [[ -z $(bed_namespaces "$bed") ]] || die "up: bed '$bed' already exists; run: $prog down --name $bed"
 
   # From here on, anything that fails removes the whole bed.
@@ -253,16 +311,52 @@ cmd_up() {
   done
   fail_point after-shaping
 
+  # Delays, jitter and loss: at each receiving site b, one NFQUEUE per sending site a (queue
+  # number = a's index), held by one desloc-netdelay in b's namespace. The program binds its
+  # queues before the rules send packets to them, so no packet meets an unbound queue.
+  local -a queues
+  local log_dir="/run/netbed-$bed"
+  for b in "${sites[@]}"; do
+    queues=()
+    for a in "${sites[@]}"; do
+      [[ $a == "$b" ]] && continue
+      [[ -n ${delay[$a>$b]:-}${jitter[$a>$b]:-}${loss[$a>$b]:-} ]] || continue
+      queues+=("--queue" "${index[$a]}=${delay[$a>$b]:-0}us/${jitter[$a>$b]:-0}/${loss[$a>$b]:-0%}")
+    done
+    [[ ${#queues[@]} -gt 0 ]] || continue
+    s_ns=$(ns_site "$bed" "$b")
+    mkdir -p "$log_dir"
+    setsid ip netns exec "$s_ns" "$netdelay" "${queues[@]}" </dev/null >>"$log_dir/$b.netdelay.log" 2>&1 &
+    for _ in $(seq 100); do
+      grep -q "ready" "$log_dir/$b.netdelay.log" 2>/dev/null && break
+      grep -q "error" "$log_dir/$b.netdelay.log" 2>/dev/null && break
+      sleep 0.05
+    done
+    grep -q "ready" "$log_dir/$b.netdelay.log" ||
+      die "up: desloc-netdelay did not start in site $b: $(cat "$log_dir/$b.netdelay.log")"
+    for a in "${sites[@]}"; do
+      [[ $a == "$b" ]] && continue
+      [[ -n ${delay[$a>$b]:-}${jitter[$a>$b]:-}${loss[$a>$b]:-} ]] || continue
+      ip netns exec "$s_ns" iptables -w 5 -A INPUT -s "$subnet.${index[$a]}" -j NFQUEUE --queue-num "${index[$a]}"
+    done
+  done
+  fail_point after-delays
+
   up_done=1
   trap - EXIT INT TERM ERR
 
   echo "netbed '$bed': ${#sites[@]} sites on $subnet.0/24, shaper $shaper, bridge namespace $br"
-  printf '%-16s %-24s %-15s %-15s %s\n' SITE NAMESPACE DEVICE ADDRESS "EGRESS RATE TO"
+  printf '%-16s %-24s %-15s %-15s %s\n' SITE NAMESPACE DEVICE ADDRESS "EGRESS RATE TO (one-way delay/jitter/loss)"
   for a in "${sites[@]}"; do
     i=${index[$a]}
     local to=""
     for b in "${sites[@]}"; do
-      if [[ $a != "$b" ]]; then to+="$b=${rate[$a>$b]} "; fi
+      [[ $a == "$b" ]] && continue
+      to+="$b=${rate[$a>$b]}"
+      if [[ -n ${delay[$a>$b]:-}${jitter[$a>$b]:-}${loss[$a>$b]:-} ]]; then
+        to+="($(awk -v u="${delay[$a>$b]:-0}" 'BEGIN { printf "%gms", u / 1000 }')/${jitter[$a>$b]:-0}/${loss[$a>$b]:-0%})"
+      fi
+      to+=" "
     done
     printf '%-16s %-24s %-15s %-15s %s\n' "$a" "$(ns_site "$bed" "$a")" "$(dev_site "$bed" "$i")" "$subnet.$i" "$to"
   done
@@ -270,9 +364,11 @@ cmd_up() {
 
 # ---- down -----------------------------------------------------------------------------------
 do_down() {
-  local bed=$1 ns pid pids=() link
+  local bed=$1 ns pid pids=() link idx site addr dev
   local -a nss
+  local -A site_of=()
   mapfile -t nss < <(bed_namespaces "$bed")
+  while read -r idx site addr dev; do site_of[$idx]=$site; done < <(bed_sites "$bed")
   # Processes still inside the bed would keep its namespaces (and veths) alive after
   # 'ip netns del'; terminate them first, by pid.
   for ns in "${nss[@]}"; do
@@ -286,6 +382,19 @@ do_down() {
       sleep 0.2
     done
     kill -KILL "${pids[@]}" 2>/dev/null || true
+  fi
+  # What the delay lines did (desloc-netdelay prints it when terminated), then their logs go.
+  local log_dir="/run/netbed-$bed" log q rest
+  if [[ -d $log_dir ]]; then
+    for log in "$log_dir"/*.netdelay.log; do
+      [[ -e $log ]] || continue
+      site=$(basename "$log" .netdelay.log)
+      while read -r q rest; do
+        say "delays into $site from ${site_of[$q]:-queue $q}: $rest"
+      done < <(sed -nE 's/^desloc-netdelay: queue ([0-9]+) (.*)$/\1 \2/p' "$log")
+      grep -E "overflowed|error" "$log" | sed "s/^/$prog: $site: /" >&2 || true
+    done
+    rm -rf "$log_dir"
   fi
   # A namespace whose last process just died can still be pinned for a moment by that
   # process's mount namespace ('ip netns exec' makes one), so deletion is retried briefly.
@@ -369,6 +478,26 @@ cmd_status() {
       awk '{ for (i = 1; i < NF; i++) if ($i == "rate") { print $2, $3, $(i + 1); break } }' |
       awk '$1 == "htb" || $1 == "tbf"')
     printf '%-16s %-15s %-15s %s\n' "$site" "$dev" "$addr" "${shaping:-none}"
+  done < <(bed_sites "$bed")
+  # The delay lines, read off the running desloc-netdelay processes' command lines.
+  local pid arg q spec delays any=''
+  while read -r idx site addr dev; do
+    ns=$(ns_site "$bed" "$site")
+    delays=""
+    while read -r pid; do
+      [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == desloc-netdela* ]] || continue
+      while read -r arg; do
+        [[ $arg =~ ^([0-9]+)=([^/]+)us/([^/]+)/(.+)$ ]] || continue
+        q=${BASH_REMATCH[1]}
+        spec="$(awk -v u="${BASH_REMATCH[2]}" 'BEGIN { printf "%gms", u / 1000 }')/${BASH_REMATCH[3]}/${BASH_REMATCH[4]}"
+        delays+="${site_of[$q]:-queue $q}=$spec "
+      done < <(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null)
+    done < <(ip netns pids "$ns" 2>/dev/null || true)
+    if [[ -n $delays ]]; then
+      [[ -n $any ]] || printf '%-16s %s\n' SITE "DELAY/JITTER/LOSS OF PACKETS ARRIVING FROM (desloc-netdelay)"
+      any=1
+      printf '%-16s %s\n' "$site" "$delays"
+    fi
   done < <(bed_sites "$bed")
 }
 
