@@ -19,7 +19,7 @@ usage() {
 usage: $prog [--build DIR] [--quick] [--scenarios NAME,...] [--impls desloc,gloo,mpi]
        [--repeats N] [--warmup N] [--rndv-thresh inf|auto|BYTES] [--mpi-alg ring|default|N]
        [--bytes-100m BYTES] [--bytes-1g BYTES] [--results DIR] [--no-goodput] [--python PATH]
-       [--desloc-args "--chunk-bytes B --inflight K"]
+       [--desloc-args "--chunk-bytes B --inflight K"] [--rtt T] [--tcp-buffer BYTES]
 
 Runs as root (network namespaces). For every scenario it brings a bed up, measures the TCP
 goodput of the ring's links (iperf3, all flows at once), runs desloc, gloo and Open MPI ranks
@@ -38,6 +38,10 @@ goodput of the ring's links (iperf3, all flows at once), runs desloc, gloo and O
   --results DIR      keep records and logs there (default: a temporary directory, removed)
   --no-goodput       skip the iperf3 measurement
   --desloc-args      extra options for each desloc rank (bench_wan_allreduce rank --help)
+  --rtt T            a round trip T (e.g. 40ms) on every link of every scenario (netbed.sh --rtt,
+                     held by DIR/src/desloc-netdelay); default none
+  --tcp-buffer BYTES largest TCP send/receive buffer in every site (netbed.sh --tcp-buffer);
+                     default: Linux's (send 4 MiB here)
 Exit status: 0 all targets met, 3 some target missed, 1 a failure (desloc failed or bad usage).
 EOF
 }
@@ -74,6 +78,8 @@ results=
 goodput=1
 python=/usr/bin/python3
 desloc_args=()
+rtt=
+tcp_buffer=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) build=${2:?}; shift 2 ;;
@@ -90,6 +96,8 @@ while [[ $# -gt 0 ]]; do
     --no-goodput) goodput=0; shift ;;
     --python) python=${2:?}; shift 2 ;;
     --desloc-args) read -r -a desloc_args <<<"${2:?}"; shift 2 ;;
+    --rtt) rtt=${2:?}; shift 2 ;;
+    --tcp-buffer) tcp_buffer=${2:?}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
@@ -136,6 +144,11 @@ fi
 bin=$build/bench/bench_wan_allreduce
 [[ -x $bin ]] || die "$bin not found; build it: cmake --build $build --target bench_wan_allreduce"
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+if [[ -n $rtt ]]; then
+  [[ -x $build/src/desloc-netdelay ]] || die "--rtt needs $build/src/desloc-netdelay; build it: cmake --build $build --target desloc-netdelay"
+  NETBED_NETDELAY=$(cd "$build/src" && pwd)/desloc-netdelay
+  export NETBED_NETDELAY
+fi
 mpi_bin=
 if [[ -n ${want_impl[mpi]:-} ]]; then
   command -v mpirun >/dev/null 2>&1 || die "mpirun not found: scripts/install_deps.sh installs openmpi-bin"
@@ -337,6 +350,18 @@ run_scenario() {
   limit=$(awk -v t="$ideal_s" -v k="$((1 + warmup + repeats))" -v d="$deadline" \
     'BEGIN { printf "%d", d + 60 + 4 * k * t }')
 
+  if [[ -n $rtt ]]; then
+    local pairs='' i j
+    for ((i = 0; i < n; i++)); do
+      for ((j = i + 1; j < n; j++)); do pairs+="${pairs:+,}${sites[i]}-${sites[j]}=$rtt"; done
+    done
+    rargs+=(--rtt "$pairs")
+    link+=", round trip $rtt"
+  fi
+  if [[ -n $tcp_buffer ]]; then
+    rargs+=(--tcp-buffer "$tcp_buffer")
+    link+=", TCP buffers $((tcp_buffer / kMiB)) MiB"
+  fi
   say "scenario $name: bringing up $n sites ($link)"
   "$netbed" up --name "$bed" --sites "$sites_csv" "${rargs[@]}" >"$dir/netbed.log"
   bed_is_up=1
@@ -348,6 +373,7 @@ run_scenario() {
     echo "sites=$sites_csv"
     if [[ $rate_args == --default-rate* ]]; then echo "rates=every link ${rate_args#--default-rate }"; else echo "rates=${rate_args#--rate }"; fi
     echo "link=$link"
+    echo "rtt=${rtt:-0}"
     echo "bottleneck_mbit=$bottleneck"
     echo "bytes=$bytes"
     echo "ceiling_mbit=$ceiling"

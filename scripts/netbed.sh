@@ -19,6 +19,7 @@ usage:
   $prog up     --name BED --sites A,B[,C...] [--rate A-B=100mbit,A>C=1gbit,...]
                [--default-rate 1gbit] [--shaper htb|tbf] [--subnet 10.77.0.0/24]
                [--rtt A-B=40ms,A>C=10ms,...] [--jitter A-B=1ms,...] [--loss A-B=0.1%,...]
+               [--tcp-buffer BYTES]
   $prog down   --name BED
   $prog status [--name BED]
   $prog env    --name BED --site A
@@ -37,6 +38,9 @@ usage:
          packets. T: <number>(us|ms|s). The delays are held by desloc-netdelay (built with the
          project; \$NETBED_NETDELAY, else build/src/, else PATH) at the receiving site's INPUT
          hook through an iptables NFQUEUE rule, one queue per sending site (docs/netbed.md).
+  --tcp-buffer BYTES sets the largest TCP send and receive buffer of every site (the third field
+         of net.ipv4.tcp_wmem and tcp_rmem in its namespace); without it a site has Linux's
+         defaults (send 4 MiB here), which cap a link's throughput at BYTES / round trip.
 Runs as root. 'up' removes everything it made if it fails; 'down' is idempotent and also
 terminates processes still running inside the bed's namespaces.
 EOF
@@ -180,7 +184,7 @@ fail_point() {  # test hook: NETBED_FAIL_AT=<point> makes 'up' fail there (tests
 
 cmd_up() {
   local bed='' sites_csv='' rates_csv='' default_rate=1gbit shaper=htb subnet=$kDefaultSubnet
-  local rtt_csv='' jitter_csv='' loss_csv=''
+  local rtt_csv='' jitter_csv='' loss_csv='' tcp_buffer=''
   while [[ $# -gt 0 ]]; do
     case $1 in
       --name) bed=${2:-}; shift 2 ;;
@@ -189,6 +193,7 @@ cmd_up() {
       --rtt) rtt_csv=${2:-}; shift 2 ;;
       --jitter) jitter_csv=${2:-}; shift 2 ;;
       --loss) loss_csv=${2:-}; shift 2 ;;
+      --tcp-buffer) tcp_buffer=${2:-}; shift 2 ;;
       --default-rate) default_rate=${2:-}; shift 2 ;;
       --shaper) shaper=${2:-}; shift 2 ;;
       --subnet)
@@ -204,6 +209,8 @@ cmd_up() {
   valid_bed "$bed" || die "up: --name must be 1-8 chars [a-z0-9] starting with a letter, got '$bed'"
   [[ -n $sites_csv ]] || die "up: --sites is required"
   valid_rate "$default_rate" || die "up: bad --default-rate '$default_rate' (want e.g. 100mbit, 1gbit)"
+  [[ -z $tcp_buffer || ($tcp_buffer =~ ^[0-9]+$ && $tcp_buffer -ge 65536 && $tcp_buffer -le 1073741824) ]] ||
+    die "up: --tcp-buffer must be a byte count from 65536 to 1073741824, got '$tcp_buffer'"
   [[ $shaper == htb || $shaper == tbf ]] || die "up: --shaper must be htb or tbf, got '$shaper'"
 
   local -a sites
@@ -277,6 +284,9 @@ cmd_up() {
     ip -n "$s_ns" link set lo up
     # IPv6 off: no DAD or router solicitations on the shaped links, only the traffic under test.
     ip netns exec "$s_ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+    if [[ -n $tcp_buffer ]]; then
+      ip netns exec "$s_ns" sysctl -qw "net.ipv4.tcp_wmem=4096 16384 $tcp_buffer" "net.ipv4.tcp_rmem=4096 131072 $tcp_buffer"
+    fi
     ip link add name "$dev" netns "$s_ns" type veth peer name "$bdev" netns "$br"
     ip -n "$br" link set "$bdev" master br0 up
     ip -n "$s_ns" addr add "$subnet.$i/24" dev "$dev"
@@ -345,7 +355,7 @@ cmd_up() {
   up_done=1
   trap - EXIT INT TERM ERR
 
-  echo "netbed '$bed': ${#sites[@]} sites on $subnet.0/24, shaper $shaper, bridge namespace $br"
+  echo "netbed '$bed': ${#sites[@]} sites on $subnet.0/24, shaper $shaper, bridge namespace $br${tcp_buffer:+, TCP buffers up to $tcp_buffer bytes}"
   printf '%-16s %-24s %-15s %-15s %s\n' SITE NAMESPACE DEVICE ADDRESS "EGRESS RATE TO (one-way delay/jitter/loss)"
   for a in "${sites[@]}"; do
     i=${index[$a]}
@@ -479,6 +489,14 @@ cmd_status() {
       awk '$1 == "htb" || $1 == "tbf"')
     printf '%-16s %-15s %-15s %s\n' "$site" "$dev" "$addr" "${shaping:-none}"
   done < <(bed_sites "$bed")
+  # The largest TCP buffers each site may use (they bound a link at buffer / round trip).
+  local bufs=""
+  while read -r idx site addr dev; do
+    # shellcheck disable=SC2016  # expanded inside the site's namespace
+    bufs+="$site=$(ip netns exec "$(ns_site "$bed" "$site")" sh -c \
+      'echo "$(cut -f3 /proc/sys/net/ipv4/tcp_wmem)/$(cut -f3 /proc/sys/net/ipv4/tcp_rmem)"' 2>/dev/null) "
+  done < <(bed_sites "$bed")
+  echo "largest TCP send/receive buffers (bytes): $bufs"
   # The delay lines, read off the running desloc-netdelay processes' command lines.
   local pid arg q spec delays any=''
   while read -r idx site addr dev; do

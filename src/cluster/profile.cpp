@@ -3,19 +3,22 @@
 //
 // Every site's rank 0 holds a 2-rank UCX group with every other site's rank 0. One pair at a
 // time (the others wait at a wide-area barrier), the lower site measures:
-//   latency   ping-pong of 8-byte broadcasts, one way = round trip / 2, p50 and p99;
+//   latency   ping-pong of 8-byte broadcasts, one way = round trip / 2, p50 and p99 (200, or
+//             as many as fit in 3 s, at least 30);
 //   bandwidth a broadcast of B bytes followed by a 1-byte acknowledgement, minus the round
 //             trip; B doubles from 1 MiB until one transfer lasts kMinTransfer (at most
 //             kMaxBytes), then the median of kBandwidthRepeats; each direction is measured by
 //             its sender.
 // Then all pairs stream at once (a 2-rank all-reduce on every pair concurrently, each on its
 // own thread), for the contended rate. Each site also times training steps of the configured
-// model. Rank 0 of site 0 gathers everything and writes the file.
+// model. Rank 0 of site 0 gathers everything and writes the file, and names every link whose
+// bandwidth-delay product its TCP buffers may not cover (topology/tcp_window.hpp).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "cluster/session.hpp"
@@ -25,14 +28,17 @@
 #include "desloc/core/log.hpp"
 #include "desloc/data/loader.hpp"
 #include "desloc/model/model.hpp"
+#include "desloc/topology/tcp_window.hpp"
 #include "desloc/topology/topology.hpp"
 
 namespace desloc::cluster {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kPingWarmup = 20;
+constexpr int kPingWarmup = 10;
 constexpr int kPings = 200;
+constexpr int kMinPings = 30;
+constexpr double kPingSeconds = 3.0;  // a 150 ms round trip gets 30 pings, not 200 (60 s)
 constexpr double kMinTransfer = 0.5;  // seconds: one bandwidth transfer lasts at least this
 constexpr std::size_t kMaxBytes = std::size_t{256} << 20;
 constexpr int kBandwidthRepeats = 3;
@@ -52,15 +58,23 @@ struct LinkRecord {
 };
 
 // Round trips between the pair's two ranks; `sender` starts each one. Returns one-way times.
+// After the warm-up the sender chooses how many to time (kPings, or fewer on a long round trip
+// so that they take about kPingSeconds, at least kMinPings) and tells the other rank.
 std::vector<double> ping(transport::Collective& pair, int sender) {
   std::vector<std::byte> word(8);
-  std::vector<double> one_way;
-  for (int i = 0; i < kPingWarmup + kPings; ++i) {
+  auto round_trip = [&] {
     const auto t0 = Clock::now();
     pair.broadcast(word, sender);
     pair.broadcast(word, 1 - sender);
-    if (i >= kPingWarmup) one_way.push_back(seconds_since(t0) / 2);
-  }
+    return seconds_since(t0);
+  };
+  double warm = 0;
+  for (int i = 0; i < kPingWarmup; ++i) warm = round_trip();
+  std::uint64_t count = static_cast<std::uint64_t>(
+      std::clamp(kPingSeconds / std::max(warm, 1e-6), double(kMinPings), double(kPings)));
+  pair.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&count, 1)), sender);
+  std::vector<double> one_way;
+  for (std::uint64_t i = 0; i < count; ++i) one_way.push_back(round_trip() / 2);
   return one_way;
 }
 
@@ -181,16 +195,21 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
       if (k != me) out[std::size_t(k)].contended_bps = double(bytes) / secs[std::size_t(k)];
   }
 
-  // Gather every site's row (step time + its outgoing links) at every rank 0.
-  const std::size_t row = 1 + 4 * static_cast<std::size_t>(S);
+  // Gather every site's row (step time, its largest TCP buffers, its outgoing links) at every
+  // rank 0.
+  constexpr std::size_t kHead = 3;
+  const std::size_t row = kHead + 4 * static_cast<std::size_t>(S);
   std::vector<double> mine(row), all(row * static_cast<std::size_t>(S));
+  const topology::TcpBuffers buffers = topology::read_tcp_buffers();
   mine[0] = step_s;
+  mine[1] = buffers.send_max;
+  mine[2] = buffers.receive_max;
   for (int k = 0; k < S; ++k) {
     const auto& r = out[std::size_t(k)];
     std::copy_n(
         std::array<double, 4>{r.bandwidth_bps, r.latency_s, r.latency_p99_s, r.contended_bps}
             .begin(),
-        4, mine.begin() + 1 + 4 * k);
+        4, mine.begin() + kHead + 4 * k);
   }
   ss.wan_group->all_gather(std::as_bytes(std::span<const double>(mine)),
                            std::as_writable_bytes(std::span<double>(all)));
@@ -203,12 +222,14 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
     char stamp[32];
     std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     topo.meta["measured_at"] = stamp;
+    std::map<std::string, topology::TcpBuffers> site_buffers;
     for (int s = 0; s < S; ++s) {
       const double* r = all.data() + row * std::size_t(s);
       topo.sites.push_back({ss.sites[std::size_t(s)], r[0]});
+      site_buffers[ss.sites[std::size_t(s)]] = {r[1], r[2]};
       for (int k = 0; k < S; ++k) {
         if (k == s) continue;
-        const double* l = r + 1 + 4 * k;
+        const double* l = r + kHead + 4 * k;
         topology::LinkProfile link{ss.sites[std::size_t(s)], ss.sites[std::size_t(k)], l[0], l[1],
                                    l[3]};
         topo.links.push_back(link);
@@ -220,6 +241,11 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
       }
       std::printf("%-8s compute step %.1f ms\n", ss.sites[std::size_t(s)].c_str(), r[0] * 1e3);
     }
+    for (const auto& [site, b] : site_buffers)
+      std::printf("%-8s largest TCP buffers: send %.1f MiB, receive %.1f MiB\n", site.c_str(),
+                  b.send_max / (1 << 20), b.receive_max / (1 << 20));
+    for (const std::string& w : topology::window_warnings(topo, site_buffers))
+      log::warn("profile: {}", w);
     const std::string text = topology::to_toml(topo);
     write_file_atomic(out_path, {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
     std::printf("wrote %s\n", out_path.c_str());

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # netbed_profile: `desloc profile` on a 3-site heterogeneous bed (A-B 1 Gbit, B-C 300 Mbit,
 # A-C 100 Mbit): a real coordinator in site A and one `desloc worker --profile` per site
-# namespace. Every measured directed bandwidth must be within 5% of 0.956 x its configured
-# rate (1 Gbit: at least 0.90, as in netbed_rates: two cores carry both TCP ends and the
-# shaper), and `desloc plan` must accept the written topology.
+# namespace, with round trips of 40, 10 and 60 ms. Every measured directed bandwidth must be
+# within 5% of 0.956 x its configured rate (1 Gbit: at least 0.90, as in netbed_rates: two cores
+# carry both TCP ends and the shaper), every round trip within max(5%, 1 ms) of the configured
+# one, and `desloc plan` must accept the written topology. Then a 1 Gbit, 40 ms pair with Linux's
+# default TCP buffers: the profile must name that link as window-limited.
 # usage: netbed_profile_test.sh path/to/netbed.sh path/to/desloc path/to/brown
 # (root; skips with 77, fails under CI=true)
 set -euo pipefail
@@ -33,10 +35,12 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
-start_watchdog 150
+start_watchdog 170
 
-"$netbed" up --name "$bed" --sites A,B,C --rate A-B=1gbit,B-C=300mbit,A-C=100mbit >/dev/null
-addr=$("$netbed" env --name "$bed" --site A | sed -n 's/^DESLOC_SITE_ADDR=//p')
+# Round trips differ per link; 32 MiB TCP buffers cover every link's bandwidth-delay product
+# (1 Gbit x 40 ms = 5 MB would not fit Linux's default 4 MiB send buffer: tcp_window.hpp).
+"$netbed" up --name "$bed" --sites A,B,C --rate A-B=1gbit,B-C=300mbit,A-C=100mbit \
+  --rtt A-B=40ms,B-C=10ms,A-C=60ms --tcp-buffer 33554432 >/dev/null
 cat >"$tmp/job.toml" <<EOF
 [model]
 vocab = 256
@@ -61,20 +65,28 @@ net_devices = ""
 deadline_s = 60
 EOF
 
-"$netbed" exec --name "$bed" --site A -- "$desloc" coordinator --config "$tmp/job.toml" \
-  --listen "$addr:29533" >"$tmp/coordinator.log" 2>&1 &
-sleep 0.5
-pids=()
-for s in A B C; do
-  "$netbed" exec --name "$bed" --site "$s" -- "$desloc" worker --config "$tmp/job.toml" \
-    --site "$s" --rank 0 --coordinator "$addr:29533" --profile "$tmp/topology.toml" \
-    >"$tmp/$s.log" 2>&1 &
-  pids+=("$!")
-done
-for p in "${pids[@]}"; do
-  wait "$p" || { tail -n 20 "$tmp"/*.log >&2; fail "a profiling rank failed"; }
-done
-[[ -f $tmp/topology.toml ]] || fail "no topology.toml written"
+# Profiles bed $bed's sites $@ with a real coordinator in the first site; topology.toml in $tmp.
+run_profile() {
+  local first=$1 s p port=$((29533 + RANDOM % 1000))
+  local addr pids=()
+  addr=$("$netbed" env --name "$bed" --site "$first" | sed -n 's/^DESLOC_SITE_ADDR=//p')
+  rm -f "$tmp/topology.toml"
+  "$netbed" exec --name "$bed" --site "$first" -- "$desloc" coordinator --config "$tmp/job.toml" \
+    --listen "$addr:$port" >"$tmp/coordinator.log" 2>&1 &
+  sleep 0.5
+  for s in "$@"; do
+    "$netbed" exec --name "$bed" --site "$s" -- "$desloc" worker --config "$tmp/job.toml" \
+      --site "$s" --rank 0 --coordinator "$addr:$port" --profile "$tmp/topology.toml" \
+      >"$tmp/$s.log" 2>&1 &
+    pids+=("$!")
+  done
+  for p in "${pids[@]}"; do
+    wait "$p" || { tail -n 20 "$tmp"/*.log >&2; fail "a profiling rank failed"; }
+  done
+  [[ -f $tmp/topology.toml ]] || fail "no topology.toml written"
+}
+
+run_profile A B C
 grep -E " -> " "$tmp/A.log" || true
 
 # Every directed link against its configured rate.
@@ -83,15 +95,21 @@ import sys, tomllib
 topo = tomllib.load(open(sys.argv[1], "rb"))
 ceiling, tol, gbit_min = map(float, sys.argv[2:5])
 rates = {frozenset("AB"): 1000, frozenset("BC"): 300, frozenset("AC"): 100}
+rtts = {frozenset("AB"): 40.0, frozenset("BC"): 10.0, frozenset("AC"): 60.0}
 bad = []
 for link in topo["link"]:
-    rate = rates[frozenset(link["from"] + link["to"])]
+    pair = frozenset(link["from"] + link["to"])
+    rate = rates[pair]
     ratio = link["bandwidth_mbit"] / (ceiling * rate)
     lo = gbit_min if rate >= 1000 else 1 - tol
     ok = lo <= ratio <= 1 + tol
+    # The round trip within max(5%, 1 ms) of the configured one.
+    rtt = 2 * link["latency_ms"]
+    rtt_ok = abs(rtt - rtts[pair]) <= max(0.05 * rtts[pair], 1.0)
     print(f"{link['from']} -> {link['to']}: {link['bandwidth_mbit']:.1f} Mbit/s = {ratio:.3f} x "
-          f"0.956 x {rate} Mbit/s ({'ok' if ok else 'OUT OF BOUNDS'})")
-    if not ok:
+          f"0.956 x {rate} Mbit/s ({'ok' if ok else 'OUT OF BOUNDS'}); round trip {rtt:.2f} ms "
+          f"for {rtts[pair]:.0f} ms ({'ok' if rtt_ok else 'OUT OF BOUNDS'})")
+    if not (ok and rtt_ok):
         bad.append(f"{link['from']}->{link['to']}")
 if len(topo["site"]) != 3 or any(s["step_ms"] <= 0 for s in topo["site"]):
     bad.append("sites")
@@ -103,3 +121,13 @@ EOF
   >"$tmp/plan.txt" || { cat "$tmp/plan.txt" >&2; fail "plan refused the profiled topology"; }
 grep -q "schedule: ring" "$tmp/plan.txt" || fail "plan printed no schedule"
 note "profile within bounds; plan accepted it"
+
+# A long fat link with Linux's default buffers (send 4 MiB): 1 Gbit x 40 ms is 5 MB.
+"$netbed" down --name "$bed" >/dev/null 2>&1
+"$netbed" up --name "$bed" --sites A,B --default-rate 1gbit --rtt A-B=40ms >/dev/null
+sed -i 's/^sites = .*/sites = ["A", "B"]/' "$tmp/job.toml"
+run_profile A B
+grep -E " -> |largest TCP" "$tmp/A.log" || true
+grep -q "link A -> B: .*the window may be what limits this link" "$tmp/A.log" ||
+  fail "the profile did not name the window-limited link A -> B: $(grep -i warn "$tmp/A.log")"
+note "profile named the window-limited link: $(grep -o 'link A -> B: [^(]*' "$tmp/A.log" | head -1)"

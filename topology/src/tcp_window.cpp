@@ -1,0 +1,81 @@
+// TCP windows against bandwidth-delay products: tcp_window.hpp.
+#include "desloc/topology/tcp_window.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+namespace desloc::topology {
+namespace {
+
+// The third field of a "min default max" sysctl, or 0.
+double sysctl_max(const char* path) {
+  std::ifstream in(path);
+  double lo = 0, def = 0, hi = 0;
+  if (!(in >> lo >> def >> hi)) return 0;
+  return hi;
+}
+
+// A UCX memory size ("8388608", "8M", "64K", "1G"); nullopt for "auto" or anything else.
+std::optional<double> ucx_size(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  if (end == text || !(value > 0)) return std::nullopt;
+  const std::string unit(end);
+  double scale = 1;
+  if (unit == "K" || unit == "k" || unit == "KB")
+    scale = 1024.0;
+  else if (unit == "M" || unit == "m" || unit == "MB")
+    scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g" || unit == "GB")
+    scale = 1024.0 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B" && unit != "b")
+    return std::nullopt;
+  return value * scale;
+}
+
+std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024)); }
+
+}  // namespace
+
+TcpBuffers read_tcp_buffers() {
+  TcpBuffers b;
+  b.send_max = ucx_size("UCX_TCP_SNDBUF").value_or(sysctl_max("/proc/sys/net/ipv4/tcp_wmem"));
+  b.receive_max = ucx_size("UCX_TCP_RCVBUF").value_or(sysctl_max("/proc/sys/net/ipv4/tcp_rmem"));
+  return b;
+}
+
+std::vector<std::string> window_warnings(const Topology& topo,
+                                         const std::map<std::string, TcpBuffers>& buffers) {
+  std::vector<std::string> out;
+  for (const LinkProfile& link : topo.links) {
+    const auto from = buffers.find(link.from), to = buffers.find(link.to);
+    if (from == buffers.end() || to == buffers.end()) continue;
+    const double send = from->second.send_max, receive = to->second.receive_max;
+    if (!(send > 0 && receive > 0)) continue;
+    const double limit = std::min(send, receive);
+    const double rtt = 2 * link.latency_s;
+    const double bdp = link.bandwidth_bps * rtt;
+    if (bdp < kWindowShare * limit) continue;
+    const std::string which = send <= receive ? fmt::format("{}'s largest send buffer", link.from)
+                                              : fmt::format("{}'s largest receive buffer", link.to);
+    out.push_back(fmt::format(
+        "link {} -> {}: {:.1f} Mbit/s x {:.1f} ms round trip keeps {} in flight, {:.0f}% of {} "
+        "({}): the window may be what limits this link, so its real rate may be higher. Raise "
+        "the third field of net.ipv4.tcp_wmem on {} and of net.ipv4.tcp_rmem on {} to at least "
+        "twice the link's rate x round trip (docs/transport.md, \"Long fat links\"), then "
+        "profile again",
+        link.from, link.to, link.bandwidth_bps * 8 / 1e6, rtt * 1e3, mib(bdp), 100 * bdp / limit,
+        which, mib(limit), link.from, link.to));
+  }
+  return out;
+}
+
+}  // namespace desloc::topology
