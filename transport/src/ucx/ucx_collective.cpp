@@ -402,10 +402,10 @@ class UcxCollective final : public Collective {
         std::memcpy(u.dst, payload, u.bytes);
       }
       if (payload != nullptr) std::vector<std::byte>().swap(recvs[k]->staging);
-      if (u.forward)
-        sends[{u.step + 1, u.chunk}] = &post_send(op, u.dst, u.bytes, u.step + 1, u.chunk);
-      post_ready(k + 1 + window_);
-      if (k == units.size() / 2 && options_.crash_in.step >= 0 &&
+      // Fault injection: die at the end of the reduce-scatter, before forwarding the shard it
+      // completed, so its successor can never finish. (Later, an eager send of the last
+      // forward may already sit in the peer's socket, and the others would finish whole.)
+      if (k + 1 == units.size() / 2 && options_.crash_in.step >= 0 &&
           op.op == CollectiveOp::kAllReduce && op.label.step == options_.crash_in.step &&
           op.label.state == options_.crash_in.state) {
         log::warn(
@@ -414,6 +414,9 @@ class UcxCollective final : public Collective {
             rank_, op_name(op.op), op.seq, op.label.step, int(op.label.state));
         ::raise(SIGKILL);
       }
+      if (u.forward)
+        sends[{u.step + 1, u.chunk}] = &post_send(op, u.dst, u.bytes, u.step + 1, u.chunk);
+      post_ready(k + 1 + window_);
     }
     for (auto& [key, t] : sends) wait_send(op, *t, key.first, key.second);
   }

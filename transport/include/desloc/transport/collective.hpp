@@ -94,8 +94,9 @@ struct CollectiveOptions {
   // the awaited peer may never come. Empty: wait for the deadline alone.
   std::function<bool()> should_abort;
   // Fault injection for the fault suite: the process kills itself (SIGKILL) halfway through
-  // the ring of the first all-reduce labelled with this step and state, as a site that dies in
-  // the middle of an average would. step < 0: off.
+  // the ring of the first all-reduce labelled with this step and state (at the end of its
+  // reduce-scatter, before it forwards its reduced shard), as a site that dies in the middle of
+  // an average would. step < 0: off.
   OpLabel crash_in{};
 };
 
