@@ -12,6 +12,7 @@
 
 #include "desloc/core/error.hpp"
 #include "desloc/transport/nccl_collective.hpp"
+#include "test_support.hpp"
 
 using namespace desloc;
 using namespace desloc::transport;
@@ -19,24 +20,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// NCCL rank r on device r, ranks as threads (test_support::run_ranks, as the conformance suite).
 void run_ranks(int size, const std::function<void(Collective&, int)>& body) {
-  const NcclId id = nccl_unique_id();
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        CollectiveOptions o;
-        o.deadline = 60s;
-        auto c = make_nccl_collective(r, size, id, r, o);
-        body(*c, r);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  CollectiveOptions o;
+  o.deadline = 60s;
+  desloc::test_support::run_ranks(desloc::test_support::Backend::kNccl, size, o, body,
+                                  std::chrono::seconds(180));
 }
 
 }  // namespace

@@ -101,9 +101,9 @@ class ControlPlane : public ::testing::Test {
   }
   static Clock::time_point in(std::chrono::milliseconds d) { return Clock::now() + d; }
 
-  // Runs each rank on its own thread through connect + wait_membership.
-  static std::vector<Membership> run_ranks(std::uint16_t port,
-                                           const std::vector<RankClientOptions>& ranks) {
+  // Registers each rank with the coordinator on its own thread (connect + wait_membership).
+  static std::vector<Membership> register_ranks(std::uint16_t port,
+                                                const std::vector<RankClientOptions>& ranks) {
     std::vector<Membership> out(ranks.size());
     std::vector<std::exception_ptr> errors(ranks.size());
     std::vector<std::thread> threads;
@@ -140,8 +140,8 @@ class ControlPlane : public ::testing::Test {
 TEST_F(ControlPlane, TwoSitesTwoRanksReceiveTheSameMembership) {
   Coordinator coord(coord_options(2, 2));
   const auto port = coord.start(0);
-  const auto ms = run_ranks(port, {rank_options("west", 1), rank_options("east", 0),
-                                   rank_options("west", 0), rank_options("east", 1)});
+  const auto ms = register_ranks(port, {rank_options("west", 1), rank_options("east", 0),
+                                        rank_options("west", 0), rank_options("east", 1)});
   for (const auto& m : ms) EXPECT_EQ(m, ms[0]);
   const auto& m = ms[0];
   EXPECT_EQ(m.epoch, 1u);
@@ -163,7 +163,7 @@ TEST_F(ControlPlane, WrongTokenIsRefusedAndLearnsNothingWhileRealRanksComplete) 
   bad.token = JobToken::from_string("guessed");
   expect_refused<ConfigError>(port, bad, "wrong job token");
   // The impostor did not take east/0's slot: the real ranks still form the world.
-  const auto ms = run_ranks(port, {rank_options("east", 0), rank_options("west", 0)});
+  const auto ms = register_ranks(port, {rank_options("east", 0), rank_options("west", 0)});
   EXPECT_EQ(ms[0].members.size(), 2u);
   EXPECT_EQ(coord.registered(), 2u);
 }
@@ -457,7 +457,7 @@ TEST_F(ControlPlane, HostileFramesCloseOnlyThatConnection) {
       << logs.all();
 
   // The coordinator still serves real ranks.
-  const auto ms = run_ranks(port, {rank_options("east", 0), rank_options("east", 1)});
+  const auto ms = register_ranks(port, {rank_options("east", 0), rank_options("east", 1)});
   EXPECT_EQ(ms[0].members.size(), 2u);
 }
 
@@ -497,7 +497,7 @@ TEST_F(ControlPlane, TruncatedFrameThenStallIsDroppedAtTheHandshakeDeadline) {
                            "stalled mid-frame"}),
             "")
       << logs.all();
-  const auto ms = run_ranks(port, {rank_options("east", 0)});
+  const auto ms = register_ranks(port, {rank_options("east", 0)});
   EXPECT_EQ(ms[0].members.size(), 1u);
 }
 
@@ -708,7 +708,7 @@ TEST_F(ControlPlaneTls, RendezvousWorksEndToEnd) {
   Coordinator coord(tls_coord(2, 1));
   const auto port = coord.start(0);
   EXPECT_NE(logs.wait_for({"listening on", "(TLS)"}), "") << logs.all();
-  const auto ms = run_ranks(port, {tls_rank("east", 0), tls_rank("west", 0)});
+  const auto ms = register_ranks(port, {tls_rank("east", 0), tls_rank("west", 0)});
   EXPECT_EQ(ms[0], ms[1]);
   EXPECT_EQ(ms[0].members.size(), 2u);
   EXPECT_EQ(coord.registered(), 2u);
@@ -728,7 +728,7 @@ TEST_F(ControlPlaneTls, ClientTrustingAnotherCaIsRefused) {
   EXPECT_NE(logs.wait_for({"refusing connection", "(tls)", "TLS handshake failed"}), "")
       << logs.all();
   // A rank that trusts the right CA still gets in.
-  EXPECT_EQ(run_ranks(port, {tls_rank("east", 0)})[0].members.size(), 1u);
+  EXPECT_EQ(register_ranks(port, {tls_rank("east", 0)})[0].members.size(), 1u);
 }
 
 TEST_F(ControlPlaneTls, CertificateForAnotherNameIsRefused) {
@@ -739,7 +739,7 @@ TEST_F(ControlPlaneTls, CertificateForAnotherNameIsRefused) {
   const auto msg = refusal<ConfigError>(port, o);
   EXPECT_NE(msg.find("does not name 'coordinator.example'"), std::string::npos) << msg;
   o.tls.server_name = "localhost";  // on the certificate, though we dial 127.0.0.1
-  EXPECT_EQ(run_ranks(port, {o})[0].members.size(), 1u);
+  EXPECT_EQ(register_ranks(port, {o})[0].members.size(), 1u);
 }
 
 TEST_F(ControlPlaneTls, PlaintextClientIsRefusedAndTheCoordinatorKeepsServing) {
@@ -756,7 +756,7 @@ TEST_F(ControlPlaneTls, PlaintextClientIsRefusedAndTheCoordinatorKeepsServing) {
   EXPECT_NE(logs.wait_for({"refusing connection", "(tls)", "no TLS handshake within 500 ms"}), "")
       << logs.all();
   EXPECT_EQ(coord.registered(), 0u);
-  EXPECT_EQ(run_ranks(port, {tls_rank("east", 0)})[0].members.size(), 1u);
+  EXPECT_EQ(register_ranks(port, {tls_rank("east", 0)})[0].members.size(), 1u);
 }
 
 TEST_F(ControlPlaneTls, TlsClientAgainstPlaintextCoordinatorFails) {

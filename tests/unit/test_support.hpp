@@ -1,6 +1,7 @@
 // Scaffolding shared by the unit tests: a watchdog that turns a hang into an abort naming the
-// test, and an in-process UCX world of S sites x R ranks (ranks as threads) with the site, WAN
-// and reversed-WAN groups a `desloc worker` builds.
+// test; run_ranks, one group of N ranks (threads) over any Collective backend built here; and an
+// in-process UCX world of S sites x R ranks with the site, WAN and reversed-WAN groups a
+// `desloc worker` builds.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -21,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "desloc/transport/nccl_collective.hpp"
 #include "desloc/transport/ring_order.hpp"
 #include "desloc/transport/ucx_collective.hpp"
 
@@ -64,6 +66,126 @@ class Watchdog {
   bool done_ = false;
   std::thread thread_;  // last: started once the members it waits on exist
 };
+
+// The Collective backends: UCX over tcp on loopback and over shared memory (posix, sysv, cma),
+// each eager only as a job runs it (transport.rndv_thresh = "inf") and with UCX's rendezvous;
+// NCCL on the GPUs present, one rank per device.
+enum class Backend {
+  kUcxTcp,
+  kUcxTcpRendezvous,
+  kUcxSharedMemory,
+  kUcxSharedMemoryRendezvous,
+  kNccl
+};
+
+inline const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kUcxTcp:
+      return "ucx_tcp";
+    case Backend::kUcxTcpRendezvous:
+      return "ucx_tcp_rndv";
+    case Backend::kUcxSharedMemory:
+      return "ucx_sm";
+    case Backend::kUcxSharedMemoryRendezvous:
+      return "ucx_sm_rndv";
+    case Backend::kNccl:
+      return "nccl";
+  }
+  return "?";
+}
+
+inline bool is_ucx(Backend b) { return b != Backend::kNccl; }
+
+inline transport::UcxOptions ucx_options(Backend b) {
+  transport::UcxOptions o;
+  o.tls = "tcp";
+  o.net_devices = "lo";
+  o.rndv_thresh = "inf";
+  if (b == Backend::kUcxTcpRendezvous || b == Backend::kUcxSharedMemoryRendezvous)
+    o.rndv_thresh = "";
+  if (b == Backend::kUcxSharedMemory || b == Backend::kUcxSharedMemoryRendezvous) {
+    o.tls = "sm";  // every rank is a thread of this process
+    o.net_devices = "";
+    o.peer_failure_detection = false;  // UCX 1.13 shm: "no peer failure handler"
+  }
+  return o;
+}
+
+// Runs body(collective, rank) on `size` ranks of `backend`, each a thread with its own
+// Collective, under a watchdog. UCX ranks connect as a `desloc worker` does (open a port,
+// publish its address, connect to the successor's); NCCL rank r uses device r. Every rank keeps
+// its Collective until all bodies are done, as long-lived processes do. Exceptions are captured
+// per rank; once all have joined, the first (in rank order) is named on stderr and rethrown as
+// it was thrown, so the caller can still catch it by type.
+inline void run_ranks(Backend backend, int size, const transport::CollectiveOptions& options,
+                      const std::function<void(transport::Collective&, int)>& body,
+                      std::chrono::seconds limit = std::chrono::seconds(60)) {
+  Watchdog watchdog(
+      limit, std::string("run_ranks ") + backend_name(backend) + " size " + std::to_string(size));
+  transport::InMemoryAddressBook book;
+  const transport::NcclId id =
+      backend == Backend::kNccl ? transport::nccl_unique_id() : transport::NcclId{};
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
+  std::latch done(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r)
+    threads.emplace_back([&, r] {
+      std::unique_ptr<transport::Collective> c;
+      try {
+        if (backend == Backend::kNccl) {
+          c = transport::make_nccl_collective(r, size, id, r, options);
+        } else {
+          auto port = transport::open_ucx_port(ucx_options(backend));
+          book.publish(r, port->address());
+          const auto successor = book.lookup(
+              (r + 1) % size, std::chrono::steady_clock::now() + std::chrono::seconds(20));
+          c = transport::connect_ucx_collective(std::move(port), r, size, successor, options);
+        }
+        body(*c, r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+      done.arrive_and_wait();
+    });
+  for (auto& t : threads) t.join();
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "run_ranks: rank %zu failed: %s\n", r, e.what());
+    } catch (...) {
+    }
+    std::rethrow_exception(errors[r]);
+  }
+}
+
+// Why `backend` cannot run `size` ranks here ("" if it can): no GPU, or fewer GPUs than ranks,
+// for NCCL; for UCX, a 2-rank barrier that fails (run once per backend, then remembered).
+inline std::string backend_unavailable(Backend backend, int size) {
+  if (backend == Backend::kNccl) {
+    if (!transport::nccl_available()) return "no CUDA device (or NCCL not built)";
+    if (transport::cuda_device_count() < size)
+      return std::to_string(transport::cuda_device_count()) + " CUDA device(s) for " +
+             std::to_string(size) + " ranks (NCCL takes one device per rank)";
+    return {};
+  }
+  static std::mutex mutex;
+  static std::vector<std::pair<Backend, std::string>> cache;
+  std::lock_guard lock(mutex);
+  for (auto& [b, result] : cache)
+    if (b == backend) return result;
+  std::string failure;
+  transport::CollectiveOptions o;
+  o.deadline = std::chrono::seconds(5);
+  try {
+    run_ranks(backend, 2, o, [](transport::Collective& c, int) { c.barrier(); });
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  cache.emplace_back(backend, failure);
+  return failure;
+}
 
 // How run_world builds each rank's groups.
 struct WorldOptions {

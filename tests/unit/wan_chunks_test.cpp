@@ -20,47 +20,17 @@
 #include "desloc/transport/chunk_header.hpp"
 #include "desloc/transport/ring_order.hpp"
 #include "desloc/transport/ucx_collective.hpp"
+#include "test_support.hpp"
 
 namespace desloc::transport {
 namespace {
 
 using namespace std::chrono_literals;
 
-UcxOptions tcp() {
-  UcxOptions o;
-  o.tls = "tcp";
-  o.net_devices = "lo";
-  return o;
-}
-
-// Ranks as threads, created with the two-phase API a `desloc worker` uses: open the port,
-// publish its address, then connect to the successor's.
+// Ranks as threads over UCX tcp, connected as a `desloc worker` connects (test_support).
 void run_ranks(int size, const CollectiveOptions& options,
                const std::function<void(Collective&, int)>& body) {
-  InMemoryAddressBook book;
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  // Every rank keeps its worker until all are done, as long-lived processes do: a rank that
-  // finished an empty operation must not vanish while its predecessor still connects to it.
-  std::latch done(size);
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      std::unique_ptr<Collective> c;
-      try {
-        auto port = open_ucx_port(tcp());
-        book.publish(r, port->address());
-        const auto successor = book.lookup((r + 1) % size, std::chrono::steady_clock::now() + 10s);
-        c = connect_ucx_collective(std::move(port), r, size, successor, options);
-        body(*c, r);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-      done.arrive_and_wait();
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  test_support::run_ranks(test_support::Backend::kUcxTcp, size, options, body);
 }
 
 std::vector<float> random_floats(std::size_t n, unsigned seed) {
@@ -173,7 +143,8 @@ TEST(ChunkHeaders, MismatchedEpochIsAnError) {
         options.chunk_headers = true;
         options.deadline = 5s;
         options.epoch = r == 0 ? 1 : 2;
-        auto c = make_ucx_collective(r, 2, book, options, tcp());
+        auto c = make_ucx_collective(r, 2, book, options,
+                                     test_support::ucx_options(test_support::Backend::kUcxTcp));
         std::vector<float> data(10, 1.0f);
         c->all_reduce_sum(data);
       } catch (const std::exception& e) {

@@ -1,6 +1,9 @@
-// UCX Collective over real transports (tcp on loopback, shared memory) with ranks as threads:
-// world sizes 1, 2, 3, 5; empty, tiny, unaligned and multi-chunk buffers; closed-form results;
-// byte accounting; deadlines. Every test runs under a watchdog that aborts instead of hanging.
+// The Collective conformance suite: the same cases over every backend built here (UCX tcp on
+// loopback, eager only and with rendezvous; UCX shared memory; NCCL on the GPUs present), ranks
+// as threads: world sizes 1, 2, 3, 5; empty, tiny, unaligned and multi-chunk buffers;
+// all-reduce, all-gather, broadcast and barrier with closed-form results; byte accounting;
+// back-to-back mixed operations; a missing rank times out at the deadline. UCX-only cases
+// (argument checks, a missing address) follow. Every run is under a watchdog.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,80 +33,9 @@ using namespace std::chrono_literals;
 
 constexpr auto kWatchdog = 30s;
 
-struct Transport {
-  const char* name;
-  UcxOptions ucx;
-};
-
-// Names the parameter in gtest output instead of dumping its bytes.
-void PrintTo(const Transport& t, std::ostream* os) { *os << t.name; }
-
-Transport tcp_loopback() {
-  UcxOptions o;
-  o.tls = "tcp";
-  o.net_devices = "lo";
-  return {"tcp", o};
-}
-
-Transport shared_memory() {
-  UcxOptions o;
-  o.tls = "sm";  // posix, sysv, cma: every rank is a thread of this process
-  o.net_devices = "";
-  o.peer_failure_detection = false;  // UCX 1.13 shm: "no peer failure handler"
-  return {"sm", o};
-}
-
+using test_support::Backend;
+using test_support::run_ranks;
 using test_support::Watchdog;
-
-// Runs body(collective, rank) on `size` threads, each with its own UCX context and worker;
-// exceptions are captured per rank and the first is rethrown after all threads joined.
-void run_ranks(int size, const UcxOptions& ucx, const CollectiveOptions& options,
-               const std::function<void(Collective&, int)>& body) {
-  Watchdog watchdog(kWatchdog, "run_ranks size " + std::to_string(size));
-  InMemoryAddressBook book;
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto c = make_ucx_collective(r, size, book, options, ucx);
-        body(*c, r);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d failed: %s\n", r, e.what());
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
-
-// Whether this transport works here at all: a 2-rank barrier with a short deadline.
-std::string probe(const Transport& t) {
-  CollectiveOptions o;
-  o.deadline = 5s;
-  try {
-    run_ranks(2, t.ucx, o, [](Collective& c, int) { c.barrier(); });
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return {};
-}
-
-const std::string& probe_cached(const Transport& t) {
-  static std::mutex mutex;
-  static std::vector<std::pair<std::string, std::string>> cache;
-  std::lock_guard lock(mutex);
-  for (auto& [name, result] : cache) {
-    if (name == t.name) return result;
-  }
-  cache.emplace_back(t.name, probe(t));
-  return cache.back().second;
-}
 
 // rank r contributes i * (r + 1); the sum is i * n(n+1)/2, exact in float while < 2^24.
 void fill(std::span<float> data, int rank) {
@@ -122,27 +54,31 @@ void expect_sum(std::span<const float> data, int size, int rank, std::size_t len
   EXPECT_EQ(bad, 0u) << "rank " << rank << " length " << length;
 }
 
-class UcxCollectiveTest : public ::testing::TestWithParam<std::tuple<Transport, int>> {
+class CollectiveConformance : public ::testing::TestWithParam<std::tuple<Backend, int>> {
  protected:
   void SetUp() override {
-    const Transport& t = std::get<0>(GetParam());
-    const std::string& failure = probe_cached(t);
+    const std::string failure = test_support::backend_unavailable(backend(), world());
     if (failure.empty()) return;
-    // Both transports work on Debian 12's UCX 1.13; in CI an unusable one is a failure.
+    // The UCX backends work on Debian 12's UCX 1.13: in CI an unusable one is a failure. NCCL
+    // needs GPUs, which CI machines do not have.
     const char* ci = std::getenv("CI");
-    if (ci != nullptr && std::string(ci) == "true")
-      FAIL() << "UCX transport '" << t.name << "' unusable under CI=true: " << failure;
-    GTEST_SKIP() << "UCX transport '" << t.name << "' unusable here: " << failure;
+    if (test_support::is_ucx(backend()) && ci != nullptr && std::string(ci) == "true")
+      FAIL() << name() << " unusable under CI=true: " << failure;
+    GTEST_SKIP() << name() << " unusable here: " << failure;
   }
-  const UcxOptions& ucx() const { return std::get<0>(GetParam()).ucx; }
+  Backend backend() const { return std::get<0>(GetParam()); }
   int world() const { return std::get<1>(GetParam()); }
+  std::string name() const { return test_support::backend_name(backend()); }
+  void run(const CollectiveOptions& options, const std::function<void(Collective&, int)>& body) {
+    run_ranks(backend(), world(), options, body, kWatchdog);
+  }
 };
 
-TEST_P(UcxCollectiveTest, AllReduceSumClosedForm) {
+TEST_P(CollectiveConformance, AllReduceSumClosedForm) {
   CollectiveOptions options;
   options.chunk_bytes = 64 << 10;
   const std::vector<std::size_t> lengths = {0, 1, 7, 1000, 1 << 20};
-  run_ranks(world(), ucx(), options, [&](Collective& c, int rank) {
+  run(options, [&](Collective& c, int rank) {
     ASSERT_EQ(c.rank(), rank);
     ASSERT_EQ(c.size(), world());
     for (std::size_t length : lengths) {
@@ -165,11 +101,11 @@ TEST_P(UcxCollectiveTest, AllReduceSumClosedForm) {
   });
 }
 
-TEST_P(UcxCollectiveTest, SmallChunksAndWindowWrap) {
+TEST_P(CollectiveConformance, SmallChunksAndWindowWrap) {
   CollectiveOptions options;
   options.chunk_bytes = 14;  // rounds down to 3 floats: many chunks, ragged last chunk
   options.max_inflight_chunks = 2;
-  run_ranks(world(), ucx(), options, [&](Collective& c, int rank) {
+  run(options, [&](Collective& c, int rank) {
     for (std::size_t length : {std::size_t{5}, std::size_t{1001}}) {
       std::vector<float> data(length);
       fill(data, rank);
@@ -179,10 +115,10 @@ TEST_P(UcxCollectiveTest, SmallChunksAndWindowWrap) {
   });
 }
 
-TEST_P(UcxCollectiveTest, BackToBackMixedOperations) {
+TEST_P(CollectiveConformance, BackToBackMixedOperations) {
   CollectiveOptions options;
   options.chunk_bytes = 256;
-  run_ranks(world(), ucx(), options, [&](Collective& c, int rank) {
+  run(options, [&](Collective& c, int rank) {
     const int n = world();
     for (int iter = 0; iter < 20; ++iter) {
       const std::size_t length = static_cast<std::size_t>(3 + 37 * iter);
@@ -221,10 +157,10 @@ TEST_P(UcxCollectiveTest, BackToBackMixedOperations) {
   });
 }
 
-TEST_P(UcxCollectiveTest, BroadcastFromEveryRootAndLargeAllGather) {
+TEST_P(CollectiveConformance, BroadcastFromEveryRootAndLargeAllGather) {
   CollectiveOptions options;
   options.chunk_bytes = 4096;
-  run_ranks(world(), ucx(), options, [&](Collective& c, int rank) {
+  run(options, [&](Collective& c, int rank) {
     const int n = world();
     for (int root = 0; root < n; ++root) {
       std::vector<std::byte> data(10'007);
@@ -247,14 +183,16 @@ TEST_P(UcxCollectiveTest, BroadcastFromEveryRootAndLargeAllGather) {
       ASSERT_EQ(all[static_cast<std::size_t>(r) * mine.size() + 12345],
                 std::byte(static_cast<unsigned char>(r + 1)));
     }
-    EXPECT_EQ(c.bytes()[CollectiveOp::kAllGather].sent,
-              static_cast<std::uint64_t>(n - 1) * mine.size());
+    if (test_support::is_ucx(backend())) {  // NCCL reports only its all-reduce ring volume
+      EXPECT_EQ(c.bytes()[CollectiveOp::kAllGather].sent,
+                static_cast<std::uint64_t>(n - 1) * mine.size());
+    }
   });
 }
 
-TEST_P(UcxCollectiveTest, BarrierWaitsForEveryRank) {
+TEST_P(CollectiveConformance, BarrierWaitsForEveryRank) {
   std::atomic<int> arrived{0};
-  run_ranks(world(), ucx(), {}, [&](Collective& c, int rank) {
+  run({}, [&](Collective& c, int rank) {
     for (int round = 1; round <= 3; ++round) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10 * ((rank + round) % world())));
       arrived.fetch_add(1);
@@ -269,14 +207,14 @@ TEST_P(UcxCollectiveTest, BarrierWaitsForEveryRank) {
 // One rank builds its collective but never joins the all-reduce: every other rank must throw
 // TimeoutError naming it within the deadline, and nothing hangs.
 // Instantiated for world sizes >= 2 only: a missing peer needs a peer.
-class UcxCollectivePeerTest : public UcxCollectiveTest {};
+class CollectivePeerConformance : public CollectiveConformance {};
 
-TEST_P(UcxCollectivePeerTest, MissingRankTimesOutNamingIt) {
+TEST_P(CollectivePeerConformance, MissingRankTimesOutNamingIt) {
   const int missing = 1;
   CollectiveOptions options;
   options.deadline = 2s;
   std::latch others_done(world() - 1);
-  run_ranks(world(), ucx(), options, [&](Collective& c, int rank) {
+  run(options, [&](Collective& c, int rank) {
     if (rank == missing) {
       others_done.wait();
       return;
@@ -293,8 +231,10 @@ TEST_P(UcxCollectivePeerTest, MissingRankTimesOutNamingIt) {
       ADD_FAILURE() << "rank " << rank << ": all_reduce finished without rank " << missing;
     } catch (const TimeoutError& e) {
       const std::string what = e.what();
-      EXPECT_NE(what.find("stall starts at rank " + std::to_string(missing)), std::string::npos)
-          << what;
+      if (test_support::is_ucx(backend())) {  // the ring knows where the stall starts
+        EXPECT_NE(what.find("stall starts at rank " + std::to_string(missing)), std::string::npos)
+            << what;
+      }
     }
     const auto elapsed = Clock::now() - start;
     EXPECT_LT(elapsed, options.deadline + 5s)
@@ -305,29 +245,30 @@ TEST_P(UcxCollectivePeerTest, MissingRankTimesOutNamingIt) {
   });
 }
 
-// Shared memory (UCX sm: posix/sysv/cma) hangs intermittently at world sizes 3 and 5 in
-// this in-process, thread-per-rank setup (about 1 run in 2 of the sm cases); until that is
-// understood it is not part of the suite. DESLOC_UCX_TEST_SM=1 adds it back for debugging.
-std::vector<Transport> transports_under_test() {
-  if (std::getenv("DESLOC_UCX_TEST_SM") != nullptr) return {tcp_loopback(), shared_memory()};
-  return {tcp_loopback()};
+// UCX shared memory with rendezvous hangs about 1 run in 3 at world sizes 3 and 5: a rank that
+// finished its part of a ring stops progressing its worker, while its predecessor's rendezvous
+// send still waits for the acknowledgement (ATS) only that worker would send (docs/transport.md,
+// "shared memory with rendezvous"). Jobs run eager only (transport.rndv_thresh = "inf"), which
+// passes; DESLOC_UCX_TEST_SM_RNDV=1 adds the rendezvous case back for debugging.
+std::vector<Backend> backends_under_test() {
+  std::vector<Backend> b{Backend::kUcxTcp, Backend::kUcxTcpRendezvous, Backend::kUcxSharedMemory,
+                         Backend::kNccl};
+  if (std::getenv("DESLOC_UCX_TEST_SM_RNDV") != nullptr)
+    b.push_back(Backend::kUcxSharedMemoryRendezvous);
+  return b;
+}
+const auto kBackends = ::testing::ValuesIn(backends_under_test());
+
+std::string param_name(const ::testing::TestParamInfo<std::tuple<Backend, int>>& info) {
+  return std::string(test_support::backend_name(std::get<0>(info.param))) + "_n" +
+         std::to_string(std::get<1>(info.param));
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, UcxCollectiveTest,
-                         ::testing::Combine(::testing::ValuesIn(transports_under_test()),
-                                            ::testing::Values(1, 2, 3, 5)),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param).name) + "_n" +
-                                  std::to_string(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, CollectiveConformance,
+                         ::testing::Combine(kBackends, ::testing::Values(1, 2, 3, 5)), param_name);
 
-INSTANTIATE_TEST_SUITE_P(Transports, UcxCollectivePeerTest,
-                         ::testing::Combine(::testing::ValuesIn(transports_under_test()),
-                                            ::testing::Values(2, 3, 5)),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param).name) + "_n" +
-                                  std::to_string(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, CollectivePeerConformance,
+                         ::testing::Combine(kBackends, ::testing::Values(2, 3, 5)), param_name);
 
 TEST(UcxCollective, RejectsBadArguments) {
   InMemoryAddressBook book;
@@ -345,7 +286,7 @@ TEST(UcxCollective, MissingAddressTimesOut) {
   CollectiveOptions options;
   options.deadline = 300ms;
   try {
-    make_ucx_collective(0, 2, book, options, tcp_loopback().ucx);
+    make_ucx_collective(0, 2, book, options, test_support::ucx_options(Backend::kUcxTcp));
     FAIL() << "expected TimeoutError";
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
