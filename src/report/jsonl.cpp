@@ -99,7 +99,7 @@ class Parser {
       expect(':', fmt::format("after member name \"{}\"", key).c_str());
       skip_space();
       JsonValue member = value(depth + 1);
-      v.object.emplace_back(std::move(key), std::move(member));
+      v.object.push_back({std::move(key), std::move(member)});
       skip_space();
       if (peek() == ',') {
         ++pos_;
@@ -271,8 +271,8 @@ class Parser {
 
 const JsonValue* JsonValue::find(std::string_view key) const {
   if (kind != Kind::kObject) return nullptr;
-  for (const auto& [k, v] : object)
-    if (k == key) return &v;
+  for (const auto& m : object)
+    if (m.key == key) return &m.value;
   return nullptr;
 }
 

@@ -5,10 +5,11 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 namespace desloc::report {
+
+struct JsonMember;
 
 struct JsonValue {
   enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
@@ -17,7 +18,10 @@ struct JsonValue {
   double number = 0.0;
   std::string string;
   std::vector<JsonValue> array;
-  std::vector<std::pair<std::string, JsonValue>> object;  // in file order; duplicates rejected
+  // In file order; duplicates rejected. (A vector of a declared struct rather than of
+  // std::pair<std::string, JsonValue>: a pair of an incomplete type is ill-formed, and clang
+  // refuses it.)
+  std::vector<JsonMember> object;
 
   bool is_null() const { return kind == Kind::kNull; }
   bool is_number() const { return kind == Kind::kNumber; }
@@ -30,6 +34,11 @@ struct JsonValue {
   double number_or_nan(std::string_view key) const;
   // A string member, or fallback when missing or not a string.
   std::string string_or(std::string_view key, const std::string& fallback) const;
+};
+
+struct JsonMember {
+  std::string key;
+  JsonValue value;
 };
 
 // Parses one JSON document that must span all of text (surrounding whitespace allowed).
