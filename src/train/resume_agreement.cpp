@@ -271,7 +271,8 @@ ResumeChoice agree_on_resume_step(const CheckpointScan& mine, transport::Collect
   if (!common.empty()) choice.step = *common.rbegin();
   if (!holders.empty()) choice.newest = holders.begin()->first;
   int lacked = 0;  // newer steps some rank holds and another has no file of at all
-  for (const auto& [step, count] : holders) {
+  for (const auto& held_by : holders) {
+    const auto step = held_by.first;  // a named copy: clang cannot capture a structured binding
     if (choice.step && step <= *choice.step) break;
     const bool someone_lacks = std::any_of(offers.begin(), offers.end(), [&](const Offer& o) {
       const bool held = std::binary_search(o.valid.begin(), o.valid.end(), step, std::greater<>());
