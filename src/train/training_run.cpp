@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -24,14 +25,17 @@
 namespace desloc::train {
 namespace {
 
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+// The stop signal received, 0 if none. A lock-free atomic: the handler runs on whichever thread
+// the kernel picks (a UCX, OpenMP or coordinator thread), and the training thread reads it.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "used from a signal handler");
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 // Installs SIGINT/SIGTERM handlers for the duration of a run, restoring the old ones after.
 class StopSignals {
  public:
   StopSignals() {
-    g_stop_signal = 0;
+    g_stop_signal.store(0);
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
@@ -371,10 +375,10 @@ TrainResult TrainingRun::run() {
 // its own.
 bool TrainingRun::stop_requested() {
   if (opts_.stop_after >= 0 && step_ >= opts_.stop_after) return true;
-  if ((networked_ || g_stop_signal == 0) && !stop_agreed_) return false;
+  if ((networked_ || g_stop_signal.load() == 0) && !stop_agreed_) return false;
   progress_->message(fmt::format(
       "{} received: checkpointing at step {} and stopping",
-      networked_ ? std::string("a stop request") : fmt::format("signal {}", int(g_stop_signal)),
+      networked_ ? std::string("a stop request") : fmt::format("signal {}", g_stop_signal.load()),
       step_));
   result_.interrupted = true;
   return true;
@@ -426,7 +430,8 @@ float TrainingRun::site_gradient(std::size_t i, std::int64_t t) {
     std::copy(g.begin(), g.end(), w.micro_g.empty() ? w.g.begin() : w.micro_g[m].begin());
     micro_loss[m] = loss;
   }
-  const sync::SiteMean mean = reducer_.reduce(w.micro_g, w.g, micro_loss, g_stop_signal != 0);
+  const sync::SiteMean mean =
+      reducer_.reduce(w.micro_g, w.g, micro_loss, g_stop_signal.load() != 0);
   site_stop_ = mean.stop;
   return mean.loss;
 }
