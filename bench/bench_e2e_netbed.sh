@@ -22,6 +22,8 @@ kx=96
 target=2.5
 methods=none,ddp,local_adam,desloc
 results=''
+rtt=''
+tcp_buffer=''
 bed=e2e$$
 bed=${bed:0:8}
 
@@ -29,6 +31,7 @@ usage() {
   cat <<EOF
 usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--links A-B=1gbit,...] [--steps N] [--kx K]
        [--target NATS] [--methods none,ddp,local_adam,desloc] [--results DIR] [--quick]
+       [--rtt T] [--tcp-buffer BYTES]
 
 Runs as root (network namespaces). Defaults: 3 sites on 100 Mbit links, 300 steps of the
 quickstart model (B = 8 per site, one rank per site), Kx = $kx, target validation loss
@@ -36,6 +39,9 @@ $target nats. Method none is the compute-only reference (no communication at all
   --links    per-pair rates (netbed.sh --rate syntax); --rate is then the bottleneck the
              report prices the wire time at
   --quick    60 steps, target 3.0 nats (about 2 minutes)
+  --rtt      a round trip T (e.g. 40ms) on every pair of sites (netbed.sh --rtt, held by
+             DIR/src/desloc-netdelay)
+  --tcp-buffer  largest TCP buffers of every site (netbed.sh --tcp-buffer)
   --results  keep configs, logs and metrics there (default: a temporary directory, removed)
 Exit status: 0 all targets met, 3 a target missed, 1 a failure.
 EOF
@@ -56,6 +62,8 @@ while [[ $# -gt 0 ]]; do
     --methods) methods=$2; shift 2 ;;
     --results) results=$2; shift 2 ;;
     --quick) steps=60; target=3.0; shift ;;
+    --rtt) rtt=$2; shift 2 ;;
+    --tcp-buffer) tcp_buffer=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
@@ -79,6 +87,17 @@ trap cleanup EXIT
 IFS=, read -r -a site_list <<<"$sites"
 shaping=(--default-rate "$rate")
 [[ -z $links ]] || shaping+=(--rate "$links")
+if [[ -n $rtt ]]; then
+  [[ -x $build/src/desloc-netdelay ]] || die "--rtt needs $build/src/desloc-netdelay (cmake --build $build)"
+  NETBED_NETDELAY=$(cd "$build/src" && pwd)/desloc-netdelay
+  export NETBED_NETDELAY
+  pairs=''
+  for ((i = 0; i < ${#site_list[@]}; i++)); do
+    for ((j = i + 1; j < ${#site_list[@]}; j++)); do pairs+="${pairs:+,}${site_list[i]}-${site_list[j]}=$rtt"; done
+  done
+  shaping+=(--rtt "$pairs")
+fi
+[[ -z $tcp_buffer ]] || shaping+=(--tcp-buffer "$tcp_buffer")
 "$netbed" up --name "$bed" --sites "$sites" "${shaping[@]}" >"$results/netbed.txt"
 coord_addr=$("$netbed" env --name "$bed" --site "${site_list[0]}" | sed -n 's/^DESLOC_SITE_ADDR=//p')
 quoted=$(printf '"%s", ' "${site_list[@]}")
