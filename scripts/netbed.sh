@@ -99,7 +99,7 @@ parse_pairs() {
   for item in "${items[@]}"; do
     [[ $item =~ ^([^=]+)=(.*)$ ]] || die "up: bad $opt entry '$item' (want A-B=V or A>B=V)"
     lhs=${BASH_REMATCH[1]}; v=${BASH_REMATCH[2]}
-    "$check" "$v" || die "up: bad value '$v' in $opt '$item' (want $want)"
+    "$check" "$v" || die "up: bad ${opt#--} '$v' in '$item' (want $want)"
     [[ $lhs =~ ^([^->]+)([->])([^->]+)$ ]] || die "up: bad pair '$lhs' in $opt '$item' (want A-B or A>B)"
     local a=${BASH_REMATCH[1]} sep=${BASH_REMATCH[2]} b=${BASH_REMATCH[3]}
     [[ -n ${index[$a]:-} ]] || die "up: unknown site '$a' in $opt '$item' (sites: $sites_csv)"
