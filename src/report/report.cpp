@@ -51,6 +51,8 @@ std::string fmt_bytes(double b) {
   return fmt::format(R"(<span title="{:.0f} bytes">{}</span>)", b, shown);
 }
 
+std::string fmt_seconds(double v) { return finite(v) ? fmt::format("{:.1f} s", v) : "\u2014"; }
+
 std::string fmt_rate(double v) {
   if (!finite(v)) return "\u2014";
   if (v >= 1e6) return fmt::format("{:.2f} M", v / 1e6);
@@ -137,6 +139,7 @@ RunSeries load_run(const std::string& jsonl_path) {
       p.step = t.step;
       p.loss = t.loss;
       p.tokens_per_s = t.tokens_per_s;
+      p.step_ms = std::isfinite(t.step_ms) && t.step_ms > 0.0 ? t.step_ms : 0.0;
       for (std::size_t k = 0; k < p.bytes_by_state.size(); ++k)
         p.bytes_by_state[k] = static_cast<double>(t.wire[k]);
       // The total as written: older files have it without the split by state.
@@ -145,20 +148,25 @@ RunSeries load_run(const std::string& jsonl_path) {
       run.train.push_back(p);
     } else if (type == "eval") {
       const train::EvalRecord e = read_eval_record(r, where);
-      run.eval.push_back({e.step, e.val_loss, 0.0});
+      run.eval.push_back({e.step, e.val_loss, 0.0, 0.0});
     }  // other record types are for other tools
   }
   if (run.name.empty()) run.name = default_name(jsonl_path);
 
-  // Bytes at each eval: from the last train record at or before its step (an eval at step N is
-  // written after train step N).
+  // Bytes and training time at each eval: from the train records at or before its step (an
+  // eval at step N is written after train step N).
   auto by_step = [](const auto& a, const auto& b) { return a.step < b.step; };
   std::stable_sort(run.train.begin(), run.train.end(), by_step);
   std::stable_sort(run.eval.begin(), run.eval.end(), by_step);
+  const bool timed = std::any_of(run.train.begin(), run.train.end(),
+                                 [](const TrainPoint& p) { return p.step_ms > 0.0; });
   std::size_t t = 0;
+  double elapsed_ms = 0.0;
   for (EvalPoint& e : run.eval) {
-    while (t < run.train.size() && run.train[t].step <= e.step) ++t;
+    for (; t < run.train.size() && run.train[t].step <= e.step; ++t)
+      elapsed_ms += run.train[t].step_ms;
     e.bytes_sent = t == 0 ? 0.0 : run.train[t - 1].bytes_sent;
+    e.elapsed_s = timed ? elapsed_ms / 1e3 : kNaN;
   }
   return run;
 }
@@ -180,14 +188,19 @@ RunSummary summarize(const RunSeries& run, double val_target) {
   s.final_val_loss = run.eval.empty() ? kNaN : run.eval.back().val_loss;
   s.best_val_loss = kNaN;
   s.bytes_to_target = kNaN;
+  s.seconds_to_target = kNaN;
   for (const EvalPoint& e : run.eval) {
     if (!finite(e.val_loss)) continue;
     if (!finite(s.best_val_loss) || e.val_loss < s.best_val_loss) s.best_val_loss = e.val_loss;
     if (s.step_to_target < 0 && finite(val_target) && e.val_loss <= val_target) {
       s.step_to_target = e.step;
       s.bytes_to_target = e.bytes_sent;
+      s.seconds_to_target = e.elapsed_s;
     }
   }
+  double total_ms = 0.0;
+  for (const TrainPoint& p : run.train) total_ms += p.step_ms;
+  s.total_seconds = total_ms > 0.0 ? total_ms / 1e3 : kNaN;
   s.total_bytes = run.train.empty() ? 0.0 : run.train.back().bytes_sent;
   if (!run.train.empty()) s.bytes_by_state = run.train.back().bytes_by_state;
   double sum = 0.0;
@@ -227,7 +240,8 @@ std::string render_report_html(const std::vector<RunSeries>& runs, const std::st
       "<p class=\"note\">{} run{}. Bytes are wire bytes sent per worker (a ring all-reduce sends "
       "2(M&minus;1)/M of the payload). The target validation loss is {}: the worst final "
       "validation loss among the runs, so every evaluated run reaches it; \"to target\" is the "
-      "first evaluation at or below it.</p>\n",
+      "first evaluation at or below it. Step time is the sum of the steps' wall times, "
+      "evaluation excluded.</p>\n",
       runs.size(), runs.size() == 1 ? "" : "s", fmt_loss(target));
 
   // The table.
@@ -235,7 +249,8 @@ std::string render_report_html(const std::vector<RunSeries>& runs, const std::st
        "<th class=\"name\">settings</th><th>steps</th><th>final train loss</th>"
        "<th>final val loss</th><th>best val loss</th><th>bytes / worker</th>"
        "<th>share of most</th><th>bytes / worker to target</th><th>step at target</th>"
-       "<th>mean tokens/s</th><th class=\"name\">metrics file</th></tr>\n";
+       "<th>step time to target</th><th>step time</th><th>mean tokens/s</th><th "
+       "class=\"name\">metrics file</th></tr>\n";
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const RunSeries& r = runs[i];
     const RunSummary& s = sums[i];
@@ -255,19 +270,20 @@ std::string render_report_html(const std::vector<RunSeries>& runs, const std::st
     h += fmt::format(
         "<tr><td class=\"name\"><span class=\"swatch\" style=\"background:{}\"></span>{}</td>"
         "<td class=\"text\">{}</td><td class=\"text\">{}</td><td>{}</td><td>{}</td><td>{}</td>"
-        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td class=\"path\">{}</td></tr>\n",
         series_colour(i), xml_escape(labels[i]), r.method.empty() ? "\u2014" : xml_escape(r.method),
         r.settings.empty() ? "\u2014" : xml_escape(r.settings), s.steps,
         fmt_loss(s.final_train_loss), fmt_loss(s.final_val_loss), fmt_loss(s.best_val_loss), bytes,
         share, s.step_to_target < 0 ? "\u2014" : fmt_bytes(s.bytes_to_target),
         s.step_to_target < 0 ? std::string("\u2014") : fmt::format("{}", s.step_to_target),
+        fmt_seconds(s.seconds_to_target), fmt_seconds(s.total_seconds),
         fmt_rate(s.mean_tokens_per_s), xml_escape(r.path));
   }
   h += "</table>\n";
 
   // The charts: one series per run in every chart, so a run keeps its colour throughout.
-  std::vector<Series> train_step, val_step, val_bytes, train_bytes;
+  std::vector<Series> train_step, val_step, val_time, val_bytes, train_bytes;
   std::size_t max_window = 1;
   bool any_silent = false;
   for (std::size_t i = 0; i < runs.size(); ++i) {
@@ -279,6 +295,10 @@ std::string render_report_html(const std::vector<RunSeries>& runs, const std::st
     Series v{labels[i], {}, {}};
     for (const EvalPoint& e : r.eval) v.x.push_back(double(e.step)), v.y.push_back(e.val_loss);
     val_step.push_back(v);
+    Series vt{labels[i], {}, {}};
+    for (const EvalPoint& e : r.eval)
+      if (finite(e.elapsed_s)) vt.x.push_back(e.elapsed_s), vt.y.push_back(e.val_loss);
+    val_time.push_back(vt);
     if (sums[i].total_bytes <= 0.0) {
       any_silent = true;
       const std::string silent = labels[i] + " (no communication)";
@@ -320,6 +340,10 @@ std::string render_report_html(const std::vector<RunSeries>& runs, const std::st
          "Training loss of each run (mean over its workers)." + smoothing);
   figure(val_step, {"Validation loss vs step", "step", "validation loss (nats)"},
          "Validation loss of the workers' mean parameters at each evaluation.");
+  figure(val_time, {"Validation loss vs training time", "step time (s)", "validation loss (nats)"},
+         "Validation loss against the run's summed step times (evaluation excluded): the "
+         "comparison at equal wall-clock time. Runs whose files record no step times have no "
+         "line.");
   figure(val_bytes,
          {"Validation loss vs bytes communicated", "bytes sent per worker (log)",
           "validation loss (nats)", true},

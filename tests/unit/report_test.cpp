@@ -350,10 +350,13 @@ TEST_F(ReportFiles, LoadRunReadsHeaderRecordsAndBytesAtEval) {
   ASSERT_EQ(a.eval.size(), 5u);
   EXPECT_EQ(a.eval[3].step, 8);
   EXPECT_EQ(a.eval[3].bytes_sent, 8000.0);
+  EXPECT_DOUBLE_EQ(a.eval[3].elapsed_s, 8 * 1.5e-3);  // eight steps of 1.5 ms
+  EXPECT_EQ(a.train[9].step_ms, 1.5);
   EXPECT_EQ(a.train[9].bytes_by_state[1], 6000.0);  // x
   const RunSeries c = load_run(write("local-only/metrics.jsonl", run_c()));
   EXPECT_EQ(c.name, "local-only");  // no header: the directory names the run
   EXPECT_TRUE(c.method.empty());
+  EXPECT_TRUE(std::isnan(c.eval[0].elapsed_s));  // no step times: no training time
 }
 
 TEST_F(ReportFiles, SummaryMatchesClosedForm) {
@@ -370,11 +373,15 @@ TEST_F(ReportFiles, SummaryMatchesClosedForm) {
   EXPECT_EQ(a.total_bytes, 10000.0);
   EXPECT_EQ(a.step_to_target, 8);  // 5.5 <= 5.6 first at step 8
   EXPECT_EQ(a.bytes_to_target, 8000.0);
+  EXPECT_DOUBLE_EQ(a.seconds_to_target, 8 * 1.5e-3);
+  EXPECT_DOUBLE_EQ(a.total_seconds, 10 * 1.5e-3);
   EXPECT_DOUBLE_EQ(a.mean_tokens_per_s, 1550.0);
   const RunSummary b = summarize(runs[1], target);
   EXPECT_EQ(b.step_to_target, 10);
   EXPECT_EQ(b.bytes_to_target, 1e6);
   EXPECT_EQ(b.total_bytes, 1e6);
+  EXPECT_TRUE(std::isnan(b.seconds_to_target));  // run B records no step times
+  EXPECT_TRUE(std::isnan(b.total_seconds));
   const RunSummary c = summarize(runs[2], target);
   EXPECT_EQ(c.total_bytes, 0.0);
   EXPECT_EQ(c.step_to_target, 6);
@@ -400,9 +407,11 @@ TEST_F(ReportFiles, HtmlIsSelfContainedAndHoldsTheTable) {
         "<td>1550</td>", "<td>1/100</td>", "title=\"1000000 bytes\"", "no communication", "5.6000",
         "<td>1 (most)</td>", "workers=4 kx=32 ku=96 kv=192"})
     EXPECT_NE(html.find(cell), std::string::npos) << cell;
-  // Four charts; one line per run in each (the silent run's line is empty on log-bytes charts).
-  EXPECT_EQ(count(html, "<svg "), 4u);
-  EXPECT_EQ(count(html, "<polyline"), 12u);
+  // Five charts; one line per run in each (the silent run's line is empty on log-bytes charts,
+  // and the untimed runs' lines are empty on the time chart).
+  EXPECT_EQ(count(html, "<svg "), 5u);
+  EXPECT_EQ(count(html, "<polyline"), 15u);
+  EXPECT_NE(html.find("Validation loss vs training time"), std::string::npos);
   EXPECT_NE(html.find("local-only (no communication)"), std::string::npos);
   // Self-contained: no URL at all, not even the SVG namespace.
   EXPECT_EQ(html.find("http://"), std::string::npos);

@@ -19,6 +19,7 @@ struct TrainPoint {
   double tokens_per_s = 0.0;
   double bytes_sent = 0.0;  // cumulative wire bytes per worker up to and including this step
   std::array<double, 4> bytes_by_state{};  // the same, split by state kind (kStateNames order)
+  double step_ms = 0.0;                    // the step's wall time (0 where the file has none)
 };
 
 // One {"type":"eval"} record, with the bytes sent by the time it was taken.
@@ -26,6 +27,9 @@ struct EvalPoint {
   std::int64_t step = 0;
   double val_loss = 0.0;
   double bytes_sent = 0.0;  // from the last train record at or before `step`
+  // Training time up to `step`: the sum of the step times of the train records at or before it
+  // (evaluation excluded). NaN when the file records no step times.
+  double elapsed_s = 0.0;
 };
 
 // A run as read from its metrics file.
@@ -51,6 +55,8 @@ struct RunSummary {
   double total_bytes = 0.0;                // per worker
   double bytes_to_target = 0.0;            // per worker, at the first eval with val_loss <= target
   std::int64_t step_to_target = -1;        // step of that eval
+  double seconds_to_target = 0.0;          // its elapsed_s (NaN without step times)
+  double total_seconds = 0.0;              // the sum of every step time (NaN without them)
   double mean_tokens_per_s = 0.0;          // arithmetic mean over train records
   std::array<double, 4> bytes_by_state{};  // per worker, by state kind: kStateNames order
 };
