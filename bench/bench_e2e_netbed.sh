@@ -6,6 +6,13 @@
 # `desloc worker` per site namespace, talking UCX tcp over the shaped veths.
 # Reports ms per step, time to a target validation loss (step time only: evaluation excluded),
 # wide-area bytes, and whether communication steals compute. docs/benchmarks.md.
+#
+# With --budget every method trains for the same wall-clock budget instead of the same steps:
+# `desloc simulate` on the bed's topology predicts each method's step time and so its step
+# count. With --plan the bed is first measured with `desloc profile`, and `desloc plan` chooses
+# DES-LOC's periods (and Local Adam's, at DES-LOC's bytes per step) from that measurement: the
+# workflow a user follows. --starved is the headline scenario: a bandwidth-starved bed where
+# DDP is about 20x slower than compute, compared at equal wall-clock time.
 set -Eeuo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,6 +31,9 @@ methods=none,ddp,local_adam,desloc
 results=''
 rtt=''
 tcp_buffer=''
+budget=''
+plan=0
+overhead=0.05
 bed=e2e$$
 bed=${bed:0:8}
 
@@ -31,7 +41,8 @@ usage() {
   cat <<EOF
 usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--links A-B=1gbit,...] [--steps N] [--kx K]
        [--target NATS] [--methods none,ddp,local_adam,desloc] [--results DIR] [--quick]
-       [--rtt T] [--tcp-buffer BYTES]
+       [--rtt T] [--tcp-buffer BYTES] [--budget SECONDS] [--plan] [--target-overhead F]
+       [--starved]
 
 Runs as root (network namespaces). Defaults: 3 sites on 100 Mbit links, 300 steps of the
 quickstart model (B = 8 per site, one rank per site), Kx = $kx, target validation loss
@@ -43,6 +54,15 @@ $target nats. Method none is the compute-only reference (no communication at all
              DIR/src/desloc-netdelay)
   --tcp-buffer  largest TCP buffers of every site (netbed.sh --tcp-buffer)
   --results  keep configs, logs and metrics there (default: a temporary directory, removed)
+  --budget   train every method for about SECONDS of step time (evaluation excluded) instead
+             of --steps: each method's steps = SECONDS / its step time as \`desloc simulate\`
+             predicts it on the topology (the profiled one with --plan, else the bed's rates)
+  --plan     profile the bed (\`desloc profile\`), then take DES-LOC's Kx, Ku, Kv, phases, ring
+             and lanes from \`desloc plan\` (--target-overhead, default $overhead); Local Adam
+             gets K = 2 Kx, which sends the bytes per step DES-LOC's plan does
+  --starved  the headline scenario: --rate 5mbit --rtt 40ms --budget 240 --plan --target 3.0
+             (3 sites; DDP about 20x the compute-only step; about 20 minutes)
+  --quick    with --budget: a budget of 40 s
 Exit status: 0 all targets met, 3 a target missed, 1 a failure.
 EOF
 }
@@ -50,6 +70,7 @@ EOF
 die() { echo "$prog: error: $*" >&2; exit 1; }
 say() { echo "$prog: $*" >&2; }
 
+quick=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -61,13 +82,19 @@ while [[ $# -gt 0 ]]; do
     --target) target=$2; shift 2 ;;
     --methods) methods=$2; shift 2 ;;
     --results) results=$2; shift 2 ;;
-    --quick) steps=60; target=3.0; shift ;;
+    --quick) steps=60; target=3.0; quick=1; shift ;;
     --rtt) rtt=$2; shift 2 ;;
     --tcp-buffer) tcp_buffer=$2; shift 2 ;;
+    --budget) budget=$2; shift 2 ;;
+    --plan) plan=1; shift ;;
+    --target-overhead) overhead=$2; shift 2 ;;
+    --starved) rate=5mbit; rtt=40ms; budget=240; plan=1; target=3.0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
 done
+[[ -z $budget || $budget =~ ^[0-9]+$ ]] || die "--budget takes whole seconds, not '$budget'"
+[[ $quick -eq 0 || -z $budget ]] || budget=40
 [[ $(id -u) -eq 0 ]] || die "needs root for network namespaces"
 desloc=$build/src/desloc
 [[ -x $desloc ]] || die "no $desloc; build first (scripts/build.sh)"
@@ -103,9 +130,13 @@ coord_addr=$("$netbed" env --name "$bed" --site "${site_list[0]}" | sed -n 's/^D
 quoted=$(printf '"%s", ' "${site_list[@]}")
 quoted=${quoted%, }
 
-write_config() {  # $1 = method, $2 = file
-  local period=''
-  [[ $1 == ddp || $1 == none ]] || period="kx = $kx"
+write_config() {  # $1 = method, $2 = file, $3 = steps
+  local period='' lanes_line=''
+  case $1 in
+    desloc) period=${desloc_sync:-"kx = $kx"} ;;
+    local_adam) period="kx = ${la_kx:-$kx}" ;;
+  esac
+  [[ -z $lanes ]] || lanes_line="lanes = $lanes"
   cat >"$2" <<EOF
 # bench_e2e_netbed: the quickstart model, $1, ${#site_list[@]} sites on $rate links.
 [model]
@@ -131,8 +162,8 @@ dir = "$data"
 batch = 8
 seed = 1234
 [train]
-steps = $steps
-eval_every = $(( steps / 6 > 0 ? steps / 6 : 1 ))
+steps = $3
+eval_every = $(($3 / evals > 0 ? $3 / evals : 1))
 eval_batches = 8
 checkpoint_every = 0
 log_every = 50
@@ -152,35 +183,84 @@ tls = "tcp"
 net_devices = ""  # each namespace's UCX_NET_DEVICES, set by netbed exec
 rndv_thresh = "inf"
 deadline_s = 120
+$lanes_line
 EOF
 }
 
-for method in ${methods//,/ }; do
-  cfg=$results/$method.toml
-  write_config "$method" "$cfg"
-  say "$method: ${#site_list[@]} sites on $rate, $steps steps"
+# Runs a real coordinator in the first site and one worker per site: $1 = name (logs), $2 =
+# config, the rest = extra worker arguments.
+run_job() {
+  local name=$1 cfg=$2 s p coord failed=0 pids=() quiet=()
+  shift 2
   "$netbed" exec --name "$bed" --site "${site_list[0]}" -- \
     "$desloc" coordinator --config "$cfg" --listen "$coord_addr:29517" \
-    >"$results/$method-coordinator.log" 2>&1 &
+    >"$results/$name-coordinator.log" 2>&1 &
   coord=$!
   sleep 0.5
-  pids=()
   for s in "${site_list[@]}"; do
     quiet=(--quiet)
     [[ $s == "${site_list[0]}" ]] && quiet=()
     "$netbed" exec --name "$bed" --site "$s" -- \
       "$desloc" worker --config "$cfg" --site "$s" --rank 0 --coordinator "$coord_addr:29517" \
-      --no-progress "${quiet[@]}" >"$results/$method-$s.log" 2>&1 &
+      --no-progress "${quiet[@]}" "$@" >"$results/$name-$s.log" 2>&1 &
     pids+=("$!")
   done
-  failed=0
   for p in "${pids[@]}"; do wait "$p" || failed=1; done
   wait "$coord" || true
   if [[ $failed -ne 0 ]]; then
-    tail -n 5 "$results/$method"-*.log >&2
-    die "$method: a rank failed (logs above)"
+    tail -n 5 "$results/$name"-*.log >&2
+    die "$name: a rank failed (logs above)"
   fi
+}
+
+evals=6
+desloc_sync='' la_kx='' lanes=''
+declare -A method_steps=()
+if [[ -n $budget || $plan -eq 1 ]]; then
+  evals=12  # a finer curve against time
+  write_config desloc "$results/profile.toml" 1000
+  sed -i "s|^out_dir = .*|out_dir = \"$results/profile\"|" "$results/profile.toml"
+  say "profile: measuring the bed's links and compute step with desloc profile"
+  run_job profile "$results/profile.toml" --profile "$results/topology.toml"
+  grep -E " -> |warn" "$results/profile-${site_list[0]}.log" >&2 || true
+fi
+if [[ $plan -eq 1 ]]; then
+  "$desloc" plan --topology "$results/topology.toml" --config "$results/profile.toml" \
+    --target-overhead "$overhead" --out "$results/plan.toml" >"$results/plan.txt" ||
+    { cat "$results/plan.txt" >&2; die "desloc plan refused the profiled bed"; }
+  desloc_sync=$(sed -n '/^\[sync\]/,/^\[/{/^\(kx\|ku\|kv\|phase_[xuv]\) *=/p}' "$results/plan.toml")
+  kx=$(sed -n 's/^kx *= *\([0-9]*\).*/\1/p' "$results/plan.toml")
+  la_kx=$((2 * kx))
+  lanes=$(sed -n 's/^lanes *= *\([0-9]*\).*/\1/p' "$results/plan.toml")
+  ring=$(sed -n 's/^sites *= *\[\([^]]*\)\].*/\1/p' "$results/plan.toml")
+  [[ -z $ring ]] || quoted=$ring
+  say "plan: DES-LOC $(echo "$desloc_sync" | tr '\n' ' ')(target overhead $overhead); Local Adam K = $la_kx"
+fi
+for method in ${methods//,/ }; do
+  method_steps[$method]=$steps
+  [[ -n $budget ]] || continue
+  # The method's step time as `desloc simulate` predicts it on the profiled topology.
+  write_config "$method" "$results/$method.toml" 1000
+  ms=$("$desloc" simulate --topology "$results/topology.toml" --config "$results/$method.toml" \
+    --methods "$method" | awk -v m="$method" '$1 == m { print $2 }')
+  [[ -n $ms ]] || die "desloc simulate predicted no step time for $method"
+  method_steps[$method]=$(awk -v b="$budget" -v ms="$ms" 'BEGIN { n = int(b * 1000 / ms); print (n < 1 ? 1 : n) }')
+  say "$method: predicted $ms ms per step: ${method_steps[$method]} steps in a budget of $budget s"
 done
 
+for method in ${methods//,/ }; do
+  cfg=$results/$method.toml
+  write_config "$method" "$cfg" "${method_steps[$method]}"
+  say "$method: ${#site_list[@]} sites on $rate${rtt:+ (round trip $rtt)}, ${method_steps[$method]} steps"
+  run_job "$method" "$cfg"
+done
+
+runs=()
+for method in ${methods//,/ }; do runs+=("$results/$method/metrics.jsonl"); done
+"$desloc" report --out "$results/report.html" \
+  --title "bench_e2e_netbed: ${#site_list[@]} sites on $rate${rtt:+, round trip $rtt}" "${runs[@]}" >/dev/null
+say "report: $results/report.html (validation loss against step, training time and bytes)"
+report_args=()
+[[ -z $budget ]] || report_args+=(--budget "$budget")
 python3 "$here/e2e_report.py" --results "$results" --methods "$methods" --rate "$rate" \
-  --sites "${#site_list[@]}" --target "$target"
+  --sites "${#site_list[@]}" --target "$target" "${report_args[@]}"

@@ -6,6 +6,12 @@ counting step time only, final validation loss, wide-area bytes per rank, and ra
 compute-only run (method none). For DES-LOC, whether communication steals compute: its steps
 without a sync against compute-only steps (target within 5%), and its sync steps' extra time
 against the wire time the bytes need at the link's TCP payload rate.
+
+With --budget (every method trained for the same wall-clock budget), also the comparison at
+equal training time: each method's validation loss at sixths of the budget (its last
+evaluation at or before that time), and the training time each needs to reach DDP's final
+validation loss. Training time is the sum of step times, step 1 included, evaluation excluded,
+as `desloc report` draws it.
 """
 import argparse
 import json
@@ -58,7 +64,14 @@ def load(results, method, target):
             sync_bytes.append(l["bytes_sent"] - prev)
         prev = l["bytes_sent"]
     last_eval = evals[max(evals)] if evals else None
+    curve, clock = [], 0.0  # (training time incl. step 1, val loss) at every evaluation
+    for l in train:
+        clock += l["step_ms"] / 1e3
+        e = evals.get(l["step"])
+        if e and e["val_loss"] is not None:
+            curve.append((clock, e["val_loss"]))
     return dict(
+        curve=curve, steps=len(train), mean=sum(ms) / max(1, len(ms)),
         median=statistics.median(ms), p10=quantile(ms, 0.1), p90=quantile(ms, 0.9),
         to_target=to_target, total=sum(l["step_ms"] for l in train[1:]) / 1e3,
         val=last_eval["val_loss"] if last_eval else float("nan"),
@@ -76,6 +89,8 @@ def main():
     ap.add_argument("--rate", required=True)
     ap.add_argument("--sites", type=int, required=True)
     ap.add_argument("--target", type=float, required=True)
+    ap.add_argument("--budget", type=float, default=0.0,
+                    help="seconds of training time every method was given (0: equal steps)")
     a = ap.parse_args()
     payload_rate = rate_bits(a.rate) * 0.956 / 8  # TCP payload bytes/s at MTU 1500
     rows = {m: load(a.results, m, a.target) for m in a.methods.split(",")}
@@ -96,8 +111,8 @@ def main():
     ok = True
     if "desloc" in rows and base:
         d = rows["desloc"]
-        ratio = d["total"] / base["total"]
-        print(f"\nDES-LOC total step time / compute-only: {ratio:.3f} (target <= 1.10)")
+        ratio = d["mean"] / base["mean"]
+        print(f"\nDES-LOC mean step time / compute-only: {ratio:.3f} (target <= 1.10)")
         ok &= ratio <= 1.10
         if d["quiet"]:
             steal = statistics.median(d["quiet"]) / base["median"]
@@ -126,7 +141,35 @@ def main():
     if "ddp" in rows and base:
         print(f"DDP is communication-bound: {rows['ddp']['median'] / base['median']:.2f}x the "
               f"compute-only step time")
+    if a.budget > 0:
+        equal_time(rows, a.budget)
     return 0 if ok else 3
+
+
+def loss_at(curve, t):
+    """The validation loss of the last evaluation at or before training time t (None: none)."""
+    seen = [v for c, v in curve if c <= t]
+    return seen[-1] if seen else None
+
+
+def equal_time(rows, budget):
+    marks = [budget * k / 6 for k in range(1, 7)]
+    print(f"\nValidation loss at equal training time (budget {budget:.0f} s; the last evaluation at "
+          f"or before each time; '-' = not yet evaluated):")
+    print(f"{'method':<11} {'steps':>6} {'trained s':>9} " + " ".join(f"{t:>7.0f}s" for t in marks))
+    for m, r in rows.items():
+        cells = [loss_at(r["curve"], t * 1.02) for t in marks]  # 2%: a run ends near, not at, t
+        print(f"{m:<11} {r['steps']:>6} {r['curve'][-1][0] if r['curve'] else 0:>9.1f} " +
+              " ".join(f"{c:>8.4f}" if c is not None else f"{'-':>8}" for c in cells))
+    ddp = rows.get("ddp")
+    if not ddp or not ddp["curve"]:
+        return
+    goal, ddp_time = ddp["curve"][-1][1], ddp["curve"][-1][0]
+    print(f"\nTraining time to DDP's final validation loss {goal:.4f} (DDP took {ddp_time:.1f} s):")
+    for m, r in rows.items():
+        hit = next((c for c, v in r["curve"] if v <= goal), None)
+        print(f"  {m:<11} " + (f"{hit:>8.1f} s  {hit / ddp_time:.3f}x DDP's time" if hit is not None
+                               else "not reached"))
 
 
 if __name__ == "__main__":
