@@ -10,7 +10,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "desloc/train/checkpoint.hpp"
 #include "desloc/train/config.hpp"
@@ -19,12 +21,50 @@ namespace desloc::test {
 
 namespace fs = std::filesystem;
 
+// The directories fresh_dir made for the running test. When the test ends they are removed if
+// it passed, and kept (and named) if it failed, for the post-mortem.
+class ScratchDirs : public ::testing::EmptyTestEventListener {
+ public:
+  static ScratchDirs& instance() {
+    static ScratchDirs* dirs = [] {
+      auto* d = new ScratchDirs;  // owned by GoogleTest's listener list from here on
+      ::testing::UnitTest::GetInstance()->listeners().Append(d);
+      return d;
+    }();
+    return *dirs;
+  }
+  void add(const fs::path& p) {
+    std::lock_guard lock(mu_);
+    dirs_.push_back(p);
+  }
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    std::vector<fs::path> dirs;
+    {
+      std::lock_guard lock(mu_);
+      dirs.swap(dirs_);
+    }
+    for (const fs::path& p : dirs) {
+      if (info.result()->Failed()) {
+        std::fprintf(stderr, "kept the failed test's directory %s\n", p.c_str());
+        continue;
+      }
+      std::error_code ec;
+      fs::remove_all(p, ec);  // a directory a child process still writes stays; no failure
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<fs::path> dirs_;
+};
+
 inline fs::path fresh_dir(const std::string& tag) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   fs::path p = fs::temp_directory_path() / ("desloc_" + tag + "_" + std::to_string(::getpid()) +
                                             "_" + info->test_suite_name() + "_" + info->name());
   fs::remove_all(p);
   fs::create_directories(p);
+  ScratchDirs::instance().add(p);
   return p;
 }
 
