@@ -18,6 +18,12 @@ CollectiveAverager::CollectiveAverager(transport::Collective& wan, transport::Co
       wan_reverse_(wan_reverse != nullptr && wan_reverse->size() >= 3 ? wan_reverse : nullptr) {}
 
 void CollectiveAverager::average(optim::StateKind kind, std::span<const std::span<float>> local) {
+  average_across_sites(kind, local);
+  complete_average(kind, local);
+}
+
+void CollectiveAverager::average_across_sites(optim::StateKind kind,
+                                              std::span<const std::span<float>> local) {
   using transport::CollectiveOp;
   check_one_replica(kind, local);
   const std::span<float> data = local[0];
@@ -65,8 +71,22 @@ void CollectiveAverager::average(optim::StateKind kind, std::span<const std::spa
   const auto size = static_cast<float>(kept);
   for (float& x : shard) x /= size;  // a division, not a reciprocal: correctly rounded
   traffic_.wire[k] += wan_.bytes()[CollectiveOp::kAllReduce].sent - wan_before;
+}
 
+void CollectiveAverager::complete_average(optim::StateKind kind,
+                                          std::span<const std::span<float>> local) {
+  using transport::CollectiveOp;
+  check_one_replica(kind, local);
+  const std::span<float> data = local[0];
+  const auto k = static_cast<std::size_t>(kind);
+  if (wan_.size() == 1) return;
   if (site_ != nullptr) {
+    const int ranks = site_->size();
+    const int r = site_->rank();
+    const transport::Range mine = transport::block(data.size(), ranks, r);
+    const std::span<float> shard = data.subspan(mine.offset, mine.count);
+    const transport::OpLabel label{step_, static_cast<std::uint8_t>(kind),
+                                   static_cast<std::uint32_t>(r)};
     // Equal blocks for the all-gather: the last shards may be shorter, so pad into place.
     const std::size_t blk = transport::block(data.size(), ranks, 0).count;
     gathered_.assign(blk * static_cast<std::size_t>(ranks), 0.0f);

@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "desloc/core/error.hpp"
 #include "desloc/sync/synced_step.hpp"
 
 namespace desloc::sync {
@@ -49,15 +52,105 @@ void bound_momentum(std::span<Replica> replicas) {
 
 SyncEngine::SyncEngine(const SyncPolicy& policy, StepOptions opts) : policy_(policy), opts_(opts) {}
 
+SyncEngine::~SyncEngine() { abandon(); }
+
+void SyncEngine::abandon() {
+  if (comm_.joinable()) comm_.join();
+  started_.clear();
+  comm_error_ = nullptr;
+}
+
 const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager) {
+  abandon();  // a step abandoned by an exception may have left averages behind
   averager_ = &averager;
   due_ = policy_.at(t);
   averager.begin_step(t);
   return due_;
 }
 
+const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
+                                      std::span<Replica> replicas, bool stop) {
+  using optim::StateKind;
+  begin(t, averager);
+  if (!opts_.overlap || !(due_.x || due_.u || due_.v)) return due_;
+  if (due_.grad)  // the config refuses overlap with DDP; a gradient does not exist yet
+    throw Error("sync engine: step " + std::to_string(t) +
+                " averages the gradient, which cannot start before the step's backward pass");
+  std::vector<std::vector<std::span<float>>> views;
+  std::vector<DueAverage> due;
+  for (const auto& [kind, is_due] :
+       {std::pair{StateKind::kX, due_.x}, std::pair{StateKind::kU, due_.u},
+        std::pair{StateKind::kV, due_.v}}) {
+    if (!is_due) continue;
+    views.push_back(state_views(replicas, kind));
+    due.push_back({kind, {}});
+  }
+  for (std::size_t k = 0; k < due.size(); ++k) due[k].local = views[k];
+  stop_agreed_ = averager.exchange_control(due, stop);
+  // Copies: x is read by the forward pass at its un-averaged value until the update.
+  for (std::size_t k = 0; k < due.size(); ++k) {
+    Started st{due[k].kind, {}, {}};
+    for (const std::span<float> v : views[k]) st.copies.emplace_back(v.begin(), v.end());
+    for (std::vector<float>& c : st.copies) st.views.emplace_back(c);
+    started_.push_back(std::move(st));
+  }
+  comm_ = std::thread([this, &averager] {
+    try {
+      for (Started& st : started_) averager.average_across_sites(st.kind, st.views);
+    } catch (...) {
+      comm_error_ = std::current_exception();
+    }
+  });
+  return due_;
+}
+
+// What follows an average of `kind` in Alg. 1's order: the outer step after x, the momentum
+// bound after u when v is not averaged with it.
+void SyncEngine::apply(optim::StateKind kind, std::span<Replica> replicas) const {
+  if (kind == optim::StateKind::kX && opts_.outer != nullptr && !replicas.empty()) {
+    opts_.outer->step(replicas[0].x);
+    for (std::size_t w = 1; w < replicas.size(); ++w)
+      std::copy(replicas[0].x.begin(), replicas[0].x.end(), replicas[w].x.begin());
+  }
+  if (kind == optim::StateKind::kU && !due_.v) bound_momentum(replicas);
+}
+
+void SyncEngine::reset_moments(std::span<Replica> replicas) const {
+  if (!due_.reset_uv) return;
+  for (auto& r : replicas) {
+    auto& s = r.opt->state();
+    std::fill(s.u.begin(), s.u.end(), 0.0f);
+    std::fill(s.v.begin(), s.v.end(), 0.0f);
+    if (opts_.reset_step_count) s.t = 0;
+  }
+}
+
+bool SyncEngine::finish_started(std::span<Replica> replicas) {
+  comm_.join();
+  if (comm_error_) {
+    const std::exception_ptr e = comm_error_;
+    abandon();
+    std::rethrow_exception(e);
+  }
+  for (Started& st : started_) {
+    averager_->complete_average(st.kind, st.views);
+    const std::vector<std::span<float>> dst = state_views(replicas, st.kind);
+    if (dst.size() != st.copies.size())
+      throw Error("sync engine: " + std::to_string(dst.size()) +
+                  " replicas at the end of a step that began with " +
+                  std::to_string(st.copies.size()));
+    for (std::size_t w = 0; w < dst.size(); ++w)
+      std::copy(st.copies[w].begin(), st.copies[w].end(), dst[w].begin());
+    apply(st.kind, replicas);
+  }
+  started_.clear();
+  reset_moments(replicas);
+  return stop_agreed_;
+}
+
 bool SyncEngine::finish(std::span<Replica> replicas, bool stop) {
   using optim::StateKind;
+  if (comm_.joinable()) return finish_started(replicas);
   if (!due_.any()) return false;
   Averager& averager = *averager_;
   // Every view the averages use, taken once: the exchange judges exactly these payloads.
@@ -75,21 +168,9 @@ bool SyncEngine::finish(std::span<Replica> replicas, bool stop) {
 
   for (const DueAverage& d : due) {
     averager.average(d.kind, d.local);
-    if (d.kind == StateKind::kX && opts_.outer != nullptr && !replicas.empty()) {
-      opts_.outer->step(replicas[0].x);
-      for (std::size_t w = 1; w < replicas.size(); ++w)
-        std::copy(replicas[0].x.begin(), replicas[0].x.end(), replicas[w].x.begin());
-    }
-    if (d.kind == StateKind::kU && !due_.v) bound_momentum(replicas);
+    apply(d.kind, replicas);
   }
-  if (due_.reset_uv) {
-    for (auto& r : replicas) {
-      auto& s = r.opt->state();
-      std::fill(s.u.begin(), s.u.end(), 0.0f);
-      std::fill(s.v.begin(), s.v.end(), 0.0f);
-      if (opts_.reset_step_count) s.t = 0;
-    }
-  }
+  reset_moments(replicas);
   return stop_agreed;
 }
 

@@ -248,6 +248,10 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
   b.integer64("join_step", s.join_step,
               "elastic join: from this step on, grow to join_workers (0 = never)", 0);
   b.integer("join_workers", s.join_workers, "elastic join: worker count after the join", 0, 4096);
+  b.string("overlap", s.overlap,
+           "\"none\": averages block the step; \"step\": the averages of x, u and v run during "
+           "the step's forward and backward pass (the same numbers)",
+           {"none", "step"});
 }
 
 void bind_job(Binder& b, JobSection& j) {
@@ -328,6 +332,12 @@ void check_sync(const Binder& b, const sync::SyncConfig& s) {
     throw ConfigError(fmt::format(
         "{}: sync.outer = \"{}\" needs a parameter average, but method = \"{}\" has none",
         b.location_of("outer"), s.outer, to_string(s.method)));
+  if (s.overlaps() && !s.averages_params())
+    throw ConfigError(fmt::format(
+        "{}: sync.overlap = \"{}\" overlaps averages of x, u and v with compute, but method = "
+        "\"{}\" has none{}",
+        b.location_of("overlap"), s.overlap, to_string(s.method),
+        s.method == SyncMethod::kDdp ? " (DDP's gradient average needs the step's gradient)" : ""));
   if (s.join_step > 0 && s.join_workers <= s.workers)
     throw ConfigError(fmt::format(
         "{}: sync.join_workers = {} must exceed sync.workers = {} when join_step is set",

@@ -131,7 +131,7 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
       virtual_averager_(cfg.sync.workers, sync::SumOrder::kRing, R_, cfg.transport.lanes),
       averager_(rank != nullptr ? rank->averager : &virtual_averager_),
       reducer_(rank != nullptr ? rank->site_group : nullptr),
-      engine_(policy_, {&cfg.clip, outer_ ? &*outer_ : nullptr, false}),
+      engine_(policy_, {&cfg.clip, outer_ ? &*outer_ : nullptr, false, cfg.sync.overlaps()}),
       evaluator_(cfg, *model_, dataset_),
       poison_(poison_from_environment()),
       live_sites_(cfg.sync.workers),
@@ -352,6 +352,7 @@ TrainResult TrainingRun::run() {
       if ((cfg_.train.checkpoint_every > 0 && step_ % cfg_.train.checkpoint_every == 0) || last)
         save(step_);
     } catch (const Error& e) {
+      engine_.abandon();  // averages in flight end (or fail) before their groups are rebuilt
       if (!recovery_ || !cluster::Recovery::recoverable(e)) throw;
       recover(e.message());
     }
@@ -387,15 +388,17 @@ bool TrainingRun::stop_requested() {
 TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
   const auto t0 = Clock::now();
   StepResult s;
-  s.due = engine_.begin(t, *averager_);
+  // With sync.overlap = "step" the due averages of x, u and v start here and run while the
+  // gradients are computed.
+  std::vector<sync::Replica> replicas = views_of(sites_);
+  s.due = engine_.begin(t, *averager_, replicas, site_stop_);
   site_losses_.resize(sites_.size());  // sites may have joined
   double loss_sum = 0.0;
   for (std::size_t i = 0; i < sites_.size(); ++i) {
     site_losses_[i] = site_gradient(i, t);
     loss_sum += site_losses_[i];
   }
-  inject_poison(t, s.due);
-  std::vector<sync::Replica> replicas = views_of(sites_);
+  inject_poison(t, s.due);  // under overlap the averages started from the unpoisoned values
   const bool stop = engine_.finish(replicas, site_stop_);
   if (networked_) {
     if (cfg_.sync.method == SyncMethod::kNone)

@@ -70,19 +70,27 @@ std::vector<std::string> site_column(const std::vector<std::string>& arrays, std
   return out;
 }
 
+// `launch_overlap`: the launched job overlaps its averages with compute (sync.overlap =
+// "step") while the in-process reference blocks, so the comparison also shows that overlapping
+// changes no number.
 void expect_launch_matches_train(const std::string& tag, const std::vector<std::string>& sites,
-                                 int ranks) {
+                                 int ranks, bool launch_overlap = false) {
   const fs::path dir = fresh_dir(tag);
   std::string names;
   for (const auto& s : sites) names += (names.empty() ? "\"" : ", \"") + s + "\"";
   // 12 steps with kx = 2: x every 2 steps, u every 6, v every 12; the last step syncs all.
   const std::string toml = with_steps(multi_site_toml(dir / "launch", names, ranks), 12);
   const fs::path cfg = write_text(dir / "job.toml", toml);
+  std::string launched_toml = toml;
+  if (launch_overlap)
+    launched_toml.replace(launched_toml.find("[sync]\n"), 7, "[sync]\noverlap = \"step\"\n");
+  const fs::path launch_cfg = write_text(dir / "launch.toml", launched_toml);
 
   const auto reference = run_command(std::string(DESLOC_CLI) + " train --no-progress --config " +
                                      cfg.string() + " --out-dir " + (dir / "train").string());
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
-  const auto launched = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
+  const auto launched =
+      run_command(std::string(DESLOC_CLI) + " launch --config " + launch_cfg.string());
   ASSERT_EQ(launched.exit_code, 0) << launched.output;
   EXPECT_NE(launched.output.find("all " + std::to_string(sites.size() * std::size_t(ranks)) +
                                  " ranks finished"),
@@ -144,6 +152,17 @@ TEST(Launch, TwoSitesOfTwoRanksReproduceTheInProcessRunBitForBit) {
 // goes round the reversed ring, and the in-process run sums it in that order too.
 TEST(Launch, ThreeSitesOfTwoRanksWithBothLanesReproduceTheInProcessRunBitForBit) {
   expect_launch_matches_train("launch3x2", {"west", "east", "north"}, 2);
+}
+
+// The averages of x, u and v run on a communication thread during the forward and backward
+// pass (sync.overlap = "step"): still the blocking in-process run, bit for bit, with one rank
+// per site and with two (whose intra-site all-gather completes on the main thread).
+TEST(Launch, OverlappedAveragesReproduceTheBlockingInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x1_overlap", {"west", "east", "north"}, 1, true);
+}
+
+TEST(Launch, TwoSitesOfTwoRanksOverlappingReproduceTheBlockingInProcessRunBitForBit) {
+  expect_launch_matches_train("launch2x2_overlap", {"west", "east"}, 2, true);
 }
 
 // Port 1 (tcpmux) is reserved and nothing listens there: connecting is refused at once.

@@ -59,6 +59,25 @@ TEST_F(SyncTrainer, DeslocWithEqualPeriodsIsLocalAdamBitwise) {
       << "x was averaged at t=12, then each worker stepped locally";
 }
 
+// sync.overlap = "step" starts a step's averages of x, u and v before its gradient and
+// finishes them before its update: the same numbers as the blocking step, bit for bit, for
+// every method that averages states (the outer step and favg_reset's zeroing included).
+TEST_F(SyncTrainer, OverlappedAveragesEqualBlockingOnesBitwise) {
+  for (const std::string method :
+       {"method = \"desloc\"\nkx = 2\nphase_u = 1\n", "method = \"local_adam\"\nkx = 3\n",
+        "method = \"favg_reset\"\nkx = 2\n",
+        "method = \"desloc\"\nkx = 2\nouter = \"nesterov\"\n"}) {
+    const auto blocking = job(fresh_dir("blocking"), method + "workers = 3\n");
+    const auto overlap = job(fresh_dir("overlap"), method + "workers = 3\noverlap = \"step\"\n");
+    const auto a = train::run_training(blocking, {.progress = 0});
+    const auto b = train::run_training(overlap, {.progress = 0});
+    test::expect_bitwise_equal(final_state(blocking), final_state(overlap));
+    EXPECT_EQ(a.last_val_loss, b.last_val_loss) << method;
+    EXPECT_EQ(a.bytes_sent_per_worker, b.bytes_sent_per_worker) << method;
+    EXPECT_GT(b.bytes_sent_per_worker, 0u) << method;
+  }
+}
+
 TEST_F(SyncTrainer, OneWorkerIsSingleSiteTrainingBitwise) {
   const auto single = job(fresh_dir("single"), "method = \"none\"\n");
   const auto desloc = job(fresh_dir("desloc_m1"), "method = \"desloc\"\nworkers = 1\nkx = 2\n");

@@ -260,6 +260,15 @@ TEST(SyncConfig, BadInputNamesTheKey) {
   EXPECT_NE(sync_error("method = \"desloc\"\nkx = 4\nphase_x = 4\n")
                 .find("sync.phase_x = 4 must be smaller"),
             std::string::npos);
+  EXPECT_NE(sync_error("method = \"ddp\"\noverlap = \"step\"\n")
+                .find("job.toml:3:11: sync.overlap = \"step\" overlaps averages of x, u and v "
+                      "with compute, but method = \"ddp\" has none (DDP's gradient average"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"none\"\noverlap = \"step\"\n").find("sync.overlap"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\noverlap = \"eager\"\n")
+                .find("sync.overlap = \"eager\" is not one of"),
+            std::string::npos);
   EXPECT_NE(sync_error("workers = 0\n").find("sync.workers"), std::string::npos);
   EXPECT_NE(sync_error("workers = 2\njoin_step = 10\njoin_workers = 2\n").find("sync.join_workers"),
             std::string::npos);

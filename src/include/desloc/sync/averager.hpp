@@ -41,6 +41,19 @@ class Averager {
   // workers, 1 for a networked rank) by the mean of that state over all workers of the job.
   // All replicas must have the same length.
   virtual void average(optim::StateKind kind, std::span<const std::span<float>> local) = 0;
+  // An average in two halves, for averages that overlap compute (sync.overlap = "step"):
+  // average_across_sites() is the wide-area half, and may run on another thread while this
+  // process computes, as long as nothing else uses the averager meanwhile: it touches only the
+  // wide-area groups. complete_average() then does the rest on the caller's thread (the
+  // all-gather inside the site, which shares its group with the step's gradient reduction).
+  // Together they compute exactly what average() computes. By default the first half is the
+  // whole average.
+  virtual void average_across_sites(optim::StateKind kind,
+                                    std::span<const std::span<float>> local) {
+    average(kind, local);
+  }
+  virtual void complete_average(optim::StateKind /*kind*/,
+                                std::span<const std::span<float>> /*local*/) {}
   // The 1-based step whose averages follow; networked averagers label their chunks with it,
   // and the payload guard's reports carry it.
   // Verdicts of an earlier step's control exchange that were never used are dropped.

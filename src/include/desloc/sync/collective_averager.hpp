@@ -32,6 +32,12 @@ class CollectiveAverager final : public Averager {
                               transport::Collective* wan_reverse = nullptr);
   // `local` holds exactly one replica, identical on every rank of a site.
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
+  // The payload guard and the WAN all-reduce of this rank's shard, divided: only the WAN
+  // groups are used (the guard's verdict must come from this step's exchange_control).
+  void average_across_sites(optim::StateKind kind,
+                            std::span<const std::span<float>> local) override;
+  // The intra-site all-gather of the averaged shards.
+  void complete_average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   // One all-gather inside the site, then one over the WAN group, carrying each due state's
   // health and the site's stop request (16 bytes a row).
   bool exchange_control(std::span<const DueAverage> due, bool stop) override;

@@ -7,12 +7,18 @@
 //              the gradient (DDP); x, then the outer step; u, then the momentum bound; v;
 //              favg_reset's zeroing of u and v.
 //   update()   clipping and every replica's local optimizer step.
-// The averagers built so far do all of an average's work in finish(); an overlapping one
-// starts in begin() from copies and folds the result in at finish().
+// With StepOptions::overlap (sync.overlap = "step") the averages of x, u and v start in
+// begin(): the control exchange runs there, and the wide-area halves of the averages
+// (Averager::average_across_sites) run on a communication thread, on copies, while the
+// gradient is computed; finish() waits for them, completes them on the caller's thread and
+// folds them in, in Alg. 1's order. Same inputs, same arithmetic, same order: the result equals
+// the blocking step's bit for bit. The gradient's average (DDP) always blocks.
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "desloc/optim/optimizer.hpp"
@@ -32,6 +38,7 @@ struct StepOptions {
   const optim::ClipConfig* clip = nullptr;  // nullptr = no clipping
   OuterNesterov* outer = nullptr;           // nullptr = plain parameter averaging
   bool reset_step_count = false;            // favg_reset: also restart bias correction
+  bool overlap = false;                     // sync.overlap = "step"
 };
 
 // After u is averaged without v (DES-LOC's Ku < Kv): bounds every |u_i| of an AdamW replica by
@@ -50,13 +57,25 @@ class SyncEngine {
  public:
   // `policy` must outlive the engine.
   explicit SyncEngine(const SyncPolicy& policy, StepOptions opts = {});
+  ~SyncEngine();
+  SyncEngine(const SyncEngine&) = delete;
+  SyncEngine& operator=(const SyncEngine&) = delete;
 
   // Opens step t (1-based) on `averager`, which must stay alive until finish().
   const SyncDecision& begin(std::int64_t t, Averager& averager);
-  // Runs the step's control exchange and due averages; every replica's g must hold its
-  // gradient. `stop` is this process's stop request; returns true when any site of the job
-  // asked to stop (known only on steps with averages: false otherwise).
+  // The same, and with StepOptions::overlap also the control exchange (`stop` is this
+  // process's stop request) and the start of the due averages of x, u and v, from the values
+  // `replicas` hold now. Those must not change before finish(); the gradient may.
+  const SyncDecision& begin(std::int64_t t, Averager& averager, std::span<Replica> replicas,
+                            bool stop);
+  // Runs the step's control exchange and due averages (or completes those begin() started);
+  // every replica's g must hold its gradient. `stop` is this process's stop request; returns
+  // true when any site of the job asked to stop (known only on steps with averages: false
+  // otherwise). An average that failed on the communication thread throws here.
   bool finish(std::span<Replica> replicas, bool stop = false);
+  // Waits for averages begin() started and drops them, and any error they raised: the step is
+  // being abandoned (a peer failed and the job recovers from its last common state).
+  void abandon();
   // Clipping, then each replica's optimizer step at learning rate lr. Returns the global norm
   // of the last replica's gradient before clipping.
   float update(std::span<Replica> replicas, float lr) const;
@@ -64,10 +83,24 @@ class SyncEngine {
   const SyncDecision& due() const { return due_; }
 
  private:
+  // One average begin() started: its own copy of every replica's state.
+  struct Started {
+    optim::StateKind kind;
+    std::vector<std::vector<float>> copies;
+    std::vector<std::span<float>> views;  // of the copies
+  };
+  bool finish_started(std::span<Replica> replicas);
+  void apply(optim::StateKind kind, std::span<Replica> replicas) const;
+  void reset_moments(std::span<Replica> replicas) const;
+
   const SyncPolicy& policy_;
   StepOptions opts_;
   Averager* averager_ = nullptr;
   SyncDecision due_;
+  std::vector<Started> started_;
+  std::thread comm_;               // runs the started averages' wide-area halves
+  std::exception_ptr comm_error_;  // what it threw, rethrown by finish()
+  bool stop_agreed_ = false;       // the control exchange's answer, taken in begin()
 };
 
 }  // namespace desloc::sync

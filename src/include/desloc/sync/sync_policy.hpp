@@ -27,10 +27,16 @@ struct SyncConfig {
   float outer_momentum = 0.9f;
   std::int64_t join_step = 0;  // elastic join: grow to join_workers at the first sync from here on
   int join_workers = 0;
+  // "none": a step's averages run after its gradient and block it. "step": the averages of x,
+  // u and v due at step t start before its forward pass, from the values they hold then (final
+  // until the update), and run while the gradient is computed; they finish before the update.
+  // The numbers are the same bit for bit; up to one step of compute hides the wire time.
+  std::string overlap = "none";
 
   std::int64_t effective_ku() const { return ku > 0 ? ku : 3 * kx; }
   std::int64_t effective_kv() const { return kv > 0 ? kv : 6 * kx; }
   bool averages_params() const { return desloc::averages_params(method); }
+  bool overlaps() const { return overlap == "step"; }
   // The schedule these settings describe (ku and kv resolved), as the simulator takes it.
   SyncSchedule schedule() const;
 };
