@@ -133,6 +133,7 @@ int run_simulate(const SimulateOptions& o) {
                     cfg.source, cfg.train.steps, kMaxSimulatedSteps));
   base.state_bytes = 4.0 * params;
   base.overlap = o.overlap;
+  base.overlap_step = cfg.sync.overlaps();
   base.jitter = o.jitter;
   base.ring = cfg.site_names();
   base.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(base.ring.size()));
@@ -148,7 +149,11 @@ int run_simulate(const SimulateOptions& o) {
       "Ku %lld, Kv %lld, %s syncs, compute jitter %.2f\n",
       topo.sites.size(), params, base.state_bytes / 1e6, static_cast<long long>(base.steps),
       static_cast<long long>(base.schedule.kx), static_cast<long long>(base.schedule.ku),
-      static_cast<long long>(base.schedule.kv), o.overlap ? "overlapped" : "blocking", o.jitter);
+      static_cast<long long>(base.schedule.kv),
+      o.overlap           ? "overlapped (what-if)"
+      : base.overlap_step ? "step-overlapped (sync.overlap)"
+                          : "blocking",
+      o.jitter);
   std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s\n", "method", "ms/step", "total", "comm s",
               "wait s", "syncs", "MB/site", "vs none");
   double none_total = 0;
@@ -186,7 +191,8 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
       ->check(finite_above(0, "communication time / compute time, e.g. 0.05"))
       ->capture_default_str();
   plan->add_flag("--overlap", p.overlap,
-                 "price syncs as overlapped with compute (a what-if: desloc's syncs block)");
+                 "price syncs as running under any number of following steps (a what-if: "
+                 "sync.overlap = \"step\" hides at most one step)");
   plan->add_option("--out", p.out, "also write the config fragment to this file");
   plan->add_option("--svg", p.svg_dir,
                    "write topology.svg (sites, links, the chosen ring) and bandwidth.svg (the "
@@ -208,7 +214,9 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
                    "comma-separated methods, of none, ddp, favg, favg_reset, local_adam, "
                    "desloc")
       ->capture_default_str();
-  simulate->add_flag("--overlap", s.overlap, "syncs run under the next steps' compute");
+  simulate->add_flag("--overlap", s.overlap,
+                     "what-if: syncs run under any number of following steps (the config's "
+                     "sync.overlap = \"step\" is modelled without it: at most one step)");
   simulate
       ->add_option("--jitter", s.jitter,
                    "per-step compute noise (sigma of a log-normal factor, e.g. 0.3)")
@@ -227,4 +235,4 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
           {simulate, [sim_opts] { return run_simulate(*sim_opts); }}};
 }
 
-}  // namespace cli
+}  // namespace desloc::cli

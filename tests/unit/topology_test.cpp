@@ -208,6 +208,35 @@ TEST(Simulator, ClosedFormsWithoutNoise) {
   EXPECT_LT(simulate(t, job).total_s, 60.0 + 3 * sync + 1e-9);
 }
 
+// sync.overlap = "step": a step with averages takes max(compute, averages); DDP still blocks.
+TEST(Simulator, StepOverlapHidesAveragesUnderOneStepOfCompute) {
+  const Topology t = parse_topology(topology_toml("ABC", 100, triangle), "tri.toml");
+  SimJob job;
+  job.state_bytes = 3e6;
+  job.steps = 600;
+  job.schedule = {SyncMethod::kDesloc, 16, 48, 96, 0, 0, 0};
+  job.overlap_step = true;
+  const double sync = ring_seconds(t, {"A", "B", "C"}, 3e6);
+  ASSERT_GT(sync, 0.1);  // one state's average outlasts the 0.1 s step: only the rest hides
+  const auto d = simulate(t, job);
+  std::int64_t x_only = 0, x_u = 0, x_u_v = 0;
+  for (std::int64_t step = 1; step <= job.steps; ++step) {
+    const int n = job.schedule.at(step).states();
+    x_only += n == 1, x_u += n == 2, x_u_v += n == 3;
+  }
+  EXPECT_NEAR(d.total_s,
+              60.0 + double(x_only) * (sync - 0.1) + double(x_u) * (2 * sync - 0.1) +
+                  double(x_u_v) * (3 * sync - 0.1),
+              1e-9);
+  EXPECT_EQ(d.syncs, x_only + 2 * x_u + 3 * x_u_v);
+  // A state that fits under a step costs nothing.
+  job.state_bytes = 1e5;
+  EXPECT_NEAR(simulate(t, job).total_s, 60.0, 1e-9);
+  // DDP's gradient average cannot start before the gradient exists.
+  job.schedule.method = SyncMethod::kDdp;
+  EXPECT_NEAR(simulate(t, job).total_s, 600 * (0.1 + ring_seconds(t, {"A", "B", "C"}, 1e5)), 1e-9);
+}
+
 // The simulator and the trainer share one due rule: for every method, with and without
 // phases, the simulator performs exactly the averages the trainer's SyncPolicy makes.
 TEST(Simulator, CountsExactlyTheAveragesTheTrainerMakes) {

@@ -1,8 +1,12 @@
 // The simulator: a discrete-event model of a whole job on a topology. Each site advances its
 // own clock by its compute step; a due average is a barrier (it starts when the last site
 // arrives) followed by the all-reduce time of the schedule (planner.hpp's cost model), one
-// all-reduce per averaged state. With overlap (a what-if: desloc's syncs block) a sync runs
-// in the background and only delays the sites if the previous one has not finished.
+// all-reduce per averaged state. With overlap_step (sync.overlap = "step") the averages of a
+// step start when the last site begins it and run under its compute: each site ends the step
+// at the later of its compute and the averages (the gradient's average, DDP, still blocks).
+// With overlap (a what-if beyond what desloc does: averages that may run under any number of
+// following steps) a sync runs in the background and only delays the sites if the previous one
+// has not finished.
 #pragma once
 
 #include <array>
@@ -28,7 +32,8 @@ struct SimJob {
   double state_bytes = 0;         // one state buffer (4 x parameters)
   std::vector<std::string> ring;  // WAN ring order; empty = the topology's site order
   int lanes = 1;                  // 2 = also the reversed ring (3+ sites)
-  bool overlap = false;
+  bool overlap = false;           // the unbounded what-if
+  bool overlap_step = false;      // sync.overlap = "step"
   // Step-to-step compute noise: each step takes step_s * exp(N(0, jitter)) at each site,
   // drawn from a fixed seed, so a slow step makes the others wait at the next sync.
   double jitter = 0.0;
