@@ -54,6 +54,8 @@ $target nats. Method none is the compute-only reference (no communication at all
              DIR/src/desloc-netdelay)
   --tcp-buffer  largest TCP buffers of every site (netbed.sh --tcp-buffer)
   --results  keep configs, logs and metrics there (default: a temporary directory, removed)
+  --methods  any of none, ddp, local_adam, desloc, favg, favg_reset; NAME-overlap runs NAME
+             with sync.overlap = "step" (e.g. desloc-overlap)
   --budget   train every method for about SECONDS of step time (evaluation excluded) instead
              of --steps: each method's steps = SECONDS / its step time as \`desloc simulate\`
              predicts it on the topology (the profiled one with --plan, else the bed's rates)
@@ -130,11 +132,12 @@ coord_addr=$("$netbed" env --name "$bed" --site "${site_list[0]}" | sed -n 's/^D
 quoted=$(printf '"%s", ' "${site_list[@]}")
 quoted=${quoted%, }
 
-write_config() {  # $1 = method, $2 = file, $3 = steps
-  local period='' lanes_line=''
-  case $1 in
+write_config() {  # $1 = method (NAME or NAME-overlap), $2 = file, $3 = steps
+  local period='' lanes_line='' name=${1%-overlap} overlap=''
+  [[ $1 == "$name" ]] || overlap='overlap = "step"'
+  case $name in
     desloc) period=${desloc_sync:-"kx = $kx"} ;;
-    local_adam) period="kx = ${la_kx:-$kx}" ;;
+    local_adam|favg|favg_reset) period="kx = ${la_kx:-$kx}" ;;
   esac
   [[ -z $lanes ]] || lanes_line="lanes = $lanes"
   cat >"$2" <<EOF
@@ -171,8 +174,9 @@ out_dir = "$results/$1"
 seed = 42
 threads = 1
 [sync]
-method = "$1"
+method = "$name"
 $period
+$overlap
 [job]
 sites = [$quoted]
 ranks_per_site = 1
@@ -242,7 +246,7 @@ for method in ${methods//,/ }; do
   # The method's step time as `desloc simulate` predicts it on the profiled topology.
   write_config "$method" "$results/$method.toml" 1000
   ms=$("$desloc" simulate --topology "$results/topology.toml" --config "$results/$method.toml" \
-    --methods "$method" | awk -v m="$method" '$1 == m { print $2 }')
+    --methods "${method%-overlap}" | awk -v m="${method%-overlap}" '$1 == m { print $2 }')
   [[ -n $ms ]] || die "desloc simulate predicted no step time for $method"
   method_steps[$method]=$(awk -v b="$budget" -v ms="$ms" 'BEGIN { n = int(b * 1000 / ms); print (n < 1 ? 1 : n) }')
   say "$method: predicted $ms ms per step: ${method_steps[$method]} steps in a budget of $budget s"

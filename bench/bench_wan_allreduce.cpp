@@ -4,10 +4,12 @@
 //
 //   bench_wan_allreduce rank --rank R --size N --exchange-dir DIR --out FILE --bytes B
 //       [--device DEV] [--rndv-thresh inf] [--chunk-bytes 1048576] [--inflight 8]
-//       [--spin-iterations 64] [--warmup 1] [--repeats 5] [--deadline-s 120]
+//       [--spin-iterations 64] [--warmup 1] [--repeats 5] [--deadline-s 120] [--idle-ms 0]
 //     One rank of an N-rank UCX group (one process per site, started inside the site's network
 //     namespace). Ranks find each other through files in DIR; the rank validates, warms up,
-//     times `repeats` all-reduces of B bytes and writes one JSON record to FILE.
+//     times `repeats` all-reduces of B bytes and writes one JSON record to FILE. --idle-ms
+//     leaves the links idle that long before each all-reduce, as DES-LOC's syncs do (TCP's
+//     congestion window restarts after an idle period: docs/transport.md).
 //
 //   bench_wan_allreduce report --scenario DIR      one scenario's table, from the ranks' records
 //   bench_wan_allreduce summary --results DIR      one row per scenario and the targets
@@ -122,12 +124,14 @@ struct RankOptions {
   int warmup = 1;
   int repeats = 5;
   int deadline_s = 120;
+  int idle_ms = 0;
 };
 
 // Runs one all-reduce of the pattern and checks every element against the closed form.
 void checked_all_reduce(transport::Collective& c, std::vector<float>& x,
-                        const std::vector<float>& expected, double* ms) {
+                        const std::vector<float>& expected, double* ms, int idle_ms = 0) {
   bench::wan::fill_pattern(x.data(), x.size(), c.rank());
+  if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(idle_ms));
   c.barrier();  // every rank starts the timed operation together
   const double t0 = bench::now_s();
   c.all_reduce_sum(x);
@@ -145,7 +149,7 @@ int run_rank(int argc, char** argv) {
   bench::Flags(
       "bench_wan_allreduce rank --rank R --size N --exchange-dir DIR --out FILE [--bytes B] "
       "[--device DEV] [--rndv-thresh inf|auto|BYTES] [--chunk-bytes B] [--inflight K] "
-      "[--spin-iterations N] [--warmup W] [--repeats R] [--deadline-s S]")
+      "[--spin-iterations N] [--warmup W] [--repeats R] [--deadline-s S] [--idle-ms T]")
       .add("--rank", o.rank)
       .add("--size", o.size)
       .add("--exchange-dir", o.exchange_dir)
@@ -159,6 +163,7 @@ int run_rank(int argc, char** argv) {
       .add("--warmup", o.warmup)
       .add("--repeats", o.repeats)
       .add("--deadline-s", o.deadline_s)
+      .add("--idle-ms", o.idle_ms)
       .parse(argc, argv);
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size)
     throw ConfigError("--rank must lie in [0, --size); got rank " + std::to_string(o.rank) +
@@ -168,6 +173,7 @@ int run_rank(int argc, char** argv) {
   if (o.bytes <= 0 || o.bytes % 4 != 0)
     throw ConfigError("--bytes must be a positive multiple of 4 (float32)");
   if (o.repeats < 1 || o.warmup < 0) throw ConfigError("--repeats >= 1 and --warmup >= 0");
+  if (o.idle_ms < 0) throw ConfigError("--idle-ms must be >= 0");
   if (o.device.empty()) {
     const char* d = std::getenv("UCX_NET_DEVICES");
     if (!d || !*d)
@@ -191,13 +197,14 @@ int run_rank(int argc, char** argv) {
   const std::vector<float> expected = bench::wan::expected_sums(o.size);
   // The first all-reduce also connects the ring; it is validated like every later one.
   checked_all_reduce(*c, x, expected, nullptr);
-  for (int i = 0; i < o.warmup; ++i) checked_all_reduce(*c, x, expected, nullptr);
+  for (int i = 0; i < o.warmup; ++i) checked_all_reduce(*c, x, expected, nullptr, o.idle_ms);
   std::vector<double> ms(static_cast<std::size_t>(o.repeats));
-  for (double& m : ms) checked_all_reduce(*c, x, expected, &m);
+  for (double& m : ms) checked_all_reduce(*c, x, expected, &m, o.idle_ms);
   c->barrier();  // nobody tears down while a peer still needs its data
   const std::string extra =
       "\"rndv_thresh\":\"" + o.rndv_thresh + "\",\"chunk_bytes\":" + std::to_string(o.chunk_bytes) +
-      ",\"inflight\":" + std::to_string(o.inflight) + ",\"device\":\"" + o.device + "\"";
+      ",\"inflight\":" + std::to_string(o.inflight) + ",\"idle_ms\":" + std::to_string(o.idle_ms) +
+      ",\"device\":\"" + o.device + "\"";
   if (!bench::wan::write_record(o.out, "desloc", o.rank, o.size, x.size() * sizeof(float), o.warmup,
                                 1 + o.warmup + o.repeats, ms, extra))
     throw bench::BenchError("cannot write " + o.out);

@@ -20,6 +20,7 @@ usage: $prog [--build DIR] [--quick] [--scenarios NAME,...] [--impls desloc,gloo
        [--repeats N] [--warmup N] [--rndv-thresh inf|auto|BYTES] [--mpi-alg ring|default|N]
        [--bytes-100m BYTES] [--bytes-1g BYTES] [--results DIR] [--no-goodput] [--python PATH]
        [--desloc-args "--chunk-bytes B --inflight K"] [--rtt T] [--tcp-buffer BYTES]
+       [--idle-ms MS] [--no-slow-start-after-idle]
 
 Runs as root (network namespaces). For every scenario it brings a bed up, measures the TCP
 goodput of the ring's links (iperf3, all flows at once), runs desloc, gloo and Open MPI ranks
@@ -42,6 +43,10 @@ goodput of the ring's links (iperf3, all flows at once), runs desloc, gloo and O
                      held by DIR/src/desloc-netdelay); default none
   --tcp-buffer BYTES largest TCP send/receive buffer in every site (netbed.sh --tcp-buffer);
                      default: Linux's (send 4 MiB here)
+  --idle-ms MS       desloc's ranks leave the links idle MS before every all-reduce, as DES-LOC's
+                     syncs do (desloc only: use with --impls desloc)
+  --no-slow-start-after-idle
+                     net.ipv4.tcp_slow_start_after_idle=0 in every site (netbed.sh)
 Exit status: 0 all targets met, 3 some target missed, 1 a failure (desloc failed or bad usage).
 EOF
 }
@@ -80,6 +85,8 @@ python=/usr/bin/python3
 desloc_args=()
 rtt=
 tcp_buffer=
+idle_ms=0
+ssai=1
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) build=${2:?}; shift 2 ;;
@@ -98,6 +105,8 @@ while [[ $# -gt 0 ]]; do
     --desloc-args) read -r -a desloc_args <<<"${2:?}"; shift 2 ;;
     --rtt) rtt=${2:?}; shift 2 ;;
     --tcp-buffer) tcp_buffer=${2:?}; shift 2 ;;
+    --idle-ms) idle_ms=${2:?}; shift 2 ;;
+    --no-slow-start-after-idle) ssai=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
@@ -109,6 +118,7 @@ if [[ $quick -eq 1 ]]; then
 fi
 repeats=${repeats:-5}
 [[ $repeats =~ ^[1-9][0-9]*$ && $warmup =~ ^[0-9]+$ ]] || die "--repeats >= 1 and --warmup >= 0"
+[[ $idle_ms =~ ^[0-9]+$ ]] || die "--idle-ms takes whole milliseconds, not '$idle_ms'"
 [[ $bytes_100m =~ ^[0-9]+$ && $bytes_1g =~ ^[0-9]+$ && $((bytes_100m % 4)) -eq 0 &&
    $((bytes_1g % 4)) -eq 0 && $bytes_100m -gt 0 && $bytes_1g -gt 0 ]] ||
   die "--bytes-100m/--bytes-1g must be positive multiples of 4"
@@ -290,7 +300,7 @@ run_desloc() {
       "$netbed" exec --name "$bed" --site "${sites[$r]}" -- \
       "$bin" rank --rank "$r" --size "$n" --exchange-dir "$dir/desloc.exchange" \
       --out "$dir/desloc.rank-$r.json" --bytes "$bytes" --warmup "$warmup" --repeats "$repeats" \
-      --rndv-thresh "$rndv" --deadline-s "$deadline" "${desloc_args[@]}"
+      --rndv-thresh "$rndv" --deadline-s "$deadline" --idle-ms "$idle_ms" "${desloc_args[@]}"
   done
   wait_children "desloc" "$dir/desloc.error"
 }
@@ -348,7 +358,7 @@ run_scenario() {
     'BEGIN { printf "%.3f", b * 8 * 2 * (n - 1) / n / (r * 1e6 * 0.956) }')
   deadline=$(awk -v t="$ideal_s" 'BEGIN { t *= 8; printf "%d", (t < 60 ? 60 : t) }')
   limit=$(awk -v t="$ideal_s" -v k="$((1 + warmup + repeats))" -v d="$deadline" \
-    'BEGIN { printf "%d", d + 60 + 4 * k * t }')
+    -v idle="$idle_ms" 'BEGIN { printf "%d", d + 60 + 4 * k * t + k * idle / 1000 }')
 
   if [[ -n $rtt ]]; then
     local pairs='' i j
@@ -362,6 +372,11 @@ run_scenario() {
     rargs+=(--tcp-buffer "$tcp_buffer")
     link+=", TCP buffers $((tcp_buffer / kMiB)) MiB"
   fi
+  if [[ $ssai -eq 0 ]]; then
+    rargs+=(--no-slow-start-after-idle)
+    link+=", no slow start after idle"
+  fi
+  [[ $idle_ms -eq 0 ]] || link+=", idle ${idle_ms} ms before each all-reduce"
   say "scenario $name: bringing up $n sites ($link)"
   "$netbed" up --name "$bed" --sites "$sites_csv" "${rargs[@]}" >"$dir/netbed.log"
   bed_is_up=1

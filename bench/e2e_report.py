@@ -82,6 +82,39 @@ def load(results, method, target):
         sync_bytes=sync_bytes)
 
 
+def desloc_analysis(a, name, d, base, payload_rate):
+    """Whether DES-LOC (blocking or overlapped) keeps to compute speed; prints why."""
+    ok = True
+    ratio = d["mean"] / base["mean"]
+    print(f"\n{name}: mean step time / compute-only: {ratio:.3f} (target <= 1.10)")
+    ok &= ratio <= 1.10
+    if d["quiet"]:
+        steal = statistics.median(d["quiet"]) / base["median"]
+        print(f"{name}: steps without a sync / compute-only steps: {steal:.3f} "
+              f"(progress must not steal compute; target <= 1.05)")
+        ok &= steal <= 1.05
+    if d["synced"] and d["sync_bytes"]:
+        # A sync starts when the last site arrives; the others wait for it first. The last
+        # site to arrive (the smallest step time at that sync) sees the sync alone.
+        per_rank = rank_steps(a.results, name)
+        plain = statistics.median(d["quiet"] or [base["median"]])
+        synced_steps = [s for s, t in per_rank.items() if s > 1 and len(t) == a.sites
+                        and max(t) - min(t) >= 0 and s in d["sync_steps"]]
+        last = statistics.median(min(per_rank[s]) for s in synced_steps) - plain
+        first = statistics.median(max(per_rank[s]) for s in synced_steps) - plain
+        sent = statistics.median(d["sync_bytes"])
+        # With two lanes (3+ sites) the bytes leave on two directions of the links at once.
+        cfg = tomllib.load(open(Path(a.results) / f"{name}.toml", "rb"))
+        lanes = cfg.get("transport", {}).get("lanes", 2) if a.sites >= 3 else 1
+        wire = sent / (payload_rate * lanes) * 1e3
+        print(f"{name}: sync steps: the last site to arrive spends +{last:.1f} ms in the sync "
+              f"(the first waits +{first:.1f} ms for the others); the wire alone needs "
+              f"{wire:.1f} ms for the median {sent / 1e6:.2f} MB at 0.956 x {a.rate}"
+              f"{' on both directions (2 lanes)' if lanes == 2 else ''}: "
+              f"{last / wire - 1:+.1%} beyond the wire")
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", required=True)
@@ -98,46 +131,19 @@ def main():
 
     print(f"\nEnd to end: {a.sites} sites on {a.rate} links, one rank per site. ms/step: median "
           f"over steps 2..N [p10..p90]; time to val <= {a.target} nats counts step time only.")
-    print(f"{'method':<11} {'ms/step':>24} {'vs none':>8} {'to target':>11} {'vs none':>8} "
+    print(f"{'method':<15} {'ms/step':>24} {'vs none':>8} {'to target':>11} {'vs none':>8} "
           f"{'steps s':>8} {'final val':>9} {'WAN MB/rank':>12}")
     for m, r in rows.items():
         vs = f"{r['median'] / base['median']:.2f}x" if base else "-"
         tt = f"{r['to_target']:.1f} s" if r["to_target"] is not None else "not reached"
         tvs = (f"{r['to_target'] / base['to_target']:.2f}x"
                if base and base["to_target"] and r["to_target"] else "-")
-        print(f"{m:<11} {r['median']:>9.1f} [{r['p10']:>6.1f}..{r['p90']:>6.1f}] {vs:>8} "
+        print(f"{m:<15} {r['median']:>9.1f} [{r['p10']:>6.1f}..{r['p90']:>6.1f}] {vs:>8} "
               f"{tt:>11} {tvs:>8} {r['total']:>8.1f} {r['val']:>9.4f} {r['bytes'] / 1e6:>12.1f}")
 
     ok = True
-    if "desloc" in rows and base:
-        d = rows["desloc"]
-        ratio = d["mean"] / base["mean"]
-        print(f"\nDES-LOC mean step time / compute-only: {ratio:.3f} (target <= 1.10)")
-        ok &= ratio <= 1.10
-        if d["quiet"]:
-            steal = statistics.median(d["quiet"]) / base["median"]
-            print(f"DES-LOC steps without a sync / compute-only steps: {steal:.3f} "
-                  f"(progress must not steal compute; target <= 1.05)")
-            ok &= steal <= 1.05
-        if d["synced"] and d["sync_bytes"]:
-            # A sync starts when the last site arrives; the others wait for it first. The last
-            # site to arrive (the smallest step time at that sync) sees the sync alone.
-            per_rank = rank_steps(a.results, "desloc")
-            plain = statistics.median(d["quiet"] or [base["median"]])
-            synced_steps = [s for s, t in per_rank.items() if s > 1 and len(t) == a.sites
-                            and max(t) - min(t) >= 0 and s in d["sync_steps"]]
-            last = statistics.median(min(per_rank[s]) for s in synced_steps) - plain
-            first = statistics.median(max(per_rank[s]) for s in synced_steps) - plain
-            sent = statistics.median(d["sync_bytes"])
-            # With two lanes (3+ sites) the bytes leave on two directions of the links at once.
-            cfg = tomllib.load(open(Path(a.results) / "desloc.toml", "rb"))
-            lanes = cfg.get("transport", {}).get("lanes", 2) if a.sites >= 3 else 1
-            wire = sent / (payload_rate * lanes) * 1e3
-            print(f"DES-LOC sync steps: the last site to arrive spends +{last:.1f} ms in the sync "
-                  f"(the first waits +{first:.1f} ms for the others); the wire alone needs "
-                  f"{wire:.1f} ms for the median {sent / 1e6:.2f} MB at 0.956 x {a.rate}"
-                  f"{' on both directions (2 lanes)' if lanes == 2 else ''}: "
-                  f"{last / wire - 1:+.1%} beyond the wire")
+    for name in [m for m in rows if m.startswith("desloc")] if base else []:
+        ok &= desloc_analysis(a, name, rows[name], base, payload_rate)
     if "ddp" in rows and base:
         print(f"DDP is communication-bound: {rows['ddp']['median'] / base['median']:.2f}x the "
               f"compute-only step time")
@@ -156,10 +162,10 @@ def equal_time(rows, budget):
     marks = [budget * k / 6 for k in range(1, 7)]
     print(f"\nValidation loss at equal training time (budget {budget:.0f} s; the last evaluation at "
           f"or before each time; '-' = not yet evaluated):")
-    print(f"{'method':<11} {'steps':>6} {'trained s':>9} " + " ".join(f"{t:>7.0f}s" for t in marks))
+    print(f"{'method':<15} {'steps':>6} {'trained s':>9} " + " ".join(f"{t:>7.0f}s" for t in marks))
     for m, r in rows.items():
         cells = [loss_at(r["curve"], t * 1.02) for t in marks]  # 2%: a run ends near, not at, t
-        print(f"{m:<11} {r['steps']:>6} {r['curve'][-1][0] if r['curve'] else 0:>9.1f} " +
+        print(f"{m:<15} {r['steps']:>6} {r['curve'][-1][0] if r['curve'] else 0:>9.1f} " +
               " ".join(f"{c:>8.4f}" if c is not None else f"{'-':>8}" for c in cells))
     ddp = rows.get("ddp")
     if not ddp or not ddp["curve"]:
@@ -168,7 +174,7 @@ def equal_time(rows, budget):
     print(f"\nTraining time to DDP's final validation loss {goal:.4f} (DDP took {ddp_time:.1f} s):")
     for m, r in rows.items():
         hit = next((c for c, v in r["curve"] if v <= goal), None)
-        print(f"  {m:<11} " + (f"{hit:>8.1f} s  {hit / ddp_time:.3f}x DDP's time" if hit is not None
+        print(f"  {m:<15} " + (f"{hit:>8.1f} s  {hit / ddp_time:.3f}x DDP's time" if hit is not None
                                else "not reached"))
 
 

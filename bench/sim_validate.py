@@ -2,15 +2,17 @@
 """`desloc simulate` against a bench_e2e_netbed.sh run, method by method.
 
 The topology is built from what the test bed configures: every directed link at 0.956 x its
-rate, 0.05 ms latency. The compute step is measured in the same run: the mean of the method's
-steps without a sync (DDP syncs every step, so it takes the compute-only run's). The shared
-VM's speed drifts by 10-15% between runs, so a step time taken from another run would
-swamp the model's error. The step is divided by the log-normal mean exp(jitter^2 / 2), so
-that the simulated mean matches. Each method is simulated with the config the run used (kept
-in its results directory), for the same timed steps. Prints a table and appends `kind,label,predicted_s,measured_s` rows to --csv.
+rate, a one-way latency of half --rtt (0.05 ms without it: the bare bed's). The compute step
+is measured in the same run: the mean of the method's steps without a sync (DDP syncs every
+step, so it takes the compute-only run's). The shared VM's speed drifts by 10-15% between
+runs, so a step time taken from another run would swamp the model's error. The step is
+divided by the log-normal mean exp(jitter^2 / 2), so that the simulated mean matches. Each
+method is simulated with the config the run used (kept in its results directory), for the
+same timed steps. Prints a table and appends `kind,label,predicted_s,measured_s` rows to
+--csv.
 
 usage: bench/sim_validate.py --results DIR --rates A-B=100,B-C=100,A-C=100 [--label 3s-100m]
-       [--jitter auto|SIGMA] [--csv docs/accuracy.csv]
+       [--jitter auto|SIGMA] [--csv docs/accuracy.csv] [--rtt MS]
 """
 import argparse
 import itertools
@@ -33,6 +35,8 @@ def main():
     ap.add_argument("--methods", default="none,ddp,local_adam,desloc")
     ap.add_argument("--desloc", default=str(here.parent / "build" / "src" / "desloc"))
     ap.add_argument("--csv", default="")
+    ap.add_argument("--rtt", type=float, default=0.1,
+                    help="the bed's round trip in ms on every link (bench_e2e_netbed.sh --rtt)")
     a = ap.parse_args()
     res = Path(a.results)
     rates = {}
@@ -62,7 +66,8 @@ def main():
             topo += f"[[site]]\nname = \"{s}\"\nstep_ms = {step_ms:.6g}\n"
         for x, y in itertools.permutations(sites, 2):
             topo += (f"[[link]]\nfrom = \"{x}\"\nto = \"{y}\"\n"
-                     f"bandwidth_mbit = {0.956 * rates[frozenset((x, y))]:.6g}\nlatency_ms = 0.05\n")
+                     f"bandwidth_mbit = {0.956 * rates[frozenset((x, y))]:.6g}\n"
+                     f"latency_ms = {a.rtt / 2:.6g}\n")
         (res / "sim_topology.toml").write_text(topo)
         measured = sum(l["step_ms"] for l in train(m)) / 1e3
         out = subprocess.run(

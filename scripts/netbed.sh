@@ -19,7 +19,7 @@ usage:
   $prog up     --name BED --sites A,B[,C...] [--rate A-B=100mbit,A>C=1gbit,...]
                [--default-rate 1gbit] [--shaper htb|tbf] [--subnet 10.77.0.0/24]
                [--rtt A-B=40ms,A>C=10ms,...] [--jitter A-B=1ms,...] [--loss A-B=0.1%,...]
-               [--tcp-buffer BYTES]
+               [--tcp-buffer BYTES] [--no-slow-start-after-idle]
   $prog down   --name BED
   $prog status [--name BED]
   $prog env    --name BED --site A
@@ -41,6 +41,9 @@ usage:
   --tcp-buffer BYTES sets the largest TCP send and receive buffer of every site (the third field
          of net.ipv4.tcp_wmem and tcp_rmem in its namespace); without it a site has Linux's
          defaults (send 4 MiB here), which cap a link's throughput at BYTES / round trip.
+  --no-slow-start-after-idle sets net.ipv4.tcp_slow_start_after_idle=0 in every site: a
+         connection idle for a retransmission timeout keeps its congestion window instead of
+         restarting from the initial one (Linux's default is 1; docs/transport.md).
 Runs as root. 'up' removes everything it made if it fails; 'down' is idempotent and also
 terminates processes still running inside the bed's namespaces.
 EOF
@@ -184,7 +187,7 @@ fail_point() {  # test hook: NETBED_FAIL_AT=<point> makes 'up' fail there (tests
 
 cmd_up() {
   local bed='' sites_csv='' rates_csv='' default_rate=1gbit shaper=htb subnet=$kDefaultSubnet
-  local rtt_csv='' jitter_csv='' loss_csv='' tcp_buffer=''
+  local rtt_csv='' jitter_csv='' loss_csv='' tcp_buffer='' ssai=1
   while [[ $# -gt 0 ]]; do
     case $1 in
       --name) bed=${2:-}; shift 2 ;;
@@ -194,6 +197,7 @@ cmd_up() {
       --jitter) jitter_csv=${2:-}; shift 2 ;;
       --loss) loss_csv=${2:-}; shift 2 ;;
       --tcp-buffer) tcp_buffer=${2:-}; shift 2 ;;
+      --no-slow-start-after-idle) ssai=0; shift ;;
       --default-rate) default_rate=${2:-}; shift 2 ;;
       --shaper) shaper=${2:-}; shift 2 ;;
       --subnet)
@@ -287,6 +291,7 @@ cmd_up() {
     if [[ -n $tcp_buffer ]]; then
       ip netns exec "$s_ns" sysctl -qw "net.ipv4.tcp_wmem=4096 16384 $tcp_buffer" "net.ipv4.tcp_rmem=4096 131072 $tcp_buffer"
     fi
+    ip netns exec "$s_ns" sysctl -qw "net.ipv4.tcp_slow_start_after_idle=$ssai"
     ip link add name "$dev" netns "$s_ns" type veth peer name "$bdev" netns "$br"
     ip -n "$br" link set "$bdev" master br0 up
     ip -n "$s_ns" addr add "$subnet.$i/24" dev "$dev"
@@ -355,7 +360,7 @@ cmd_up() {
   up_done=1
   trap - EXIT INT TERM ERR
 
-  echo "netbed '$bed': ${#sites[@]} sites on $subnet.0/24, shaper $shaper, bridge namespace $br${tcp_buffer:+, TCP buffers up to $tcp_buffer bytes}"
+  echo "netbed '$bed': ${#sites[@]} sites on $subnet.0/24, shaper $shaper, bridge namespace $br${tcp_buffer:+, TCP buffers up to $tcp_buffer bytes}$([[ $ssai -eq 1 ]] || echo ", no slow start after idle")"
   printf '%-16s %-24s %-15s %-15s %s\n' SITE NAMESPACE DEVICE ADDRESS "EGRESS RATE TO (one-way delay/jitter/loss)"
   for a in "${sites[@]}"; do
     i=${index[$a]}
@@ -497,6 +502,11 @@ cmd_status() {
       'echo "$(cut -f3 /proc/sys/net/ipv4/tcp_wmem)/$(cut -f3 /proc/sys/net/ipv4/tcp_rmem)"' 2>/dev/null) "
   done < <(bed_sites "$bed")
   echo "largest TCP send/receive buffers (bytes): $bufs"
+  local ssai=""
+  while read -r idx site addr dev; do
+    ssai+="$site=$(ip netns exec "$(ns_site "$bed" "$site")" cat /proc/sys/net/ipv4/tcp_slow_start_after_idle 2>/dev/null) "
+  done < <(bed_sites "$bed")
+  echo "tcp_slow_start_after_idle: $ssai"
   # The delay lines, read off the running desloc-netdelay processes' command lines.
   local pid arg q spec delays any=''
   while read -r idx site addr dev; do

@@ -8,7 +8,11 @@
 # in-process run (`desloc train`); one row per scenario goes to <build>/fault_report.md, in the
 # format of tests/integration/fault_test.cpp. Scenarios run in subshells: a failed one ends
 # alone, the others still run and report; a rank that dies of a signal is no designed error.
-# usage: netbed_link_fault_test.sh path/to/netbed.sh path/to/desloc path/to/brown
+# usage: netbed_link_fault_test.sh path/to/netbed.sh path/to/desloc path/to/brown [RTT [defaults]]
+# RTT (e.g. 150ms) puts that round trip on every link (netbed.sh --rtt, held by desloc-netdelay
+# next to the desloc binary). "defaults" leaves the job's heartbeat, deadline and recovery
+# timeouts at desloc's defaults (`desloc config --defaults`), the ones a user who tunes nothing
+# gets; the scenario limits grow with them.
 # (root; skips with 77, fails under CI=true; NETBED_KEEP=1 keeps the logs and prints where)
 set -euo pipefail
 export LC_ALL=C  # printf %f with a decimal point
@@ -19,6 +23,9 @@ source "$here/common.sh"
 netbed=${1:?usage: $0 netbed.sh desloc brown_dir}
 desloc=${2:?usage: $0 netbed.sh desloc brown_dir}
 brown=${3:?usage: $0 netbed.sh desloc brown_dir}
+rtt=${4:-}
+timeouts=${5:-tuned}
+[[ $timeouts == tuned || $timeouts == defaults ]] || fail "the 5th argument is 'defaults' or nothing"
 
 # Losing one of three sites a third of the way in moves the final loss by a few hundredths of a
 # nat (fault_test.cpp explains the bound); a broken recovery costs far more or fails outright.
@@ -26,12 +33,22 @@ readonly kLossTolerance=0.08  # as in tests/integration/fault_test.cpp
 readonly kSteps=1500          # about 13 s fault-free on this bed (2 cores)
 readonly kFaultStep=500       # the leader's step at which the fault is injected
 readonly kRateKbit=5000       # every link; a parameter average takes about 0.11 s at this rate
-readonly kHeartbeatTimeoutMs=3000
-readonly kDeadlineS=5         # transport.deadline_s: about 45 x a fault-free average
-readonly kRecoveryTimeoutS=10
+if [[ $timeouts == tuned ]]; then
+  readonly kHeartbeatMs=200
+  readonly kHeartbeatTimeoutMs=3000
+  readonly kDeadlineS=5       # transport.deadline_s: about 45 x a fault-free average
+  readonly kRecoveryTimeoutS=10
+  readonly kJobLimitS=90      # a scenario's whole job, launch to the last exit
+  readonly kCutOffLimitS=60   # fault until the cut-off rank has exited
+else                          # desloc's defaults, as `desloc config --defaults` prints them
+  readonly kHeartbeatMs=500
+  readonly kHeartbeatTimeoutMs=5000
+  readonly kDeadlineS=60
+  readonly kRecoveryTimeoutS=30
+  readonly kJobLimitS=180
+  readonly kCutOffLimitS=120
+fi
 readonly kBlipS=1.0           # below both the heartbeat timeout and the collective deadline
-readonly kJobLimitS=90        # a scenario's whole job, launch to the last exit
-readonly kCutOffLimitS=60     # fault until the cut-off rank has exited
 readonly kPoll=0.05
 
 require_bed_prerequisites
@@ -61,13 +78,21 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
-start_watchdog 330
+start_watchdog $((kJobLimitS * 3 + 60))
 
 now() { date +%s.%N; }
 t_start=$(now)
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
-"$netbed" up --name "$bed" --sites A,B,C --default-rate "${kRateKbit}kbit" >/dev/null
+bed_label=", 3 sites x 1 rank${rtt:+, round trip $rtt}$([[ $timeouts == tuned ]] || echo ", default timeouts")"
+delays=()
+if [[ -n $rtt ]]; then
+  NETBED_NETDELAY=$(dirname "$desloc")/desloc-netdelay
+  [[ -x $NETBED_NETDELAY ]] || fail "a round trip needs $NETBED_NETDELAY"
+  export NETBED_NETDELAY
+  delays=(--rtt "A-B=$rtt,A-C=$rtt,B-C=$rtt")
+fi
+"$netbed" up --name "$bed" --sites A,B,C --default-rate "${kRateKbit}kbit" "${delays[@]}" >/dev/null
 addr=$("$netbed" env --name "$bed" --site A | sed -n 's/^DESLOC_SITE_ADDR=//p')
 c_env=$("$netbed" env --name "$bed" --site C)
 c_ns=$(sed -n 's/^NETBED_NETNS=//p' <<<"$c_env")
@@ -75,7 +100,8 @@ c_dev=$(sed -n 's/^UCX_NET_DEVICES=//p' <<<"$c_env")
 [[ -n $addr && -n $c_ns && -n $c_dev ]] || fail "could not read the bed's addresses and devices"
 
 cat >"$tmp/job.toml" <<EOF
-# netbed_link_fault: the tiny model, DES-LOC, 3 sites x 1 rank on ${kRateKbit} kbit/s links.
+# netbed_link_fault: the tiny model, DES-LOC, 3 sites x 1 rank on ${kRateKbit} kbit/s links
+# (round trip ${rtt:-none}; $timeouts timeouts).
 [model]
 vocab = 256
 context = 32
@@ -110,7 +136,7 @@ sites = ["A", "B", "C"]
 ranks_per_site = 1
 token = "netbed-link-fault"
 rendezvous_timeout_s = 30
-heartbeat_ms = 200
+heartbeat_ms = $kHeartbeatMs
 heartbeat_timeout_ms = $kHeartbeatTimeoutMs
 on_site_failure = "continue"
 recovery_timeout_s = $kRecoveryTimeoutS
@@ -326,7 +352,7 @@ scenario_blip() {
     fail_scn "a ${kBlipS}s blip changed the membership:" \
       "$(grep 'membership epoch' "$tmp/$scn/coordinator.log")"
   check_finished
-  row "netbed: site link down ${kBlipS} s (under heartbeat timeout and deadline), 3 sites x 1 rank" \
+  row "netbed: site link down ${kBlipS} s (under heartbeat timeout and deadline)$bed_label" \
     - - "$loss_delta" "$bytes_resent" "rode through, every rank finished"
   note "$scn: rode through ($(elapsed "$fault_at" "$(now)") s from the fault to the end)"
 }
@@ -343,7 +369,7 @@ scenario_cut() {
   expect_survivors_finish "$fault_at"
   finish_coordinator
   check_finished
-  row "netbed: site link down for good, 3 sites x 1 rank" "$detect_s" "$recover_s" \
+  row "netbed: site link down for good$bed_label" "$detect_s" "$recover_s" \
     "$loss_delta" "$bytes_resent" "dropped C, finished on 2 sites; $c_outcome"
 }
 
@@ -382,7 +408,7 @@ scenario_throttle() {
   finish_coordinator
   check_finished
   note "$scn: $outcome"
-  row "netbed: site egress throttled to 1% (${slow_kbit} kbit/s), 3 sites x 1 rank" "$d" "$r" \
+  row "netbed: site egress throttled to 1% (${slow_kbit} kbit/s)$bed_label" "$d" "$r" \
     "$loss_delta" "$bytes_resent" "$outcome"
 }
 
