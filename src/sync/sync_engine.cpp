@@ -70,28 +70,23 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager) {
 
 const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
                                       std::span<Replica> replicas, bool stop) {
-  using optim::StateKind;
   begin(t, averager);
   if (!opts_.overlap || !(due_.x || due_.u || due_.v)) return due_;
   if (due_.grad)  // the config refuses overlap with DDP; a gradient does not exist yet
     throw Error("sync engine: step " + std::to_string(t) +
                 " averages the gradient, which cannot start before the step's backward pass");
-  std::vector<std::vector<std::span<float>>> views;
-  std::vector<DueAverage> due;
-  for (const auto& [kind, is_due] :
-       {std::pair{StateKind::kX, due_.x}, std::pair{StateKind::kU, due_.u},
-        std::pair{StateKind::kV, due_.v}}) {
-    if (!is_due) continue;
-    views.push_back(state_views(replicas, kind));
-    due.push_back({kind, {}});
-  }
-  for (std::size_t k = 0; k < due.size(); ++k) due[k].local = views[k];
-  stop_agreed_ = averager.exchange_control(due, stop);
-  // Copies: x is read by the forward pass at its un-averaged value until the update.
-  for (std::size_t k = 0; k < due.size(); ++k) {
-    Started st{due[k].kind, {}, {}};
-    for (const std::span<float> v : views[k]) st.copies.emplace_back(v.begin(), v.end());
-    for (std::vector<float>& c : st.copies) st.views.emplace_back(c);
+  const DueViews d = due_views(replicas);
+  stop_agreed_ = averager.exchange_control(d.due, stop);
+  // Copies: x is read by the forward pass at its un-averaged value until the update. The
+  // buffers of each state kind are kept from one sync to the next.
+  for (std::size_t k = 0; k < d.due.size(); ++k) {
+    std::vector<std::vector<float>>& copies = copies_[static_cast<std::size_t>(d.due[k].kind)];
+    copies.resize(d.views[k].size());
+    Started st{d.due[k].kind, {}};
+    for (std::size_t w = 0; w < copies.size(); ++w) {
+      copies[w].assign(d.views[k][w].begin(), d.views[k][w].end());
+      st.views.emplace_back(copies[w]);
+    }
     started_.push_back(std::move(st));
   }
   comm_ = std::thread([this, &averager] {
@@ -102,6 +97,22 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
     }
   });
   return due_;
+}
+
+// The due states in Alg. 1's order (g, x, u, v), each with its replicas' views.
+SyncEngine::DueViews SyncEngine::due_views(std::span<Replica> replicas) const {
+  using optim::StateKind;
+  DueViews d;
+  for (const auto& [kind, is_due] :
+       {std::pair{StateKind::kGrad, due_.grad}, std::pair{StateKind::kX, due_.x},
+        std::pair{StateKind::kU, due_.u}, std::pair{StateKind::kV, due_.v}}) {
+    if (!is_due) continue;
+    d.views.push_back(state_views(replicas, kind));
+    d.due.push_back({kind, {}});
+  }
+  // Spans into the inner vectors, which stay put when DueViews is moved.
+  for (std::size_t k = 0; k < d.due.size(); ++k) d.due[k].local = d.views[k];
+  return d;
 }
 
 // What follows an average of `kind` in Alg. 1's order: the outer step after x, the momentum
@@ -135,12 +146,12 @@ bool SyncEngine::finish_started(std::span<Replica> replicas) {
   for (Started& st : started_) {
     averager_->complete_average(st.kind, st.views);
     const std::vector<std::span<float>> dst = state_views(replicas, st.kind);
-    if (dst.size() != st.copies.size())
+    if (dst.size() != st.views.size())
       throw Error("sync engine: " + std::to_string(dst.size()) +
                   " replicas at the end of a step that began with " +
-                  std::to_string(st.copies.size()));
+                  std::to_string(st.views.size()));
     for (std::size_t w = 0; w < dst.size(); ++w)
-      std::copy(st.copies[w].begin(), st.copies[w].end(), dst[w].begin());
+      std::copy(st.views[w].begin(), st.views[w].end(), dst[w].begin());
     apply(st.kind, replicas);
   }
   started_.clear();
@@ -149,26 +160,14 @@ bool SyncEngine::finish_started(std::span<Replica> replicas) {
 }
 
 bool SyncEngine::finish(std::span<Replica> replicas, bool stop) {
-  using optim::StateKind;
   if (comm_.joinable()) return finish_started(replicas);
   if (!due_.any()) return false;
-  Averager& averager = *averager_;
   // Every view the averages use, taken once: the exchange judges exactly these payloads.
-  std::vector<std::vector<std::span<float>>> views;
-  std::vector<DueAverage> due;
-  for (const auto& [kind, is_due] :
-       {std::pair{StateKind::kGrad, due_.grad}, std::pair{StateKind::kX, due_.x},
-        std::pair{StateKind::kU, due_.u}, std::pair{StateKind::kV, due_.v}}) {
-    if (!is_due) continue;
-    views.push_back(state_views(replicas, kind));
-    due.push_back({kind, {}});
-  }
-  for (std::size_t k = 0; k < due.size(); ++k) due[k].local = views[k];
-  const bool stop_agreed = averager.exchange_control(due, stop);
-
-  for (const DueAverage& d : due) {
-    averager.average(d.kind, d.local);
-    apply(d.kind, replicas);
+  const DueViews d = due_views(replicas);
+  const bool stop_agreed = averager_->exchange_control(d.due, stop);
+  for (const DueAverage& a : d.due) {
+    averager_->average(a.kind, a.local);
+    apply(a.kind, replicas);
   }
   reset_moments(replicas);
   return stop_agreed;

@@ -15,6 +15,7 @@
 // the blocking step's bit for bit. The gradient's average (DDP) always blocks.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <exception>
 #include <span>
@@ -83,12 +84,16 @@ class SyncEngine {
   const SyncDecision& due() const { return due_; }
 
  private:
-  // One average begin() started: its own copy of every replica's state.
+  // One average begin() started, on views of its own copies of every replica's state.
   struct Started {
     optim::StateKind kind;
-    std::vector<std::vector<float>> copies;
-    std::vector<std::span<float>> views;  // of the copies
+    std::vector<std::span<float>> views;  // of copies_[kind]
   };
+  struct DueViews {
+    std::vector<std::vector<std::span<float>>> views;  // per due state, its replicas
+    std::vector<DueAverage> due;                       // the same, as the averager takes them
+  };
+  DueViews due_views(std::span<Replica> replicas) const;
   bool finish_started(std::span<Replica> replicas);
   void apply(optim::StateKind kind, std::span<Replica> replicas) const;
   void reset_moments(std::span<Replica> replicas) const;
@@ -98,6 +103,7 @@ class SyncEngine {
   Averager* averager_ = nullptr;
   SyncDecision due_;
   std::vector<Started> started_;
+  std::array<std::vector<std::vector<float>>, 4> copies_;  // by StateKind, kept across steps
   std::thread comm_;               // runs the started averages' wide-area halves
   std::exception_ptr comm_error_;  // what it threw, rethrown by finish()
   bool stop_agreed_ = false;       // the control exchange's answer, taken in begin()
