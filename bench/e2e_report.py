@@ -52,24 +52,19 @@ def load(results, method, target):
     train = [l for l in lines if l["type"] == "train"]
     evals = {l["step"]: l for l in lines if l["type"] == "eval"}
     ms = [l["step_ms"] for l in train[1:]]  # step 1 includes connecting and warming up
-    elapsed, to_target = 0.0, None
-    for l in train:
-        elapsed += l["step_ms"] / 1e3
-        e = evals.get(l["step"])
-        if to_target is None and e and e["val_loss"] is not None and e["val_loss"] <= target:
-            to_target = elapsed
-    sync_bytes, prev = [], 0
-    for l in train:
-        if l["synced"] and l["step"] > 1:
-            sync_bytes.append(l["bytes_sent"] - prev)
-        prev = l["bytes_sent"]
-    last_eval = evals[max(evals)] if evals else None
     curve, clock = [], 0.0  # (training time incl. step 1, val loss) at every evaluation
     for l in train:
         clock += l["step_ms"] / 1e3
         e = evals.get(l["step"])
         if e and e["val_loss"] is not None:
             curve.append((clock, e["val_loss"]))
+    to_target = next((c for c, v in curve if v <= target), None)
+    sync_bytes, prev = [], 0
+    for l in train:
+        if l["synced"] and l["step"] > 1:
+            sync_bytes.append(l["bytes_sent"] - prev)
+        prev = l["bytes_sent"]
+    last_eval = evals[max(evals)] if evals else None
     return dict(
         curve=curve, steps=len(train), mean=sum(ms) / max(1, len(ms)),
         median=statistics.median(ms), p10=quantile(ms, 0.1), p90=quantile(ms, 0.9),

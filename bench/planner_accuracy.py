@@ -13,9 +13,10 @@ import itertools
 import json
 import re
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
+
+from bed_model import append_csv, bed_topology, simulate
 
 UNITS = {"bit": 1e-6, "kbit": 1e-3, "mbit": 1.0, "gbit": 1e3}
 
@@ -73,29 +74,18 @@ def main():
         meas = measured_s(d)
         if meas is None:
             continue
-        t = '[meta]\nsource = "test bed: 0.956 x configured rate"\n'
-        for s in sites:
-            t += f'[[site]]\nname = "{s}"\nstep_ms = 1\n'
-        for x, y in itertools.permutations(sites, 2):
-            t += (f'[[link]]\nfrom = "{x}"\nto = "{y}"\n'
-                  f'bandwidth_mbit = {0.956 * rates[frozenset((x, y))]:.6g}\n'
-                  f'latency_ms = {max(rtt / 2, 0.01):.6g}\n')
-        (tmp / "topology.toml").write_text(t)
+        (tmp / "topology.toml").write_text(bed_topology(
+            sites, rates, max(rtt / 2, 0.01), 1, "test bed: 0.956 x configured rate"))
         cfg = "[sync]\nmethod = \"desloc\"\n[job]\nsites = [%s]\n" % ", ".join(f'"{s}"' for s in sites)
         cfg += "[transport]\nlanes = 1\n"  # bench_wan_allreduce runs one ring
         (tmp / "job.toml").write_text(cfg)
-        out = subprocess.run(
-            [a.desloc, "simulate", "--topology", str(tmp / "topology.toml"), "--config",
-             str(tmp / "job.toml"), "--methods", "ddp", "--steps", "1", "--params",
-             str(nbytes / 4)], capture_output=True, text=True, check=True).stdout
-        pred = float(next(l for l in out.splitlines() if l.startswith("ddp")).split()[4])
+        pred = float(simulate(a.desloc, tmp / "topology.toml", tmp / "job.toml", "ddp", "--steps",
+                              "1", "--params", str(nbytes / 4))[4])
         label = f"{name}{f' rtt {rtt:g} ms' if rtt else ''}"
         print(f"| {name} | {rtt:g} ms | {nbytes / 2**20:g} MiB | {pred * 1e3:.0f} | {meas * 1e3:.0f} "
               f"| {100 * (pred / meas - 1):+.1f}% |")
         rows.append(f"planner (all-reduce),{label},{pred:.4g},{meas:.4g}")
-    if a.csv:
-        with open(a.csv, "a") as f:
-            f.write("".join(r + "\n" for r in rows))
+    append_csv(a.csv, rows)
 
 
 if __name__ == "__main__":

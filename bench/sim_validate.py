@@ -15,12 +15,11 @@ usage: bench/sim_validate.py --results DIR --rates A-B=100,B-C=100,A-C=100 [--la
        [--jitter auto|SIGMA] [--csv docs/accuracy.csv] [--rtt MS]
 """
 import argparse
-import itertools
 import json
 import math
-import re
-import subprocess
 from pathlib import Path
+
+from bed_model import append_csv, bed_topology, simulate
 
 
 def main():
@@ -61,27 +60,15 @@ def main():
     rows = []
     for m in a.methods.split(","):
         step_ms, jitter = compute("none" if m == "ddp" else m)
-        topo = "[meta]\nsource = \"test bed rates x 0.956\"\n"
-        for s in sites:
-            topo += f"[[site]]\nname = \"{s}\"\nstep_ms = {step_ms:.6g}\n"
-        for x, y in itertools.permutations(sites, 2):
-            topo += (f"[[link]]\nfrom = \"{x}\"\nto = \"{y}\"\n"
-                     f"bandwidth_mbit = {0.956 * rates[frozenset((x, y))]:.6g}\n"
-                     f"latency_ms = {a.rtt / 2:.6g}\n")
-        (res / "sim_topology.toml").write_text(topo)
+        (res / "sim_topology.toml").write_text(
+            bed_topology(sites, rates, a.rtt / 2, step_ms, "test bed rates x 0.956"))
         measured = sum(l["step_ms"] for l in train(m)) / 1e3
-        out = subprocess.run(
-            [a.desloc, "simulate", "--topology", str(res / "sim_topology.toml"), "--config",
-             str(res / f"{m}.toml"), "--steps", str(len(train(m))), "--jitter", f"{jitter:.4f}",
-             "--methods", m], capture_output=True, text=True, check=True).stdout
-        line = next(l for l in out.splitlines() if l.startswith(m + " "))
-        predicted = float(re.split(r"\s+", line)[2])
+        predicted = float(simulate(a.desloc, res / "sim_topology.toml", res / f"{m}.toml", m,
+                                   "--steps", str(len(train(m))), "--jitter", f"{jitter:.4f}")[2])
         print(f"{m:<11} {step_ms:>8.1f} {jitter:>7.3f} {measured:>11.1f} {predicted:>12.1f} "
               f"{100 * (predicted / measured - 1):>+7.1f}%")
         rows.append(f"simulate (job time),{a.label} {m},{predicted:.4g},{measured:.4g}")
-    if a.csv:
-        with open(a.csv, "a") as f:
-            f.write("".join(r + "\n" for r in rows))
+    append_csv(a.csv, rows)
 
 
 if __name__ == "__main__":
