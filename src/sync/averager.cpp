@@ -23,6 +23,7 @@ VirtualAverager::VirtualAverager(int workers, SumOrder order, int shards, int la
 void VirtualAverager::resize(int workers) {
   if (workers < 1) throw ConfigError("sync.workers must be >= 1, got " + std::to_string(workers));
   workers_ = workers;
+  const std::lock_guard lock(traffic_mu_);
   traffic_.resize(static_cast<std::size_t>(workers));
 }
 
@@ -116,6 +117,7 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
   const std::uint64_t payload = n * sizeof(float);
   // Ring all-reduce (reduce-scatter + all-gather): each worker sends 2(M-1)/M of the payload.
   const std::uint64_t wire = M > 1 ? payload * 2 * (M - 1) / M : 0;
+  const std::lock_guard lock(traffic_mu_);
   for (std::size_t w = 0; w < M; ++w) {
     traffic_[w].payload[k] += M > 1 ? payload : 0;
     traffic_[w].wire[k] += wire;

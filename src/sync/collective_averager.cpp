@@ -65,11 +65,13 @@ void CollectiveAverager::average_across_sites(optim::StateKind kind,
     }
     lane.join();
     if (lane_error) std::rethrow_exception(lane_error);
+    const std::lock_guard lock(traffic_mu_);
     traffic_.wire[static_cast<std::size_t>(kind)] +=
         wan_reverse_->bytes()[CollectiveOp::kAllReduce].sent - reverse_before;
   }
   const auto size = static_cast<float>(kept);
   for (float& x : shard) x /= size;  // a division, not a reciprocal: correctly rounded
+  const std::lock_guard lock(traffic_mu_);
   traffic_.wire[k] += wan_.bytes()[CollectiveOp::kAllReduce].sent - wan_before;
 }
 
@@ -94,6 +96,7 @@ void CollectiveAverager::complete_average(optim::StateKind kind,
     std::copy(shard.begin(), shard.end(), gathered_.begin() + static_cast<std::ptrdiff_t>(r * blk));
     const std::uint64_t site_before = site_->bytes()[CollectiveOp::kAllGather].sent;
     site_->all_gather(std::span<const float>(gathered_).subspan(r * blk, blk), gathered_);
+    const std::lock_guard lock(traffic_mu_);
     traffic_.site_wire[k] += site_->bytes()[CollectiveOp::kAllGather].sent - site_before;
     for (int q = 0; q < ranks; ++q) {
       const transport::Range b = transport::block(data.size(), ranks, q);
@@ -101,6 +104,7 @@ void CollectiveAverager::complete_average(optim::StateKind kind,
                   data.begin() + static_cast<std::ptrdiff_t>(b.offset));
     }
   }
+  const std::lock_guard lock(traffic_mu_);
   traffic_.payload[k] += data.size() * sizeof(float);
 }
 
@@ -176,11 +180,12 @@ int CollectiveAverager::guard(optim::StateKind kind, std::span<float> data,
   return verdict.kept;
 }
 
-const Traffic& CollectiveAverager::traffic(int w) const {
+Traffic CollectiveAverager::traffic(int w) const {
   if (w != 0)
     throw Error("collective averager: WAN rank " + std::to_string(wan_.rank()) +
                 " only knows its own traffic (worker 0 of its local replicas), not worker " +
                 std::to_string(w));
+  const std::lock_guard lock(traffic_mu_);
   return traffic_;
 }
 

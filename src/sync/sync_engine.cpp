@@ -50,7 +50,27 @@ void bound_momentum(std::span<Replica> replicas) {
   }
 }
 
-SyncEngine::SyncEngine(const SyncPolicy& policy, StepOptions opts) : policy_(policy), opts_(opts) {}
+StepOptions step_options(const SyncConfig& cfg, const optim::ClipConfig* clip,
+                         OuterNesterov* outer) {
+  StepOptions o;
+  o.clip = clip;
+  o.outer = outer;
+  o.overlap = cfg.overlap == "step"            ? Overlap::kStep
+              : cfg.overlap == "delayed"       ? Overlap::kDelayed
+              : cfg.overlap == "delayed_naive" ? Overlap::kDelayedNaive
+                                               : Overlap::kNone;
+  if (o.delays()) {
+    o.delay[static_cast<std::size_t>(optim::StateKind::kX)] = cfg.delay;
+    o.delay[static_cast<std::size_t>(optim::StateKind::kU)] = cfg.effective_delay_u();
+    o.delay[static_cast<std::size_t>(optim::StateKind::kV)] = cfg.effective_delay_v();
+  }
+  return o;
+}
+
+SyncEngine::SyncEngine(const SyncPolicy& policy, StepOptions opts)
+    : policy_(policy),
+      opts_(opts),
+      delayed_({opts.overlap == Overlap::kDelayedNaive, opts.delay}) {}
 
 SyncEngine::~SyncEngine() { abandon(); }
 
@@ -58,20 +78,41 @@ void SyncEngine::abandon() {
   if (comm_.joinable()) comm_.join();
   started_.clear();
   comm_error_ = nullptr;
+  delayed_.abandon();
+}
+
+void SyncEngine::drain(std::int64_t t, std::span<Replica> replicas) {
+  if (opts_.delays()) delayed_.drain(t, replicas);
+}
+
+void SyncEngine::settle() {
+  if (opts_.delays()) delayed_.settle();
 }
 
 const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager) {
+  if (opts_.delays())
+    throw Error("sync engine: delayed averages need the replicas at the start of step " +
+                std::to_string(t));
   abandon();  // a step abandoned by an exception may have left averages behind
   averager_ = &averager;
   due_ = policy_.at(t);
+  t_ = t;
   averager.begin_step(t);
   return due_;
 }
 
 const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
                                       std::span<Replica> replicas, bool stop) {
+  if (opts_.delays()) {
+    // The averager is left alone on steps with nothing due: a batch may be on the wire.
+    averager_ = &averager;
+    due_ = policy_.at(t);
+    t_ = t;
+    stop_agreed_ = due_.any() && delayed_.start(t, due_, averager, replicas, stop);
+    return due_;
+  }
   begin(t, averager);
-  if (!opts_.overlap || !(due_.x || due_.u || due_.v)) return due_;
+  if (opts_.overlap != Overlap::kStep || !(due_.x || due_.u || due_.v)) return due_;
   if (due_.grad)  // the config refuses overlap with DDP; a gradient does not exist yet
     throw Error("sync engine: step " + std::to_string(t) +
                 " averages the gradient, which cannot start before the step's backward pass");
@@ -160,6 +201,10 @@ bool SyncEngine::finish_started(std::span<Replica> replicas) {
 }
 
 bool SyncEngine::finish(std::span<Replica> replicas, bool stop) {
+  if (opts_.delays()) {
+    delayed_.fold_due(t_, replicas);
+    return due_.any() && stop_agreed_;
+  }
   if (comm_.joinable()) return finish_started(replicas);
   if (!due_.any()) return false;
   // Every view the averages use, taken once: the exchange judges exactly these payloads.

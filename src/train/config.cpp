@@ -250,8 +250,17 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
   b.integer("join_workers", s.join_workers, "elastic join: worker count after the join", 0, 4096);
   b.string("overlap", s.overlap,
            "\"none\": averages block the step; \"step\": the averages of x, u and v run during "
-           "the step's forward and backward pass (the same numbers)",
-           {"none", "step"});
+           "the step's forward and backward pass (the same numbers); \"delayed\": an average "
+           "started at step t is folded in at t + delay, keeping the progress made meanwhile; "
+           "\"delayed_naive\": the same, replacing the state by the stale mean (comparison only)",
+           {"none", "step", "delayed", "delayed_naive"});
+  b.comment_next();
+  b.integer64("delay", s.delay, "overlap = \"delayed\": steps tau from an average's start to its "
+              "fold, smaller than every averaged state's period", 0);
+  b.comment_next();
+  b.integer64("delay_u", s.delay_u, "overlap = \"delayed\": tau of u (0 = delay)", 0);
+  b.comment_next();
+  b.integer64("delay_v", s.delay_v, "overlap = \"delayed\": tau of v (0 = delay)", 0);
 }
 
 void bind_job(Binder& b, JobSection& j) {
@@ -304,6 +313,64 @@ void bind_transport(Binder& b, TransportSection& t) {
             2);
 }
 
+// sync.overlap = "delayed": each tau at least 1 and below its state's period (one average of
+// a state in flight at a time), and nothing that acts on an average at once.
+void check_delays(const Binder& b, const sync::SyncConfig& s) {
+  for (const char* key : {"delay", "delay_u", "delay_v"})
+    if (b.has(key) && !s.delays())
+      throw ConfigError(fmt::format(
+          "{}: sync.{} is set, but overlap = \"{}\" has no delay; use overlap = \"delayed\" "
+          "or remove it",
+          b.location_of(key), key, s.overlap));
+  if (!s.delays()) return;
+  if (s.delay < 1)
+    throw ConfigError(fmt::format("{}: sync.overlap = \"{}\" needs sync.delay >= 1 (got {})",
+                                  b.location_of(b.has("delay") ? "delay" : "overlap"), s.overlap,
+                                  s.delay));
+  const bool desloc = s.method == SyncMethod::kDesloc;
+  for (const char* key : {"delay_u", "delay_v"})
+    if (b.has(key) && !desloc)
+      throw ConfigError(fmt::format(
+          "{}: sync.{} is set, but method = \"{}\" averages u and v with x; use sync.delay",
+          b.location_of(key), key, to_string(s.method)));
+  struct Rule {
+    const char* key;
+    std::int64_t tau;
+    std::int64_t period;
+    const char* period_key;
+    bool averaged;
+  };
+  const bool moments = desloc || s.method == SyncMethod::kLocalAdam;
+  for (const Rule& r :
+       {Rule{"delay", s.delay, s.kx, "kx", true},
+        Rule{"delay_u", s.effective_delay_u(), desloc ? s.effective_ku() : s.kx,
+             desloc ? "ku" : "kx", moments},
+        Rule{"delay_v", s.effective_delay_v(), desloc ? s.effective_kv() : s.kx,
+             desloc ? "kv" : "kx", moments}}) {
+    if (!r.averaged || r.tau < r.period) continue;
+    const char* key = b.has(r.key) ? r.key : "delay";
+    throw ConfigError(fmt::format(
+        "{}: sync.{} = {} must be smaller than the period {} = {} of the state it delays (a "
+        "state's next average starts before its last one is folded in)",
+        b.location_of(key), key, r.tau, r.period_key, r.period));
+  }
+  if (s.outer != "none")
+    throw ConfigError(fmt::format(
+        "{}: sync.outer = \"{}\" steps on the parameter average at once; it cannot be combined "
+        "with overlap = \"{}\"",
+        b.location_of("outer"), s.outer, s.overlap));
+  if (s.method == SyncMethod::kFavgReset)
+    throw ConfigError(fmt::format(
+        "{}: sync.overlap = \"{}\" with method = \"favg_reset\": the reset of u and v belongs "
+        "to the parameter average's step, which a delay moves; use favg, local_adam or desloc",
+        b.location_of("overlap"), s.overlap));
+  if (s.join_step > 0)
+    throw ConfigError(fmt::format(
+        "{}: sync.join_step with overlap = \"{}\" is not supported (a joining worker has no "
+        "share of the averages in flight)",
+        b.location_of("join_step"), s.overlap));
+}
+
 // Cross-key rules of [sync]; each error points at the offending key.
 void check_sync(const Binder& b, const sync::SyncConfig& s) {
   const bool desloc = s.method == SyncMethod::kDesloc;
@@ -338,6 +405,7 @@ void check_sync(const Binder& b, const sync::SyncConfig& s) {
         "\"{}\" has none{}",
         b.location_of("overlap"), s.overlap, to_string(s.method),
         s.method == SyncMethod::kDdp ? " (DDP's gradient average needs the step's gradient)" : ""));
+  check_delays(b, s);
   if (s.join_step > 0 && s.join_workers <= s.workers)
     throw ConfigError(fmt::format(
         "{}: sync.join_workers = {} must exceed sync.workers = {} when join_step is set",

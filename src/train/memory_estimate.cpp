@@ -146,11 +146,15 @@ MemoryEstimate estimate_memory(const JobConfig& cfg, ProcessRole role) {
   if (!in_process && cfg.job.on_site_failure == "continue" && cfg.sync.workers > 1)
     e.parts.push_back({"two recovery snapshots of x, u and v (job.on_site_failure = \"continue\")",
                        pkeys, 2 * 3 * P * kFloat});
-  if (cfg.sync.overlaps())
-    e.parts.push_back({fmt::format("copies of x, u and v of {} for averages that overlap the "
-                                   "step (sync.overlap)",
-                                   site_keys),
-                       pkeys, 3 * P * sites * kFloat});
+  if (cfg.sync.overlaps()) {
+    // A delayed average keeps the snapshot and the copy being averaged.
+    const std::uint64_t copies = cfg.sync.delays() ? 2 : 1;
+    e.parts.push_back({fmt::format("{} of x, u and v of {} for averages that overlap the "
+                                   "step (sync.overlap = \"{}\")",
+                                   copies == 2 ? "two copies" : "copies", site_keys,
+                                   cfg.sync.overlap),
+                       pkeys, copies * 3 * P * sites * kFloat});
+  }
   if (cfg.sync.outer != "none")
     e.parts.push_back(
         {"the outer optimizer's reference and momentum (sync.outer)", pkeys, 2 * P * kFloat});

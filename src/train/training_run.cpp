@@ -131,7 +131,7 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
       virtual_averager_(cfg.sync.workers, sync::SumOrder::kRing, R_, cfg.transport.lanes),
       averager_(rank != nullptr ? rank->averager : &virtual_averager_),
       reducer_(rank != nullptr ? rank->site_group : nullptr),
-      engine_(policy_, {&cfg.clip, outer_ ? &*outer_ : nullptr, false, cfg.sync.overlaps()}),
+      engine_(policy_, sync::step_options(cfg.sync, &cfg.clip, outer_ ? &*outer_ : nullptr)),
       evaluator_(cfg, *model_, dataset_),
       poison_(poison_from_environment()),
       live_sites_(cfg.sync.workers),
@@ -347,17 +347,30 @@ TrainResult TrainingRun::run() {
       if (networked_ && rank_->on_step) rank_->on_step(step_);
       record_step(s);
       const bool last = step_ == total_;
-      if ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last)
+      const bool checkpoint =
+          (cfg_.train.checkpoint_every > 0 && step_ % cfg_.train.checkpoint_every == 0) || last;
+      // Delayed averages in flight are folded in before a checkpoint (and the last step's
+      // evaluation), so what is written and resumed holds nothing in flight.
+      if (checkpoint) {
+        std::vector<sync::Replica> replicas = views_of(sites_);
+        engine_.drain(step_, replicas);
+      }
+      if ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last) {
+        engine_.settle();  // the evaluation may use the averager's groups
         evaluate(step_);
-      if ((cfg_.train.checkpoint_every > 0 && step_ % cfg_.train.checkpoint_every == 0) || last)
-        save(step_);
+      }
+      if (checkpoint) save(step_);
     } catch (const Error& e) {
       engine_.abandon();  // averages in flight end (or fail) before their groups are rebuilt
       if (!recovery_ || !cluster::Recovery::recoverable(e)) throw;
       recover(e.message());
     }
   }
-  if (step_ < total_ && step_ > result_.start_step) save(step_);  // stop_after or a signal
+  if (step_ < total_ && step_ > result_.start_step) {  // stop_after or a signal
+    std::vector<sync::Replica> replicas = views_of(sites_);
+    engine_.drain(step_, replicas);
+    save(step_);
+  }
   progress_->finish();
 
   result_.steps_done = step_;

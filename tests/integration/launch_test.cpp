@@ -70,20 +70,21 @@ std::vector<std::string> site_column(const std::vector<std::string>& arrays, std
   return out;
 }
 
-// `launch_overlap`: the launched job overlaps its averages with compute (sync.overlap =
-// "step") while the in-process reference blocks, so the comparison also shows that overlapping
-// changes no number.
+// `launch_sync`: [sync] keys only the launched job has (overlap = "step", while the in-process
+// reference blocks: the comparison also shows that overlapping changes no number); `both_sync`:
+// keys both have.
 void expect_launch_matches_train(const std::string& tag, const std::vector<std::string>& sites,
-                                 int ranks, bool launch_overlap = false) {
+                                 int ranks, const std::string& launch_sync = "",
+                                 const std::string& both_sync = "") {
   const fs::path dir = fresh_dir(tag);
   std::string names;
   for (const auto& s : sites) names += (names.empty() ? "\"" : ", \"") + s + "\"";
   // 12 steps with kx = 2: x every 2 steps, u every 6, v every 12; the last step syncs all.
-  const std::string toml = with_steps(multi_site_toml(dir / "launch", names, ranks), 12);
+  std::string toml = with_steps(multi_site_toml(dir / "launch", names, ranks), 12);
+  toml.replace(toml.find("[sync]\n"), 7, "[sync]\n" + both_sync);
   const fs::path cfg = write_text(dir / "job.toml", toml);
   std::string launched_toml = toml;
-  if (launch_overlap)
-    launched_toml.replace(launched_toml.find("[sync]\n"), 7, "[sync]\noverlap = \"step\"\n");
+  launched_toml.replace(launched_toml.find("[sync]\n"), 7, "[sync]\n" + launch_sync);
   const fs::path launch_cfg = write_text(dir / "launch.toml", launched_toml);
 
   const auto reference = run_command(std::string(DESLOC_CLI) + " train --no-progress --config " +
@@ -158,11 +159,27 @@ TEST(Launch, ThreeSitesOfTwoRanksWithBothLanesReproduceTheInProcessRunBitForBit)
 // pass (sync.overlap = "step"): still the blocking in-process run, bit for bit, with one rank
 // per site and with two (whose intra-site all-gather completes on the main thread).
 TEST(Launch, OverlappedAveragesReproduceTheBlockingInProcessRunBitForBit) {
-  expect_launch_matches_train("launch3x1_overlap", {"west", "east", "north"}, 1, true);
+  expect_launch_matches_train("launch3x1_overlap", {"west", "east", "north"}, 1,
+                              "overlap = \"step\"\n");
 }
 
 TEST(Launch, TwoSitesOfTwoRanksOverlappingReproduceTheBlockingInProcessRunBitForBit) {
-  expect_launch_matches_train("launch2x2_overlap", {"west", "east"}, 2, true);
+  expect_launch_matches_train("launch2x2_overlap", {"west", "east"}, 2, "overlap = \"step\"\n");
+}
+
+// Delayed averages (sync.overlap = "delayed"): x folded one step after it started, u four
+// steps after (u's average at step 6 is still waiting when x's at step 8 starts), v seven
+// (the one started at the last step is drained before the final checkpoint). The launched
+// ranks fold the same averages at the same steps as the in-process run: equal bit for bit.
+constexpr const char* kDelayedSync =
+    "overlap = \"delayed\"\ndelay = 1\ndelay_u = 4\ndelay_v = 7\n";
+TEST(Launch, DelayedAveragesReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x1_delayed", {"west", "east", "north"}, 1, "",
+                              kDelayedSync);
+}
+
+TEST(Launch, TwoSitesOfTwoRanksWithDelayedAveragesReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch2x2_delayed", {"west", "east"}, 2, "", kDelayedSync);
 }
 
 // Port 1 (tcpmux) is reserved and nothing listens there: connecting is refused at once.

@@ -78,6 +78,33 @@ TEST_F(SyncTrainer, OverlappedAveragesEqualBlockingOnesBitwise) {
   }
 }
 
+// sync.overlap = "delayed": averages folded tau steps after they started change the numbers
+// (not the bytes), and a run stopped at a checkpoint and resumed equals the straight run with
+// the same checkpoints bit for bit (a checkpoint drains what is in flight).
+TEST_F(SyncTrainer, DelayedAveragesMoveTheSameBytesAndResumeBitExact) {
+  const std::string base = "method = \"desloc\"\nkx = 4\nkv = 6\nworkers = 3\n";
+  const std::string delayed = base + "overlap = \"delayed\"\ndelay = 2\ndelay_v = 5\n";
+  const auto blocking = job(fresh_dir("d_blocking"), base, 14);
+  auto straight_ck = job(fresh_dir("d_straight"), delayed, 14);
+  auto resumed = job(fresh_dir("d_resumed"), delayed, 14);
+  straight_ck.train.checkpoint_every = resumed.train.checkpoint_every = 7;
+  const auto a = train::run_training(blocking, {.progress = 0});
+  const auto b = train::run_training(straight_ck, {.progress = 0});
+  train::run_training(resumed, {.stop_after = 7, .progress = 0});
+  const auto c = train::run_training(resumed, {.resume = true, .progress = 0});
+  test::expect_bitwise_equal(final_state(straight_ck), final_state(resumed));
+  EXPECT_EQ(b.last_val_loss, c.last_val_loss);
+  EXPECT_EQ(a.bytes_sent_per_worker, b.bytes_sent_per_worker);
+  EXPECT_NE(final_state(blocking).workers[0].params, final_state(straight_ck).workers[0].params);
+  EXPECT_TRUE(std::isfinite(b.last_val_loss));
+  // Without the checkpoint at step 7 the average of v started at step 6 is folded at step 11
+  // instead of drained at step 7: other numbers.
+  auto uncheckpointed = job(fresh_dir("d_uncheckpointed"), delayed, 14);
+  uncheckpointed.train.checkpoint_every = 0;
+  train::run_training(uncheckpointed, {.progress = 0});
+  EXPECT_NE(final_state(uncheckpointed).workers[0].v, final_state(straight_ck).workers[0].v);
+}
+
 TEST_F(SyncTrainer, OneWorkerIsSingleSiteTrainingBitwise) {
   const auto single = job(fresh_dir("single"), "method = \"none\"\n");
   const auto desloc = job(fresh_dir("desloc_m1"), "method = \"desloc\"\nworkers = 1\nkx = 2\n");

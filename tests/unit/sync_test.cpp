@@ -9,6 +9,7 @@
 #include "desloc/sync/averager.hpp"
 #include "desloc/sync/outer_optimizer.hpp"
 #include "desloc/sync/sync_policy.hpp"
+#include "desloc/sync/sync_engine.hpp"
 #include "desloc/sync/synced_step.hpp"
 #include "desloc/train/config.hpp"
 
@@ -222,6 +223,131 @@ TEST(SyncedStep, ResetZeroesMomentsAfterTheAverage) {
   EXPECT_EQ(x0, x1);
 }
 
+// sync.overlap = "delayed" against a hand computation: two Adam replicas on different
+// gradients, x, u and v averaged at t = 4 (local_adam, kx = 4) with tau = 2. The average starts
+// from the values before step 4's update and is folded in before step 6's, after two more
+// updates: x += mean(x_4) - x_4, u += b1^2 (mean(u_4) - u_4), v += b2^2 (mean(v_4) - v_4).
+// The naive delay replaces the state by mean(s_4) instead.
+TEST(SyncEngine, DelayedAverageFoldsTheMeanIntoTheLocalProgressAsDerived) {
+  for (const bool naive : {false, true}) {
+    optim::OptimizerConfig cfg{.name = "adamw", .beta1 = 0.8f, .beta2 = 0.9f, .weight_decay = 0.0f};
+    const std::size_t n = 5;
+    optim::Optimizer o0(cfg, n), o1(cfg, n), h0(cfg, n), h1(cfg, n);
+    std::vector<float> x0(n, 0.5f), x1(n, -0.25f), g0(n), g1(n);
+    std::vector<float> hx0 = x0, hx1 = x1;
+    std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
+    // Each worker's gradient depends on its own x, so the two trajectories differ.
+    auto grad_of = [&](std::size_t w, std::span<const float> x, std::span<float> g) {
+      for (std::size_t i = 0; i < n; ++i)
+        g[i] = (w == 0 ? 1.0f : -2.0f) * (x[i] - 0.1f * float(i)) + 0.3f * float(w);
+    };
+    const SyncPolicy policy({.method = SyncMethod::kLocalAdam, .workers = 2, .kx = 4});
+    sync::VirtualAverager avg(2);
+    sync::StepOptions opts;
+    opts.overlap = naive ? sync::Overlap::kDelayedNaive : sync::Overlap::kDelayed;
+    opts.delay = {0, 2, 2, 2};
+    sync::SyncEngine engine(policy, opts);
+    // The hand computation: local steps, the snapshot before step 4's update, the fold before
+    // step 6's.
+    std::array<std::vector<float>, 2> sx, su, sv;
+    optim::Optimizer* h[2] = {&h0, &h1};
+    std::vector<float>* hx[2] = {&hx0, &hx1};
+    const float lr = 0.05f;
+    for (std::int64_t t = 1; t <= 7; ++t) {
+      engine.begin(t, avg, reps, false);
+      for (std::size_t w = 0; w < 2; ++w) grad_of(w, reps[w].x, reps[w].g);
+      engine.finish(reps);
+      engine.update(reps, lr);
+
+      std::array<std::vector<float>, 2> hgrad;  // at the un-averaged x, as the engine's
+      for (std::size_t w = 0; w < 2; ++w) {
+        hgrad[w].resize(n);
+        grad_of(w, *hx[w], hgrad[w]);
+      }
+      if (t == 4)
+        for (std::size_t w = 0; w < 2; ++w) {
+          sx[w] = *hx[w];
+          su[w] = h[w]->state().u;
+          sv[w] = h[w]->state().v;
+        }
+      if (t == 6) {
+        const float cu = naive ? 0.0f : static_cast<float>(std::pow(0.8, 2.0));
+        const float cv = naive ? 0.0f : static_cast<float>(std::pow(0.9, 2.0));
+        for (std::size_t w = 0; w < 2; ++w)
+          for (std::size_t i = 0; i < n; ++i) {
+            const float mx = static_cast<float>((double(sx[0][i]) + sx[1][i]) / 2);
+            const float mu = static_cast<float>((double(su[0][i]) + su[1][i]) / 2);
+            const float mv = static_cast<float>((double(sv[0][i]) + sv[1][i]) / 2);
+            auto& hs = h[w]->state();
+            if (naive) {
+              (*hx[w])[i] = mx;
+              hs.u[i] = mu;
+              hs.v[i] = mv;
+            } else {
+              (*hx[w])[i] += mx - sx[w][i];
+              hs.u[i] += cu * (mu - su[w][i]);
+              hs.v[i] = std::max(0.0f, hs.v[i] + cv * (mv - sv[w][i]));
+            }
+          }
+      }
+      for (std::size_t w = 0; w < 2; ++w) h[w]->step(*hx[w], hgrad[w], lr);
+      for (std::size_t w = 0; w < 2; ++w)
+        for (std::size_t i = 0; i < n; ++i) {
+          EXPECT_NEAR(reps[w].x[i], (*hx[w])[i], 1e-6f) << "naive " << naive << " t " << t;
+          EXPECT_NEAR(reps[w].opt->state().u[i], h[w]->state().u[i], 1e-6f) << "t " << t;
+          EXPECT_NEAR(reps[w].opt->state().v[i], h[w]->state().v[i], 1e-6f) << "t " << t;
+        }
+      if (t == 5) {  // in flight: nothing folded yet, the replicas still differ
+        EXPECT_NE(x0, x1);
+      }
+    }
+    EXPECT_EQ(avg.traffic(0).payload[1], n * sizeof(float)) << "x averaged once";
+  }
+}
+
+// A delayed average that is drained (a checkpoint after step t's update) is folded with the
+// updates made so far; a state due again before its fold is refused.
+TEST(SyncEngine, DelayedAveragesDrainEarlyAndRefuseAnOverlap) {
+  optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+  optim::Optimizer o0(cfg, 1), o1(cfg, 1);
+  std::vector<float> x0 = {1.0f}, x1 = {3.0f}, g0 = {0.0f}, g1 = {0.0f};
+  std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
+  const SyncPolicy policy({.method = SyncMethod::kFavg, .workers = 2, .kx = 2});
+  sync::VirtualAverager avg(2);
+  sync::StepOptions opts;
+  opts.overlap = sync::Overlap::kDelayed;
+  opts.delay = {0, 1, 1, 1};
+  {
+    sync::SyncEngine engine(policy, opts);
+    engine.begin(1, avg, reps, false);
+    engine.finish(reps);
+    engine.begin(2, avg, reps, false);  // x due: starts from x = 1 and 3
+    engine.finish(reps);
+    x0[0] = 10.0f;  // local progress after the snapshot
+    engine.drain(2, reps);
+    EXPECT_EQ(x0[0], 11.0f);  // 10 + (2 - 1)
+    EXPECT_EQ(x1[0], 2.0f);   // 3 + (2 - 3)
+    engine.begin(3, avg, reps, false);
+    engine.finish(reps);
+    EXPECT_EQ(x0[0], 11.0f) << "a drained average is not folded again";
+  }
+  opts.delay = {0, 2, 2, 2};  // the config refuses it; the engine too
+  sync::SyncEngine engine(policy, opts);
+  for (std::int64_t t = 1; t <= 3; ++t) {
+    engine.begin(t, avg, reps, false);
+    engine.finish(reps);
+  }
+  try {
+    engine.begin(4, avg, reps, false);
+    ADD_FAILURE() << "a second average of x while the first waits for its fold";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("step 4 starts an average of 'x' while the one started at step 2 "
+                               "waits for its fold at step 4"),
+              std::string::npos)
+        << e.message();
+  }
+}
+
 namespace {
 std::string sync_error(const std::string& body) {
   try {
@@ -268,6 +394,32 @@ TEST(SyncConfig, BadInputNamesTheKey) {
             std::string::npos);
   EXPECT_NE(sync_error("method = \"desloc\"\noverlap = \"eager\"\n")
                 .find("sync.overlap = \"eager\" is not one of"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\nkx = 8\noverlap = \"delayed\"\n")
+                .find("job.toml:4:11: sync.overlap = \"delayed\" needs sync.delay >= 1"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\nkx = 8\ndelay = 2\n")
+                .find("job.toml:4:9: sync.delay is set, but overlap = \"none\" has no delay"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\nkx = 8\noverlap = \"delayed\"\ndelay = 8\n")
+                .find("job.toml:5:9: sync.delay = 8 must be smaller than the period kx = 8"),
+            std::string::npos);
+  EXPECT_NE(
+      sync_error("method = \"desloc\"\nkx = 8\nkv = 16\noverlap = \"delayed\"\ndelay = 4\n"
+                 "delay_v = 16\n")
+          .find("job.toml:7:11: sync.delay_v = 16 must be smaller than the period kv = 16"),
+      std::string::npos);
+  EXPECT_NE(sync_error("method = \"local_adam\"\nkx = 8\noverlap = \"delayed\"\ndelay = 2\n"
+                       "delay_u = 3\n")
+                .find("sync.delay_u is set, but method = \"local_adam\" averages u and v with x"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\nkx = 8\nouter = \"nesterov\"\noverlap = "
+                       "\"delayed\"\ndelay = 2\n")
+                .find("job.toml:4:9: sync.outer = \"nesterov\" steps on the parameter average at "
+                      "once; it cannot be combined with overlap = \"delayed\""),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"favg_reset\"\nkx = 8\noverlap = \"delayed\"\ndelay = 2\n")
+                .find("with method = \"favg_reset\""),
             std::string::npos);
   EXPECT_NE(sync_error("workers = 0\n").find("sync.workers"), std::string::npos);
   EXPECT_NE(sync_error("workers = 2\njoin_step = 10\njoin_workers = 2\n").find("sync.join_workers"),

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <utility>
@@ -62,8 +63,9 @@ class Averager {
     verdicts_ = {};
   }
   virtual int workers() const = 0;
-  // Traffic of worker w (a local replica index).
-  virtual const Traffic& traffic(int w) const = 0;
+  // Traffic of worker w (a local replica index), a copy: an average on a communication thread
+  // (sync.overlap = "delayed") may be adding to it meanwhile.
+  virtual Traffic traffic(int w) const = 0;
 
   // The payload guard (on by default): a site whose contribution to an average is non-finite,
   // or whose norm is far above the others' (judge_payloads), is left out of that average and
@@ -98,6 +100,7 @@ class Averager {
   std::optional<Verdict> take_verdict(optim::StateKind kind);
 
   std::int64_t step_ = -1;
+  mutable std::mutex traffic_mu_;  // guards the implementations' traffic counters
   PayloadGuard guard_;
   std::vector<Rejection> rejections_;
   std::array<std::optional<Verdict>, 4> verdicts_;  // by optim::StateKind
@@ -128,7 +131,10 @@ class VirtualAverager final : public Averager {
   // In one process the sites' requests are one: returns `stop`.
   bool exchange_control(std::span<const DueAverage> due, bool stop) override;
   int workers() const override { return workers_; }
-  const Traffic& traffic(int w) const override { return traffic_.at(static_cast<std::size_t>(w)); }
+  Traffic traffic(int w) const override {
+    const std::lock_guard lock(traffic_mu_);
+    return traffic_.at(static_cast<std::size_t>(w));
+  }
   // Workers can be added mid-run (elastic join); traffic of existing workers is kept.
   void resize(int workers);
 

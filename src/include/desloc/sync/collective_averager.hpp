@@ -44,7 +44,7 @@ class CollectiveAverager final : public Averager {
   int workers() const override { return wan_.size(); }
   // Wire bytes are what the collectives actually sent, not a formula: `wire` is the WAN
   // group's, `site_wire` the intra-site all-gather's.
-  const Traffic& traffic(int w) const override;
+  Traffic traffic(int w) const override;
 
  private:
   // The payload guard's decision for this rank's shard of `data` (zeroed when this site is

@@ -13,6 +13,9 @@
 // gradient is computed; finish() waits for them, completes them on the caller's thread and
 // folds them in, in Alg. 1's order. Same inputs, same arithmetic, same order: the result equals
 // the blocking step's bit for bit. The gradient's average (DDP) always blocks.
+// With Overlap::kDelayed (sync.overlap = "delayed") the averages started at step t are folded
+// in at step t + tau, keeping the progress made meanwhile (DelayedAverages); the owner drains
+// them before a checkpoint and settles them before using the averager's groups itself.
 #pragma once
 
 #include <array>
@@ -24,6 +27,7 @@
 
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/averager.hpp"
+#include "desloc/sync/delayed_averages.hpp"
 #include "desloc/sync/outer_optimizer.hpp"
 #include "desloc/sync/sync_policy.hpp"
 
@@ -35,12 +39,27 @@ struct Replica {
   optim::Optimizer* opt = nullptr;  // holds u and v
 };
 
+// sync.overlap.
+enum class Overlap : std::uint8_t {
+  kNone,          // "none": averages block the step
+  kStep,          // "step": they run during the step's gradient, finish before its update
+  kDelayed,       // "delayed": folded in tau steps later, keeping the local progress
+  kDelayedNaive,  // "delayed_naive": the stale mean replaces the state tau steps later
+};
+
 struct StepOptions {
   const optim::ClipConfig* clip = nullptr;  // nullptr = no clipping
   OuterNesterov* outer = nullptr;           // nullptr = plain parameter averaging
   bool reset_step_count = false;            // favg_reset: also restart bias correction
-  bool overlap = false;                     // sync.overlap = "step"
+  Overlap overlap = Overlap::kNone;
+  std::array<std::int64_t, 4> delay{};      // tau by StateKind (kDelayed, kDelayedNaive)
+  bool delays() const { return overlap == Overlap::kDelayed || overlap == Overlap::kDelayedNaive; }
 };
+
+// The StepOptions a config describes: its overlap mode and delays (favg_reset's restart of the
+// step count is the caller's).
+StepOptions step_options(const SyncConfig& cfg, const optim::ClipConfig* clip,
+                         OuterNesterov* outer);
 
 // After u is averaged without v (DES-LOC's Ku < Kv): bounds every |u_i| of an AdamW replica by
 // C sqrt(v_i), C = (1 - b1) / sqrt((1 - b2)(1 - b1^2 / b2)), the most a single Adam can reach
@@ -75,8 +94,15 @@ class SyncEngine {
   // otherwise). An average that failed on the communication thread throws here.
   bool finish(std::span<Replica> replicas, bool stop = false);
   // Waits for averages begin() started and drops them, and any error they raised: the step is
-  // being abandoned (a peer failed and the job recovers from its last common state).
+  // being abandoned (a peer failed and the job recovers from its last common state). Delayed
+  // averages in flight are dropped too.
   void abandon();
+  // Delayed averages: after step t's update, folds every one in flight (before a checkpoint,
+  // at the last step), so the state written holds nothing in flight. A no-op otherwise.
+  void drain(std::int64_t t, std::span<Replica> replicas);
+  // Delayed averages: waits for the batch on the wire, so that the averager's groups are free
+  // for someone else (the evaluation's exchange). A no-op otherwise.
+  void settle();
   // Clipping, then each replica's optimizer step at learning rate lr. Returns the global norm
   // of the last replica's gradient before clipping.
   float update(std::span<Replica> replicas, float lr) const;
@@ -107,6 +133,8 @@ class SyncEngine {
   std::thread comm_;               // runs the started averages' wide-area halves
   std::exception_ptr comm_error_;  // what it threw, rethrown by finish()
   bool stop_agreed_ = false;       // the control exchange's answer, taken in begin()
+  std::int64_t t_ = 0;             // the step begin() opened
+  DelayedAverages delayed_;
 };
 
 }  // namespace desloc::sync

@@ -31,12 +31,23 @@ struct SyncConfig {
   // u and v due at step t start before its forward pass, from the values they hold then (final
   // until the update), and run while the gradient is computed; they finish before the update.
   // The numbers are the same bit for bit; up to one step of compute hides the wire time.
+  // "delayed": an average of state s due at step t starts from s_t and the site trains on; at
+  // step t + tau (before that step's update) it is folded in, keeping the local progress made
+  // meanwhile: s <- s + c (mean(s_t) - s_t), c_x = 1, c_u = beta1^tau, c_v = beta2^tau
+  // (docs/sync.md derives it). Up to tau + 1 steps of compute hide the wire time.
+  // "delayed_naive": for comparison only, s <- mean(s_t) at step t + tau, losing the progress.
   std::string overlap = "none";
+  std::int64_t delay = 0;    // tau of every state (overlap = "delayed"), >= 1
+  std::int64_t delay_u = 0;  // tau of u when it differs (0 = delay)
+  std::int64_t delay_v = 0;  // tau of v when it differs (0 = delay)
 
   std::int64_t effective_ku() const { return ku > 0 ? ku : 3 * kx; }
   std::int64_t effective_kv() const { return kv > 0 ? kv : 6 * kx; }
   bool averages_params() const { return desloc::averages_params(method); }
-  bool overlaps() const { return overlap == "step"; }
+  bool overlaps() const { return overlap != "none"; }
+  bool delays() const { return overlap == "delayed" || overlap == "delayed_naive"; }
+  std::int64_t effective_delay_u() const { return delay_u > 0 ? delay_u : delay; }
+  std::int64_t effective_delay_v() const { return delay_v > 0 ? delay_v : delay; }
   // The schedule these settings describe (ku and kv resolved), as the simulator takes it.
   SyncSchedule schedule() const;
 };

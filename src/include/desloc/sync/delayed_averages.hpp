@@ -1,0 +1,90 @@
+// Delayed averages (sync.overlap = "delayed"): an average of state s due at step t starts from
+// the snapshot s_t and runs on a communication thread while the site trains on; before step
+// t + tau's update it is folded in, keeping the local progress made since the snapshot:
+//   s <- s + c_s (mean(s_t) - s_t),   c_x = 1, c_u = beta1^n, c_v = beta2^n,
+// n the optimizer updates applied since the snapshot (tau, or fewer when drained early). The
+// moments are linear recurrences, u <- beta1 u + (1 - beta1) g, so a change d to u at the
+// snapshot has become beta1^n d after n updates; x carries a change forward unchanged (weight
+// decay's factor (1 - lr wd) per step is left out). v stays non-negative: v - beta2^n v_t is
+// what the updates added, >= 0, and mean(v_t) >= 0 (a float rounding below 0 is clamped).
+// docs/sync.md derives it. The naive delay (`naive`) sets s <- mean(s_t), losing the progress:
+// the comparison arXiv 2502.12996 reports as clearly worse.
+//
+// One batch of averages (the states due at one step) is on the wire at a time: a batch that
+// starts while the previous one is still travelling waits for it. The wide-area halves
+// (Averager::average_across_sites) run on the thread; the control exchange and the
+// intra-site completions run on the caller's thread, so the site's group is never shared.
+// While a batch is on the wire the averager must not be used by anyone else: settle() first.
+// Every rank folds the same averages at the same steps, so a networked run equals the
+// in-process one bit for bit.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "desloc/core/sync_schedule.hpp"
+#include "desloc/optim/optimizer.hpp"
+#include "desloc/sync/averager.hpp"
+
+namespace desloc::sync {
+
+struct Replica;
+
+class DelayedAverages {
+ public:
+  struct Options {
+    bool naive = false;                  // s <- mean(s_t) at the fold ("delayed_naive")
+    std::array<std::int64_t, 4> tau{};   // by StateKind; >= 1 for every state averaged
+  };
+  explicit DelayedAverages(Options opts) : opts_(opts) {}
+  ~DelayedAverages() { abandon(); }
+  DelayedAverages(const DelayedAverages&) = delete;
+  DelayedAverages& operator=(const DelayedAverages&) = delete;
+
+  // Step t's due averages of x, u and v start: the batch on the wire (if any) is settled, then
+  // the control exchange (`stop` is this process's stop request), the snapshots, and the wide-
+  // area halves on the thread. Returns the exchange's answer: did any site ask to stop.
+  // Throws Error when a state is due again before its last average was folded in.
+  bool start(std::int64_t t, const SyncDecision& due, Averager& averager,
+             std::span<Replica> replicas, bool stop);
+  // Before step t's update: folds every average whose fold step is t, in Alg. 1's order (x, u,
+  // v), and bounds u (bound_momentum) when u was folded without v. An error raised on the wire
+  // is thrown here or by settle().
+  void fold_due(std::int64_t t, std::span<Replica> replicas);
+  // After step t's update: folds every average in flight now (checkpoints, the last step),
+  // with n = t - start + 1.
+  void drain(std::int64_t t, std::span<Replica> replicas);
+  // Waits for the batch on the wire and completes it inside the site; folds nothing. After it
+  // the averager and its groups are free.
+  void settle();
+  // Drops every average in flight (waiting for the wire first) and any error it raised.
+  void abandon();
+  bool empty() const;
+
+ private:
+  struct Pending {
+    bool active = false;
+    bool complete = false;  // complete_average done: `mean` holds mean(s_t)
+    std::int64_t start = 0;
+    std::int64_t fold_at = 0;
+    std::vector<std::vector<float>> snap;  // each replica's s_t
+    std::vector<std::vector<float>> mean;  // its copy, averaged in place
+    std::vector<std::span<float>> views;   // of `mean`
+  };
+  // Folds pending_[kind] into the replicas after n updates since its snapshot.
+  void fold(optim::StateKind kind, std::int64_t n, std::span<Replica> replicas);
+  void join();
+
+  Options opts_;
+  Averager* averager_ = nullptr;
+  std::array<Pending, 4> pending_;               // by StateKind (kX, kU, kV used)
+  std::vector<optim::StateKind> on_wire_;        // the batch the thread is averaging
+  std::thread comm_;
+  std::exception_ptr comm_error_;
+};
+
+}  // namespace desloc::sync
