@@ -34,6 +34,7 @@ tcp_buffer=''
 budget=''
 plan=0
 overhead=0.05
+delay=1
 bed=e2e$$
 bed=${bed:0:8}
 
@@ -42,7 +43,7 @@ usage() {
 usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--links A-B=1gbit,...] [--steps N] [--kx K]
        [--target NATS] [--methods none,ddp,local_adam,desloc] [--results DIR] [--quick]
        [--rtt T] [--tcp-buffer BYTES] [--budget SECONDS] [--plan] [--target-overhead F]
-       [--starved]
+       [--delay TAU] [--starved]
 
 Runs as root (network namespaces). Defaults: 3 sites on 100 Mbit links, 300 steps of the
 quickstart model (B = 8 per site, one rank per site), Kx = $kx, target validation loss
@@ -55,7 +56,10 @@ $target nats. Method none is the compute-only reference (no communication at all
   --tcp-buffer  largest TCP buffers of every site (netbed.sh --tcp-buffer)
   --results  keep configs, logs and metrics there (default: a temporary directory, removed)
   --methods  any of none, ddp, local_adam, desloc, favg, favg_reset; NAME-overlap runs NAME
-             with sync.overlap = "step" (e.g. desloc-overlap)
+             with sync.overlap = "step" (e.g. desloc-overlap), NAME-delayed with
+             sync.overlap = "delayed" (desloc-delayed: with --plan, Kx and tau from
+             \`desloc plan --delayed\`; else --kx and --delay)
+  --delay    tau of NAME-delayed methods without --plan (default $delay)
   --budget   train every method for about SECONDS of step time (evaluation excluded) instead
              of --steps: each method's steps = SECONDS / its step time as \`desloc simulate\`
              predicts it on the topology (the profiled one with --plan, else the bed's rates)
@@ -63,7 +67,8 @@ $target nats. Method none is the compute-only reference (no communication at all
              and lanes from \`desloc plan\` (--target-overhead, default $overhead); Local Adam
              gets K = 2 Kx, which sends the bytes per step DES-LOC's plan does
   --starved  the headline scenario: --rate 5mbit --rtt 40ms --budget 240 --plan --target 3.0
-             (3 sites; DDP about 20x the compute-only step; about 20 minutes)
+             --methods none,ddp,local_adam,desloc,desloc-delayed (3 sites; DDP about 20x the
+             compute-only step; about 25 minutes)
   --quick    with --budget: a budget of 40 s
 Exit status: 0 all targets met, 3 a target missed, 1 a failure.
 EOF
@@ -90,7 +95,9 @@ while [[ $# -gt 0 ]]; do
     --budget) budget=$2; shift 2 ;;
     --plan) plan=1; shift ;;
     --target-overhead) overhead=$2; shift 2 ;;
-    --starved) rate=5mbit; rtt=40ms; budget=240; plan=1; target=3.0; shift ;;
+    --delay) delay=$2; shift 2 ;;
+    --starved) rate=5mbit; rtt=40ms; budget=240; plan=1; target=3.0
+      methods=none,ddp,local_adam,desloc,desloc-delayed; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
@@ -132,12 +139,20 @@ coord_addr=$("$netbed" env --name "$bed" --site "${site_list[0]}" | sed -n 's/^D
 quoted=$(printf '"%s", ' "${site_list[@]}")
 quoted=${quoted%, }
 
-write_config() {  # $1 = method (NAME or NAME-overlap), $2 = file, $3 = steps
-  local period='' lanes_line='' name=${1%-overlap} overlap=''
-  [[ $1 == "$name" ]] || overlap='overlap = "step"'
-  case $name in
-    desloc) period=${desloc_sync:-"kx = $kx"} ;;
-    local_adam|favg|favg_reset) period="kx = ${la_kx:-$kx}" ;;
+base_method() { local m=${1%-overlap}; echo "${m%-delayed}"; }
+
+write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file, $3 = steps
+  local period='' lanes_line='' name overlap=''
+  name=$(base_method "$1")
+  case $1 in
+    *-overlap) overlap='overlap = "step"' ;;
+    *-delayed) overlap=$'overlap = "delayed"\n'"delay = $delay" ;;
+  esac
+  case $1 in
+    desloc-delayed) period=${delayed_sync:-"kx = $kx"}
+      [[ -z $delayed_sync ]] || overlap=$delayed_overlap ;;
+    desloc*) period=${desloc_sync:-"kx = $kx"} ;;
+    local_adam*|favg*) period="kx = ${la_kx:-$kx}" ;;
   esac
   [[ -z $lanes ]] || lanes_line="lanes = $lanes"
   cat >"$2" <<EOF
@@ -218,7 +233,7 @@ run_job() {
 }
 
 evals=6
-desloc_sync='' la_kx='' lanes=''
+desloc_sync='' la_kx='' lanes='' delayed_sync='' delayed_overlap=''
 declare -A method_steps=()
 if [[ -n $budget || $plan -eq 1 ]]; then
   evals=12  # a finer curve against time
@@ -239,6 +254,14 @@ if [[ $plan -eq 1 ]]; then
   ring=$(sed -n 's/^sites *= *\[\([^]]*\)\].*/\1/p' "$results/plan.toml")
   [[ -z $ring ]] || quoted=$ring
   say "plan: DES-LOC $(echo "$desloc_sync" | tr '\n' ' ')(target overhead $overhead); Local Adam K = $la_kx"
+  if [[ ,$methods, == *-delayed,* ]]; then
+    "$desloc" plan --delayed --topology "$results/topology.toml" --config "$results/profile.toml" \
+      --target-overhead "$overhead" --out "$results/plan-delayed.toml" >"$results/plan-delayed.txt" ||
+      { cat "$results/plan-delayed.txt" >&2; die "desloc plan --delayed refused the profiled bed"; }
+    delayed_sync=$(sed -n '/^\[sync\]/,/^\[/{/^\(kx\|ku\|kv\|phase_[xuv]\) *=/p}' "$results/plan-delayed.toml")
+    delayed_overlap=$(sed -n '/^\[sync\]/,/^\[/{/^\(overlap\|delay\) *=/p}' "$results/plan-delayed.toml")
+    say "plan --delayed: DES-LOC $(echo "$delayed_sync $delayed_overlap" | tr '\n' ' ')"
+  fi
 fi
 for method in ${methods//,/ }; do
   method_steps[$method]=$steps
@@ -246,7 +269,7 @@ for method in ${methods//,/ }; do
   # The method's step time as `desloc simulate` predicts it on the profiled topology.
   write_config "$method" "$results/$method.toml" 1000
   ms=$("$desloc" simulate --topology "$results/topology.toml" --config "$results/$method.toml" \
-    --methods "${method%-overlap}" | awk -v m="${method%-overlap}" '$1 == m { print $2 }')
+    --methods "$(base_method "$method")" | awk -v m="$(base_method "$method")" '$1 == m { print $2 }')
   [[ -n $ms ]] || die "desloc simulate predicted no step time for $method"
   method_steps[$method]=$(awk -v b="$budget" -v ms="$ms" 'BEGIN { n = int(b * 1000 / ms); print (n < 1 ? 1 : n) }')
   say "$method: predicted $ms ms per step: ${method_steps[$method]} steps in a budget of $budget s"

@@ -7,8 +7,12 @@
 // checks each run's byte count against the closed form of its schedule. It writes one run
 // directory per method (metrics.jsonl) and report.html (`desloc report`) with the curves.
 //
+// --delays A,B,...: the delayed-average study instead (issue 13): at each Kx, DES-LOC blocking,
+// with delayed averages (sync.overlap = "delayed", each tau < Kx) and with the naive delay
+// ("delayed_naive"), next to the sites training alone (method none).
+//
 //   bench_lm_sync [--data data/brown] [--out-dir bench_out/lm_sync] [--steps 3072]
-//                 [--kx 16,256] [--workers 4] [--threads 2]
+//                 [--kx 16,256] [--workers 4] [--threads 2] [--delays 1,4,8]
 #include <fmt/format.h>
 
 #include <cmath>
@@ -39,12 +43,15 @@ struct Options {
   std::vector<std::int64_t> kx = {16, 256};
   int workers = 4;
   int threads = 2;
+  std::vector<std::int64_t> delays;  // the delayed-average study when not empty
 };
 
 struct Method {
   std::string label;
   std::string method;
   std::int64_t kx = 1;
+  std::string overlap = "none";
+  std::int64_t delay = 0;
 };
 
 struct Outcome {
@@ -58,13 +65,14 @@ Options parse(int argc, char** argv) {
   Options o;
   bench::Flags(
       "bench_lm_sync [--data DIR] [--out-dir DIR] [--steps N] [--kx A,B] [--workers M] [--threads "
-      "T]")
+      "T] [--delays A,B]")
       .add("--data", o.data)
       .add("--out-dir", o.out_dir)
       .add("--steps", o.steps)
       .add("--kx", o.kx)
       .add("--workers", o.workers)
       .add("--threads", o.threads)
+      .add("--delays", o.delays)
       .parse(argc, argv);
   return o;
 }
@@ -84,27 +92,17 @@ std::uint64_t expected_bytes(const sync::SyncConfig& s, std::int64_t steps,
   return n * per_average;
 }
 
-int run(const Options& o) {
-  bench::ensure_brown(o.data);
-  std::vector<Method> methods = {{"ddp", "ddp", 1}};
-  for (std::int64_t k : o.kx) {
-    methods.push_back({fmt::format("local_adam_k{}", k), "local_adam", k});
-    methods.push_back({fmt::format("desloc_k{}", k), "desloc", k});
-    methods.push_back({fmt::format("favg_k{}", k), "favg", k});
-    methods.push_back({fmt::format("reset_k{}", k), "favg_reset", k});
-  }
-  std::printf("bench_lm_sync: M = %d virtual workers, %lld steps, %d thread(s), Kx in {", o.workers,
-              static_cast<long long>(o.steps), o.threads);
-  for (std::size_t i = 0; i < o.kx.size(); ++i)
-    std::printf("%s%lld", i ? ", " : "", static_cast<long long>(o.kx[i]));
-  std::printf("}; DES-LOC uses Ku = 3Kx, Kv = 6Kx\n");
-
+// Trains every method, checks its bytes against its schedule's closed form, and prints a line
+// for each.
+std::vector<Outcome> train_all(const Options& o, const std::vector<Method>& methods) {
   std::vector<Outcome> outcomes;
   for (const auto& m : methods) {
     train::JobConfig cfg = bench::small_lm_job(
         o.data, o.steps, int(std::max<std::int64_t>(1, o.steps / 24)), o.threads, o.workers);
     cfg.sync.method = *desloc::parse_sync_method(m.method);
     cfg.sync.kx = m.kx;
+    cfg.sync.overlap = m.overlap;
+    cfg.sync.delay = m.delay;
     cfg.train.out_dir = (fs::path(o.out_dir) / m.label).string();
     fs::remove_all(cfg.train.out_dir);
     std::printf("  training %-18s ... ", m.label.c_str());
@@ -123,6 +121,83 @@ int run(const Options& o) {
     outcomes.push_back(std::move(out));
   }
   std::printf("validation: every run's bytes per worker equal its schedule's closed form: ok\n\n");
+  return outcomes;
+}
+
+const Outcome& find(const std::vector<Outcome>& outcomes, const std::string& label) {
+  for (const auto& oc : outcomes)
+    if (oc.m.label == label) return oc;
+  throw Error("no run " + label);
+}
+
+void write_html(const Options& o, const std::vector<Outcome>& outcomes, const std::string& title) {
+  std::vector<std::string> paths;
+  for (const auto& oc : outcomes) paths.push_back(oc.series.path);
+  const std::string html = (fs::path(o.out_dir) / "report.html").string();
+  report::write_report(paths, html, title);
+  std::printf("\nreport: %s (or: desloc report %s)\n", html.c_str(), o.out_dir.c_str());
+}
+
+// Delayed averages against blocking ones at the same Kx (target: final loss within 1%), the
+// naive delay beside them, and the sites training alone.
+int run_delays(const Options& o) {
+  std::vector<Method> methods = {{"none", "none", 1}};
+  for (std::int64_t k : o.kx) {
+    methods.push_back({fmt::format("desloc_k{}", k), "desloc", k});
+    for (std::int64_t tau : o.delays) {
+      if (tau >= k) continue;
+      methods.push_back({fmt::format("delayed_k{}_tau{}", k, tau), "desloc", k, "delayed", tau});
+      methods.push_back(
+          {fmt::format("naive_k{}_tau{}", k, tau), "desloc", k, "delayed_naive", tau});
+    }
+  }
+  std::printf("bench_lm_sync --delays: M = %d virtual workers, %lld steps, %d thread(s); DES-LOC "
+              "Ku = 3Kx, Kv = 6Kx; tau < Kx\n",
+              o.workers, static_cast<long long>(o.steps), o.threads);
+  const std::vector<Outcome> outcomes = train_all(o, methods);
+  const double alone = outcomes[0].result.last_val_loss;
+  std::printf("%-6s %5s %10s %9s %10s %12s %10s\n", "Kx", "tau", "blocking", "delayed",
+              "vs block", "naive delay", "vs block");
+  std::printf("%s\n", std::string(70, '-').c_str());
+  bool all_ok = true;
+  for (std::int64_t k : o.kx) {
+    const double block = find(outcomes, fmt::format("desloc_k{}", k)).result.last_val_loss;
+    for (std::int64_t tau : o.delays) {
+      if (tau >= k) continue;
+      const double d =
+          find(outcomes, fmt::format("delayed_k{}_tau{}", k, tau)).result.last_val_loss;
+      const double n = find(outcomes, fmt::format("naive_k{}_tau{}", k, tau)).result.last_val_loss;
+      const bool ok = std::abs(d - block) / block <= 0.01;
+      all_ok = all_ok && ok;
+      std::printf("%-6lld %5lld %10.4f %9.4f %+9.2f%% %12.4f %+9.2f%%  %s\n",
+                  static_cast<long long>(k), static_cast<long long>(tau), block, d,
+                  100.0 * (d - block) / block, n, 100.0 * (n - block) / block,
+                  ok ? "within 1%: met" : "within 1%: NOT met");
+    }
+  }
+  std::printf("(sites training alone, method none: %.4f)\n", alone);
+  write_html(o, outcomes,
+             fmt::format("Delayed DES-LOC averages: M = {} workers, {} steps", o.workers, o.steps));
+  return all_ok ? 0 : 3;
+}
+
+int run(const Options& o) {
+  bench::ensure_brown(o.data);
+  if (!o.delays.empty()) return run_delays(o);
+  std::vector<Method> methods = {{"ddp", "ddp", 1}};
+  for (std::int64_t k : o.kx) {
+    methods.push_back({fmt::format("local_adam_k{}", k), "local_adam", k});
+    methods.push_back({fmt::format("desloc_k{}", k), "desloc", k});
+    methods.push_back({fmt::format("favg_k{}", k), "favg", k});
+    methods.push_back({fmt::format("reset_k{}", k), "favg_reset", k});
+  }
+  std::printf("bench_lm_sync: M = %d virtual workers, %lld steps, %d thread(s), Kx in {", o.workers,
+              static_cast<long long>(o.steps), o.threads);
+  for (std::size_t i = 0; i < o.kx.size(); ++i)
+    std::printf("%s%lld", i ? ", " : "", static_cast<long long>(o.kx[i]));
+  std::printf("}; DES-LOC uses Ku = 3Kx, Kv = 6Kx\n");
+
+  const std::vector<Outcome> outcomes = train_all(o, methods);
 
   // Target: the worst final validation loss among the methods expected to converge (DDP, Local
   // Adam, DES-LOC), so each of those reaches it; heuristics that do not reach it say so.
@@ -153,11 +228,7 @@ int run(const Options& o) {
       "(target validation loss %.4f = the worst final loss of DDP, Local Adam and DES-LOC)\n\n",
       target);
 
-  auto find = [&](const std::string& label) -> const Outcome& {
-    for (const auto& oc : outcomes)
-      if (oc.m.label == label) return oc;
-    throw Error("no run " + label);
-  };
+  auto find = [&](const std::string& label) -> const Outcome& { return ::find(outcomes, label); };
   bool all_ok = true;
   for (std::int64_t k : o.kx) {
     const auto& d = find(fmt::format("desloc_k{}", k));
@@ -182,13 +253,9 @@ int run(const Options& o) {
     if (k >= 256) all_ok = all_ok && vs_ddp >= 170.0;
   }
 
-  std::vector<std::string> paths;
-  for (const auto& oc : outcomes) paths.push_back(oc.series.path);
-  const std::string html = (fs::path(o.out_dir) / "report.html").string();
-  report::write_report(paths, html,
-                       fmt::format("DES-LOC and baselines: M = {} workers, {} steps, Brown corpus",
-                                   o.workers, o.steps));
-  std::printf("\nreport: %s (or: desloc report %s)\n", html.c_str(), o.out_dir.c_str());
+  write_html(o, outcomes,
+             fmt::format("DES-LOC and baselines: M = {} workers, {} steps, Brown corpus",
+                         o.workers, o.steps));
   return all_ok ? 0 : 3;
 }
 

@@ -30,6 +30,7 @@ struct PlanOptions {
   std::string topology, config, out, svg_dir;
   double target = 0.05;
   bool overlap = false;
+  bool delayed = false;
 };
 
 int run_plan(const PlanOptions& o) {
@@ -47,6 +48,7 @@ int run_plan(const PlanOptions& o) {
   req.beta2 = cfg.optim.beta2;
   req.steps = cfg.train.steps;
   req.overlap = o.overlap;
+  req.delayed = o.delayed;
   req.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(sites.size()));
   const auto plan = topology::make_plan(topo, req);
   for (const auto& line : plan.explanation) std::printf("%s\n", line.c_str());
@@ -133,7 +135,9 @@ int run_simulate(const SimulateOptions& o) {
                     cfg.source, cfg.train.steps, kMaxSimulatedSteps));
   base.state_bytes = 4.0 * params;
   base.overlap = o.overlap;
-  base.overlap_step = cfg.sync.overlaps();
+  base.overlap_step = cfg.sync.overlap == "step";
+  if (cfg.sync.delays())
+    base.delay = {cfg.sync.delay, cfg.sync.effective_delay_u(), cfg.sync.effective_delay_v()};
   base.jitter = o.jitter;
   base.ring = cfg.site_names();
   base.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(base.ring.size()));
@@ -146,13 +150,18 @@ int run_simulate(const SimulateOptions& o) {
   base.schedule = sync.schedule();
   std::printf(
       "simulate: %zu sites, %.3g parameters (%.2f MB per state), %lld steps, Kx %lld, "
-      "Ku %lld, Kv %lld, %s syncs, compute jitter %.2f\n",
+      "Ku %lld, Kv %lld, %s syncs%s, compute jitter %.2f\n",
       topo.sites.size(), params, base.state_bytes / 1e6, static_cast<long long>(base.steps),
       static_cast<long long>(base.schedule.kx), static_cast<long long>(base.schedule.ku),
       static_cast<long long>(base.schedule.kv),
       o.overlap           ? "overlapped (what-if)"
       : base.overlap_step ? "step-overlapped (sync.overlap)"
+      : base.delayed()    ? "delayed (sync.overlap)"
                           : "blocking",
+      base.delayed() && !o.overlap ? fmt::format(" tau {}/{}/{}", base.delay[0], base.delay[1],
+                                                 base.delay[2])
+                                         .c_str()
+                                   : "",
       o.jitter);
   std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s\n", "method", "ms/step", "total", "comm s",
               "wait s", "syncs", "MB/site", "vs none");
@@ -190,9 +199,14 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
                    "have to exceed train.steps")
       ->check(finite_above(0, "communication time / compute time, e.g. 0.05"))
       ->capture_default_str();
-  plan->add_flag("--overlap", p.overlap,
+  auto* overlap_flag = plan->add_flag("--overlap", p.overlap,
                  "price syncs as running under any number of following steps (a what-if: "
                  "sync.overlap = \"step\" hides at most one step)");
+  plan->add_flag("--delayed", p.delayed,
+                 "plan delayed averages (sync.overlap = \"delayed\"): the delay tau that hides "
+                 "an average under tau + 1 steps of compute, and the Kx that keeps averages apart "
+                 "on the link; only the control exchanges block")
+      ->excludes(overlap_flag);
   plan->add_option("--out", p.out, "also write the config fragment to this file");
   plan->add_option("--svg", p.svg_dir,
                    "write topology.svg (sites, links, the chosen ring) and bandwidth.svg (the "
@@ -215,8 +229,9 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
                    "desloc")
       ->capture_default_str();
   simulate->add_flag("--overlap", s.overlap,
-                     "what-if: syncs run under any number of following steps (the config's "
-                     "sync.overlap = \"step\" is modelled without it: at most one step)");
+                     "what-if: syncs run under any number of following steps (without it the "
+                     "config's sync.overlap is modelled: \"step\" hides at most one step, "
+                     "\"delayed\" up to delay + 1)");
   simulate
       ->add_option("--jitter", s.jitter,
                    "per-step compute noise (sigma of a log-normal factor, e.g. 0.3)")

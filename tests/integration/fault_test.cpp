@@ -39,7 +39,8 @@ constexpr double kLossTolerance = 0.08;
 constexpr double kLossToleranceWithoutASiteFromTheStart = 0.15;
 constexpr int kSteps = 1500;
 
-std::string elastic_toml(const fs::path& out, int ranks, int lanes, const std::string& extra_job) {
+std::string elastic_toml(const fs::path& out, int ranks, int lanes, const std::string& extra_job,
+                         const std::string& extra_sync = "") {
   std::string toml = tiny_job_toml(out);
   auto set = [&](const std::string& key, const std::string& value) {
     const auto at = toml.find(key + " = ");
@@ -53,7 +54,8 @@ std::string elastic_toml(const fs::path& out, int ranks, int lanes, const std::s
   // the tolerance between machines (+0.084 for the x-average death on an AMD EPYC host,
   // +0.046 on 4096 tokens).
   set("eval_batches", "32");
-  return toml + "[sync]\nmethod = \"desloc\"\nkx = 4\n[job]\nsites = [\"west\", \"east\", " +
+  return toml + "[sync]\nmethod = \"desloc\"\nkx = 4\n" + extra_sync +
+         "[job]\nsites = [\"west\", \"east\", " +
          "\"north\"]\nranks_per_site = " + std::to_string(ranks) +
          "\ntoken = \"fault-suite\"\nrendezvous_timeout_s = 30\nheartbeat_ms = 200\n"
          "heartbeat_timeout_ms = 1500\nrecovery_timeout_s = 10\n" +
@@ -140,13 +142,13 @@ struct Job {
 
   Job(const std::string& tag, int ranks_per_site, int lanes, const std::string& extra_job = "",
       std::vector<std::pair<std::string, std::string>> rank_env = {},
-      std::string rank_env_site = "")
+      std::string rank_env_site = "", const std::string& extra_sync = "")
       : cluster{fresh_dir(tag), {}, 0},
         R(ranks_per_site),
         env(std::move(rank_env)),
         env_site(std::move(rank_env_site)) {
     cfg = write_text(cluster.dir / "job.toml",
-                     elastic_toml(cluster.dir / "out", R, lanes, extra_job));
+                     elastic_toml(cluster.dir / "out", R, lanes, extra_job, extra_sync));
     start({});
   }
   // The coordinator and every rank (again, after a whole-job failure, with --resume).
@@ -215,10 +217,12 @@ TEST(FaultSuite, SiteKilledMidRunIsDroppedAndTheSurvivorsFinish) {
 
 // Every rank of east kills itself halfway through its wide-area ring of one average: the
 // others hold a partial sum that must never be applied.
+// `sync`: extra [sync] keys (delayed averages: the death happens on the communication thread
+// while the step goes on, and surfaces at the fold or at the next epoch's notice).
 void expect_death_mid_average_is_survived(const std::string& state, std::int64_t step, int R,
-                                          int lanes) {
-  Job job("mid_" + state + "_" + std::to_string(R), R, lanes, "",
-          {{"DESLOC_INJECT_CRASH", "east:" + std::to_string(step) + ":" + state}});
+                                          int lanes, const std::string& sync = "") {
+  Job job("mid_" + state + "_" + std::to_string(R) + (sync.empty() ? "" : "_delayed"), R, lanes,
+          "", {{"DESLOC_INJECT_CRASH", "east:" + std::to_string(step) + ":" + state}}, "", sync);
   for (int r = 0; r < R; ++r) {
     Process& p = job.ranks[1][std::size_t(r)];
     EXPECT_EQ(p.wait(120s), 128 + SIGKILL) << p.output();
@@ -239,7 +243,8 @@ void expect_death_mid_average_is_survived(const std::string& state, std::int64_t
   EXPECT_EQ(last_field(job.leader_metrics(), "recovery", "step").value_or(-1), double(step - 1));
   const double ref = reference_val_loss(job.cfg, job.cluster.dir);
   EXPECT_NEAR(val, ref, kLossTolerance);
-  report_row("every rank of a site dies halfway through its " + state + " average (3 sites x " +
+  report_row("every rank of a site dies halfway through its " + state +
+                 (sync.empty() ? "" : " delayed") + " average (3 sites x " +
                  std::to_string(R) + " rank" + (R > 1 ? "s" : "") + ", " + std::to_string(lanes) +
                  " lane" + (lanes > 1 ? "s" : "") + ")",
              -1, -1, val - ref,
@@ -257,6 +262,13 @@ TEST(FaultSuite, SiteDyingHalfwayThroughAUAverageIsSurvived) {
 }
 TEST(FaultSuite, SiteDyingHalfwayThroughAVAverageIsSurvivedOnEveryShardAndLane) {
   expect_death_mid_average_is_survived("v", 384, 2, 2);
+}
+
+// Delayed averages (tau = 3): at step 384 x, u and v start together and travel while the
+// sites take steps 384..386; east dies halfway through v's ring. No fold of that batch may be
+// applied: the survivors roll back to the state before step 384 and go on in the next epoch.
+TEST(FaultSuite, SiteDyingHalfwayThroughADelayedAverageInFlightIsSurvivedOnEveryShardAndLane) {
+  expect_death_mid_average_is_survived("v", 384, 2, 2, "overlap = \"delayed\"\ndelay = 3\n");
 }
 
 TEST(FaultSuite, OneRankKilledTakesItsSiteOutAndTheOthersFinishOnBothLanes) {

@@ -150,6 +150,49 @@ TEST(Planner, ChoosesTheSmallestKxWithinTarget) {
   EXPECT_NE(p.config_fragment.find("kx = " + std::to_string(p.kx)), std::string::npos);
 }
 
+// --delayed: tau hides one average (plus the target's margin) under tau + 1 steps, the averages
+// a third of a window apart each leave the link before the next starts, and the simulator,
+// given the plan, predicts a step within the target of compute alone, where the blocking plan
+// needs a far longer period.
+TEST(Planner, DelayedAveragesHideUnderComputeAtAMuchShorterPeriod) {
+  const Topology t = parse_topology(topology_toml("ABC", 80, triangle), "tri.toml");
+  PlanRequest req;
+  req.state_bytes = 3.3e6;
+  req.target_overhead = 0.03;
+  req.steps = 100000;
+  const Plan blocking = make_plan(t, req);
+  req.delayed = true;
+  const Plan p = make_plan(t, req);
+  const double sync = p.chosen.seconds;
+  ASSERT_GT(sync, 3 * 0.08);  // an average outlasts several steps
+  EXPECT_GE((p.delay + 1) * 0.08, sync * 1.03);
+  EXPECT_LT(p.delay * 0.08, sync * 1.03 + 0.08);  // the smallest such tau
+  EXPECT_LT(p.delay, p.kx);
+  EXPECT_GE((p.kx / 3) * 0.08, sync * 1.03);
+  EXPECT_LT(p.kx, blocking.kx);
+  EXPECT_LE(p.overhead, 0.03);
+  EXPECT_NE(p.config_fragment.find("overlap = \"delayed\"\ndelay = " + std::to_string(p.delay)),
+            std::string::npos)
+      << p.config_fragment;
+
+  SimJob job;
+  job.state_bytes = req.state_bytes;
+  job.steps = 60 * p.kx;
+  job.schedule = {SyncMethod::kDesloc, p.kx, p.ku, p.kv, 0, p.phase_u, p.phase_v};
+  job.delay = {p.delay, p.delay, p.delay};
+  const auto r = simulate(t, job);
+  EXPECT_LE(r.total_s, job.steps * 0.08 * 1.03 + sync) << "one batch may drain at the end";
+  EXPECT_GT(r.total_s, job.steps * 0.08);
+  // The same periods blocking: every average on the critical path.
+  job.delay = {};
+  EXPECT_GT(simulate(t, job).total_s, job.steps * 0.08 * 1.3);
+  job.delay = {1, 1, 1};
+  const auto short_tau = simulate(t, job);
+  // tau too short: each fold (two steps of compute after its start) waits for the rest of
+  // its average; the phases keep every batch to one state.
+  EXPECT_NEAR(short_tau.total_s - r.total_s, double(short_tau.syncs) * (sync - 2 * 0.08), sync);
+}
+
 TEST(Planner, KvFollowsTheSecondMomentsHalfLife) {
   const Topology t = parse_topology(topology_toml("AB", 80, triangle), "ab.toml");
   PlanRequest req;

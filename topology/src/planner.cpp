@@ -157,7 +157,25 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         fmt::format("{:.3g} Mbit/s", plan.chosen.bottleneck_bps * 8 / 1e6)));
   };
   std::int64_t kx = 1;
-  if (sync > 0) {
+  // Delayed averages: the control exchange is the only blocking part of an average.
+  const double exchange = ring_seconds(t, plan.chosen.order, 64.0 * double(names.size()), 1) / 2;
+  auto delayed_overhead = [&](std::int64_t k) {
+    return exchange * (1.0 + 1.0 / double(a) + 1.0 / double(b)) / (double(k) * plan.step_s);
+  };
+  if (req.delayed && sync > 0) {
+    const double steps_per_sync = sync * (1.0 + req.target_overhead) / plan.step_s;
+    if (!(steps_per_sync * 3 + 3 <= static_cast<double>(max_kx)))
+      throw unmeetable(fmt::format("{:.0f}", std::ceil(3 * steps_per_sync)));
+    plan.delay = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(steps_per_sync)) - 1);
+    kx = std::max<std::int64_t>(
+        {plan.delay + 1, 3 * static_cast<std::int64_t>(std::ceil(steps_per_sync)), 3});
+    // ... and enough steps per control exchange (closed form; the overhead falls as 1 / Kx).
+    const double for_exchange = std::ceil(
+        delayed_overhead(1) / req.target_overhead - 1e-9);
+    if (!(for_exchange <= static_cast<double>(max_kx)))
+      throw unmeetable(fmt::format("{:.3g}", for_exchange));
+    kx = std::max(kx, static_cast<std::int64_t>(for_exchange));
+  } else if (sync > 0) {
     // Closed form without overlap, then a check (and a short walk for the overlap model).
     const double need =
         sync * (1.0 + 1.0 / double(a) + 1.0 / double(b)) /
@@ -183,14 +201,17 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
     plan.phase_u = (kx + 1) / 3;
     plan.phase_v = (2 * kx + 1) / 3;
   }
-  plan.overhead = overhead(sync, plan.step_s, plan.kx, plan.ku, plan.kv, req.overlap);
+  plan.overhead = req.delayed ? delayed_overhead(plan.kx)
+                              : overhead(sync, plan.step_s, plan.kx, plan.ku, plan.kv, req.overlap);
 
   auto& e = plan.explanation;
   e.push_back(
       fmt::format("inputs: {} sites, state of {:.2f} MB (x, u and v each), slowest "
                   "compute step {:.1f} ms, target overhead {:.1f}%{}",
                   names.size(), P / 1e6, plan.step_s * 1e3, 100 * req.target_overhead,
-                  req.overlap ? " (syncs overlapped with compute)" : " (blocking syncs)"));
+                  req.delayed   ? " (delayed averages, sync.overlap = \"delayed\")"
+                  : req.overlap ? " (syncs overlapped with compute)"
+                                : " (blocking syncs)"));
   for (const auto& c : plan.candidates)
     e.push_back(fmt::format("candidate {}: {:.3f} s per all-reduce, slowest link {}", c.describe(),
                             c.seconds, mbit(c.bottleneck_bps)));
@@ -208,7 +229,16 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
       fmt::format("Ku = 3 Kx; Kv = {} Kx: half-lives tau1 = {:.1f}, tau2 = {:.1f} steps, "
                   "Kv / Ku = round(tau2 / tau1) clamped to [2, 8] = {}",
                   b, tau1, tau2, b / a));
-  e.push_back(fmt::format(
+  if (plan.delay > 0)
+    e.push_back(fmt::format(
+        "delay tau = {}: an average of {:.3f} s (+{:.0f}% margin) leaves the wire within tau + 1 "
+        "= {} steps of {:.1f} ms; Kx = {}: the averages a third of a window apart ({} steps) each "
+        "finish before the next starts, tau < Kx, and the control exchanges ({:.1f} ms each, "
+        "blocking) cost {:.2f}% (within {:.1f}%)",
+        plan.delay, sync, 100 * req.target_overhead, plan.delay + 1, plan.step_s * 1e3, kx, kx / 3,
+        exchange * 1e3, 100 * plan.overhead, 100 * req.target_overhead));
+  else
+    e.push_back(fmt::format(
       "Kx = {}: the smallest period whose overhead T_sync (1/Kx + 1/Ku + 1/Kv) / step = {:.2f}% "
       "is within {:.1f}% (Kx = {} would give {:.2f}%)",
       kx, 100 * plan.overhead, 100 * req.target_overhead, std::max<std::int64_t>(1, kx - 1),
@@ -222,10 +252,12 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   for (const auto& s : plan.chosen.order) quoted.push_back("\"" + s + "\"");
   plan.config_fragment = fmt::format(
       "# from `desloc plan`: {}, predicted overhead {:.2f}%\n[sync]\nmethod = \"desloc\"\n"
-      "kx = {}\nku = {}\nkv = {}\nphase_x = 0\nphase_u = {}\nphase_v = {}\n\n[job]\n"
+      "kx = {}\nku = {}\nkv = {}\nphase_x = 0\nphase_u = {}\nphase_v = {}\n{}\n[job]\n"
       "sites = [{}]  # the ring order\n\n[transport]\nlanes = {}\n",
       plan.chosen.describe(), 100 * plan.overhead, plan.kx, plan.ku, plan.kv, plan.phase_u,
-      plan.phase_v, fmt::join(quoted, ", "), plan.chosen.lanes);
+      plan.phase_v,
+      plan.delay > 0 ? fmt::format("overlap = \"delayed\"\ndelay = {}\n", plan.delay) : "",
+      fmt::join(quoted, ", "), plan.chosen.lanes);
   return plan;
 }
 

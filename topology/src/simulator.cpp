@@ -11,6 +11,15 @@
 #include "desloc/topology/planner.hpp"
 
 namespace desloc::topology {
+namespace {
+// One batch of delayed averages: the step whose update folds a state in, and when the batch
+// left the wire.
+struct Fold {
+  std::int64_t step;
+  double ready;
+};
+}  // namespace
+
 SimResult simulate(const Topology& t, const SimJob& job) {
   const SyncSchedule& plan = job.schedule;
   if (job.steps < 1) throw ConfigError("simulate: steps must be >= 1");
@@ -28,6 +37,10 @@ SimResult simulate(const Topology& t, const SimJob& job) {
   SimResult r;
   double link_free = 0.0;  // overlap: when the previous all-reduce finishes
   double waited = 0.0;
+  // The control exchange of delayed averages: an all-gather of a few bytes, half a ring
+  // all-reduce's hops.
+  const double exchange = job.delayed() ? ring_seconds(t, ring, 64.0 * double(n), 1) / 2 : 0.0;
+  std::vector<Fold> folds;
   for (std::int64_t step = 1; step <= job.steps; ++step) {
     const SyncDecision due = plan.at(step);
     const int states = n < 2 ? 0 : due.states();
@@ -36,6 +49,37 @@ SimResult simulate(const Topology& t, const SimJob& job) {
     for (std::size_t s = 0; s < n; ++s) {
       dts[s] = t.sites[s].step_s * (job.jitter > 0 ? std::exp(noise(gen)) : 1.0);
       compute[s] += dts[s];
+    }
+    if (job.delayed() && !job.overlap && !due.grad) {
+      if (states > 0) {
+        double start = link_free;  // the batch on the wire settles first
+        for (const double c : clock) start = std::max(start, c);
+        start += exchange;
+        for (double& c : clock) {
+          waited += start - c;
+          c = start;
+        }
+        link_free = start + cost;
+        const bool kinds[3] = {due.x, due.u, due.v};
+        for (std::size_t k = 0; k < 3; ++k)
+          if (kinds[k]) folds.push_back({step + job.delay[k], link_free});
+        r.syncs += states;
+        r.bytes_per_site += per_state_bytes * states;
+        r.comm_s += cost;
+      }
+      for (std::size_t s = 0; s < n; ++s) clock[s] += dts[s];
+      for (auto it = folds.begin(); it != folds.end();) {
+        if (it->step != step && step != job.steps) {
+          ++it;
+          continue;
+        }
+        for (double& c : clock) {
+          waited += std::max(0.0, it->ready - c);
+          c = std::max(c, it->ready);
+        }
+        it = folds.erase(it);
+      }
+      continue;
     }
     if (states > 0 && job.overlap_step && !job.overlap && !due.grad) {
       // The control exchange at the step's start is a barrier; the averages then run under

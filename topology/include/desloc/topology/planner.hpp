@@ -11,6 +11,11 @@
 //   T_star = max_leaf (latency + P / bw(leaf -> r)) + max_leaf (latency + P / bw(r -> leaf)).
 // Without overlap a sync blocks every site, so over one Kx window the overhead is
 //   T_sync * (1/Kx + 1/Ku + 1/Kv) / step,  step = the slowest site's compute step.
+// With delayed averages (sync.overlap = "delayed") an average only costs its control exchange
+// (a barrier of about half a ring all-reduce's latency), as long as it leaves the wire within
+// tau + 1 steps of compute and before the next one starts: tau = ceil(T_sync (1 + target) /
+// step) - 1, and the phases keep the averages a third of an x window apart, so
+// floor(Kx / 3) * step >= T_sync (1 + target) and Kx > tau.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +33,7 @@ struct PlanRequest {
   double beta2 = 0.95;
   std::int64_t steps = 0;  // train.steps: Kx may not exceed it
   bool overlap = false;    // price syncs as running under the next steps' compute (what-if)
+  bool delayed = false;    // plan sync.overlap = "delayed": tau and the Kx that hides the syncs
   int lanes = 1;           // transport.lanes, already reduced by effective_lanes()
 };
 
@@ -46,7 +52,8 @@ struct Plan {
   double step_s = 0;                 // slowest site's compute step
   std::int64_t kx = 0, ku = 0, kv = 0;
   std::int64_t phase_x = 0, phase_u = 0, phase_v = 0;
-  double overhead = 0;  // predicted, at the chosen periods
+  std::int64_t delay = 0;  // sync.delay (with PlanRequest::delayed), else 0
+  double overhead = 0;     // predicted, at the chosen periods
   std::vector<std::string> explanation;
   std::string config_fragment;  // [sync] and [job] keys that launch and worker accept
 };

@@ -4,6 +4,10 @@
 // all-reduce per averaged state. With overlap_step (sync.overlap = "step") the averages of a
 // step start when the last site begins it and run under its compute: each site ends the step
 // at the later of its compute and the averages (the gradient's average, DDP, still blocks).
+// With delay (sync.overlap = "delayed") a step with averages starts with the control exchange,
+// a barrier that first waits for the batch still on the wire; the batch then occupies the link
+// while the sites compute, and a state's fold tau steps later waits for its batch to be done
+// (the last step drains every batch).
 // With overlap (a what-if beyond what desloc does: averages that may run under any number of
 // following steps) a sync runs in the background and only delays the sites if the previous one
 // has not finished.
@@ -34,6 +38,9 @@ struct SimJob {
   int lanes = 1;                  // 2 = also the reversed ring (3+ sites)
   bool overlap = false;           // the unbounded what-if
   bool overlap_step = false;      // sync.overlap = "step"
+  // sync.overlap = "delayed": tau of x, u and v (all 0 = not delayed).
+  std::array<std::int64_t, 3> delay{};
+  bool delayed() const { return delay[0] > 0; }
   // Step-to-step compute noise: each step takes step_s * exp(N(0, jitter)) at each site,
   // drawn from a fixed seed, so a slow step makes the others wait at the next sync.
   double jitter = 0.0;
