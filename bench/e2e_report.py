@@ -88,7 +88,8 @@ def desloc_analysis(a, name, d, base, payload_rate):
         print(f"{name}: steps without a sync / compute-only steps: {steal:.3f} "
               f"(progress must not steal compute; target <= 1.05)")
         ok &= steal <= 1.05
-    if d["synced"] and d["sync_bytes"]:
+    # Delayed averages leave the wire steps after their sync step: nothing to price there.
+    if d["synced"] and d["sync_bytes"] and not name.endswith("-delayed"):
         # A sync starts when the last site arrives; the others wait for it first. The last
         # site to arrive (the smallest step time at that sync) sees the sync alone.
         per_rank = rank_steps(a.results, name)
