@@ -151,13 +151,14 @@ int run_delays(const Options& o) {
           {fmt::format("naive_k{}_tau{}", k, tau), "desloc", k, "delayed_naive", tau});
     }
   }
-  std::printf("bench_lm_sync --delays: M = %d virtual workers, %lld steps, %d thread(s); DES-LOC "
-              "Ku = 3Kx, Kv = 6Kx; tau < Kx\n",
-              o.workers, static_cast<long long>(o.steps), o.threads);
+  std::printf(
+      "bench_lm_sync --delays: M = %d virtual workers, %lld steps, %d thread(s); DES-LOC "
+      "Ku = 3Kx, Kv = 6Kx; tau < Kx\n",
+      o.workers, static_cast<long long>(o.steps), o.threads);
   const std::vector<Outcome> outcomes = train_all(o, methods);
   const double alone = outcomes[0].result.last_val_loss;
-  std::printf("%-6s %5s %10s %9s %10s %12s %10s\n", "Kx", "tau", "blocking", "delayed",
-              "vs block", "naive delay", "vs block");
+  std::printf("%-6s %5s %10s %9s %10s %12s %10s\n", "Kx", "tau", "blocking", "delayed", "vs block",
+              "naive delay", "vs block");
   std::printf("%s\n", std::string(70, '-').c_str());
   bool all_ok = true;
   for (std::int64_t k : o.kx) {
@@ -254,8 +255,8 @@ int run(const Options& o) {
   }
 
   write_html(o, outcomes,
-             fmt::format("DES-LOC and baselines: M = {} workers, {} steps, Brown corpus",
-                         o.workers, o.steps));
+             fmt::format("DES-LOC and baselines: M = {} workers, {} steps, Brown corpus", o.workers,
+                         o.steps));
   return all_ok ? 0 : 3;
 }
 

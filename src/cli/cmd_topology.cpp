@@ -158,10 +158,9 @@ int run_simulate(const SimulateOptions& o) {
       : base.overlap_step ? "step-overlapped (sync.overlap)"
       : base.delayed()    ? "delayed (sync.overlap)"
                           : "blocking",
-      base.delayed() && !o.overlap ? fmt::format(" tau {}/{}/{}", base.delay[0], base.delay[1],
-                                                 base.delay[2])
-                                         .c_str()
-                                   : "",
+      base.delayed() && !o.overlap
+          ? fmt::format(" tau {}/{}/{}", base.delay[0], base.delay[1], base.delay[2]).c_str()
+          : "",
       o.jitter);
   std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s\n", "method", "ms/step", "total", "comm s",
               "wait s", "syncs", "MB/site", "vs none");
@@ -199,9 +198,10 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
                    "have to exceed train.steps")
       ->check(finite_above(0, "communication time / compute time, e.g. 0.05"))
       ->capture_default_str();
-  auto* overlap_flag = plan->add_flag("--overlap", p.overlap,
-                 "price syncs as running under any number of following steps (a what-if: "
-                 "sync.overlap = \"step\" hides at most one step)");
+  auto* overlap_flag =
+      plan->add_flag("--overlap", p.overlap,
+                     "price syncs as running under any number of following steps (a what-if: "
+                     "sync.overlap = \"step\" hides at most one step)");
   plan->add_flag("--delayed", p.delayed,
                  "plan delayed averages (sync.overlap = \"delayed\"): the delay tau that hides "
                  "an average under tau + 1 steps of compute, and the Kx that keeps averages apart "

@@ -109,8 +109,8 @@ void DelayedAverages::fold(optim::StateKind kind, std::int64_t n, std::span<Repl
   const std::vector<std::span<float>> dst = state_views(replicas, kind);
   if (dst.size() != p.mean.size())
     throw Error("sync engine: " + std::to_string(dst.size()) + " replicas fold the average of '" +
-                optim::to_string(kind) + "' started at step " + std::to_string(p.start) +
-                " by " + std::to_string(p.mean.size()));
+                optim::to_string(kind) + "' started at step " + std::to_string(p.start) + " by " +
+                std::to_string(p.mean.size()));
   for (std::size_t w = 0; w < dst.size(); ++w) {
     const std::span<float> s = dst[w];
     const std::vector<float>& mean = p.mean[w];

@@ -255,8 +255,10 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
            "\"delayed_naive\": the same, replacing the state by the stale mean (comparison only)",
            {"none", "step", "delayed", "delayed_naive"});
   b.comment_next();
-  b.integer64("delay", s.delay, "overlap = \"delayed\": steps tau from an average's start to its "
-              "fold, smaller than every averaged state's period", 0);
+  b.integer64("delay", s.delay,
+              "overlap = \"delayed\": steps tau from an average's start to its "
+              "fold, smaller than every averaged state's period",
+              0);
   b.comment_next();
   b.integer64("delay_u", s.delay_u, "overlap = \"delayed\": tau of u (0 = delay)", 0);
   b.comment_next();
@@ -341,12 +343,11 @@ void check_delays(const Binder& b, const sync::SyncConfig& s) {
     bool averaged;
   };
   const bool moments = desloc || s.method == SyncMethod::kLocalAdam;
-  for (const Rule& r :
-       {Rule{"delay", s.delay, s.kx, "kx", true},
-        Rule{"delay_u", s.effective_delay_u(), desloc ? s.effective_ku() : s.kx,
-             desloc ? "ku" : "kx", moments},
-        Rule{"delay_v", s.effective_delay_v(), desloc ? s.effective_kv() : s.kx,
-             desloc ? "kv" : "kx", moments}}) {
+  for (const Rule& r : {Rule{"delay", s.delay, s.kx, "kx", true},
+                        Rule{"delay_u", s.effective_delay_u(), desloc ? s.effective_ku() : s.kx,
+                             desloc ? "ku" : "kx", moments},
+                        Rule{"delay_v", s.effective_delay_v(), desloc ? s.effective_kv() : s.kx,
+                             desloc ? "kv" : "kx", moments}}) {
     if (!r.averaged || r.tau < r.period) continue;
     const char* key = b.has(r.key) ? r.key : "delay";
     throw ConfigError(fmt::format(

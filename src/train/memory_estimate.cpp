@@ -149,11 +149,11 @@ MemoryEstimate estimate_memory(const JobConfig& cfg, ProcessRole role) {
   if (cfg.sync.overlaps()) {
     // A delayed average keeps the snapshot and the copy being averaged.
     const std::uint64_t copies = cfg.sync.delays() ? 2 : 1;
-    e.parts.push_back({fmt::format("{} of x, u and v of {} for averages that overlap the "
-                                   "step (sync.overlap = \"{}\")",
-                                   copies == 2 ? "two copies" : "copies", site_keys,
-                                   cfg.sync.overlap),
-                       pkeys, copies * 3 * P * sites * kFloat});
+    e.parts.push_back(
+        {fmt::format("{} of x, u and v of {} for averages that overlap the "
+                     "step (sync.overlap = \"{}\")",
+                     copies == 2 ? "two copies" : "copies", site_keys, cfg.sync.overlap),
+         pkeys, copies * 3 * P * sites * kFloat});
   }
   if (cfg.sync.outer != "none")
     e.parts.push_back(

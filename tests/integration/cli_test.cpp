@@ -156,10 +156,9 @@ TEST(Cli, PlanPrintsReasonsAndAFragmentAndNamesBadTopologies) {
   EXPECT_EQ(check.exit_code, 0) << check.output << "\n" << text;
 
   // --delayed: a delay and the mode in the fragment, which config --check accepts too.
-  const auto d = run_command(cli() + " plan --delayed --topology " +
-                             (dir / "topology.toml").string() + " --config " +
-                             (dir / "job.toml").string() + " --out " +
-                             (dir / "delayed.toml").string());
+  const auto d = run_command(
+      cli() + " plan --delayed --topology " + (dir / "topology.toml").string() + " --config " +
+      (dir / "job.toml").string() + " --out " + (dir / "delayed.toml").string());
   EXPECT_EQ(d.exit_code, 0) << d.output;
   EXPECT_NE(d.output.find("delay tau = "), std::string::npos) << d.output;
   std::ifstream delayed_fragment(dir / "delayed.toml");

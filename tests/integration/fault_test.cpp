@@ -221,8 +221,8 @@ TEST(FaultSuite, SiteKilledMidRunIsDroppedAndTheSurvivorsFinish) {
 // while the step goes on, and surfaces at the fold or at the next epoch's notice).
 void expect_death_mid_average_is_survived(const std::string& state, std::int64_t step, int R,
                                           int lanes, const std::string& sync = "") {
-  Job job("mid_" + state + "_" + std::to_string(R) + (sync.empty() ? "" : "_delayed"), R, lanes,
-          "", {{"DESLOC_INJECT_CRASH", "east:" + std::to_string(step) + ":" + state}}, "", sync);
+  Job job("mid_" + state + "_" + std::to_string(R) + (sync.empty() ? "" : "_delayed"), R, lanes, "",
+          {{"DESLOC_INJECT_CRASH", "east:" + std::to_string(step) + ":" + state}}, "", sync);
   for (int r = 0; r < R; ++r) {
     Process& p = job.ranks[1][std::size_t(r)];
     EXPECT_EQ(p.wait(120s), 128 + SIGKILL) << p.output();
@@ -243,14 +243,13 @@ void expect_death_mid_average_is_survived(const std::string& state, std::int64_t
   EXPECT_EQ(last_field(job.leader_metrics(), "recovery", "step").value_or(-1), double(step - 1));
   const double ref = reference_val_loss(job.cfg, job.cluster.dir);
   EXPECT_NEAR(val, ref, kLossTolerance);
-  report_row("every rank of a site dies halfway through its " + state +
-                 (sync.empty() ? "" : " delayed") + " average (3 sites x " +
-                 std::to_string(R) + " rank" + (R > 1 ? "s" : "") + ", " + std::to_string(lanes) +
-                 " lane" + (lanes > 1 ? "s" : "") + ")",
-             -1, -1, val - ref,
-             last_field(job.leader_metrics(), "recovery", "bytes_resent").value_or(-1),
-             "partial average discarded, rolled back to step " + std::to_string(step - 1) +
-                 ", finished on 2 sites");
+  report_row(
+      "every rank of a site dies halfway through its " + state + (sync.empty() ? "" : " delayed") +
+          " average (3 sites x " + std::to_string(R) + " rank" + (R > 1 ? "s" : "") + ", " +
+          std::to_string(lanes) + " lane" + (lanes > 1 ? "s" : "") + ")",
+      -1, -1, val - ref, last_field(job.leader_metrics(), "recovery", "bytes_resent").value_or(-1),
+      "partial average discarded, rolled back to step " + std::to_string(step - 1) +
+          ", finished on 2 sites");
 }
 
 // kx = 4, so x is due every 4 steps, u every 12 and v every 24.

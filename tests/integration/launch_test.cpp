@@ -171,11 +171,9 @@ TEST(Launch, TwoSitesOfTwoRanksOverlappingReproduceTheBlockingInProcessRunBitFor
 // steps after (u's average at step 6 is still waiting when x's at step 8 starts), v seven
 // (the one started at the last step is drained before the final checkpoint). The launched
 // ranks fold the same averages at the same steps as the in-process run: equal bit for bit.
-constexpr const char* kDelayedSync =
-    "overlap = \"delayed\"\ndelay = 1\ndelay_u = 4\ndelay_v = 7\n";
+constexpr const char* kDelayedSync = "overlap = \"delayed\"\ndelay = 1\ndelay_u = 4\ndelay_v = 7\n";
 TEST(Launch, DelayedAveragesReproduceTheInProcessRunBitForBit) {
-  expect_launch_matches_train("launch3x1_delayed", {"west", "east", "north"}, 1, "",
-                              kDelayedSync);
+  expect_launch_matches_train("launch3x1_delayed", {"west", "east", "north"}, 1, "", kDelayedSync);
 }
 
 TEST(Launch, TwoSitesOfTwoRanksWithDelayedAveragesReproduceTheInProcessRunBitForBit) {

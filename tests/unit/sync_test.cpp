@@ -8,8 +8,8 @@
 #include "desloc/core/error.hpp"
 #include "desloc/sync/averager.hpp"
 #include "desloc/sync/outer_optimizer.hpp"
-#include "desloc/sync/sync_policy.hpp"
 #include "desloc/sync/sync_engine.hpp"
+#include "desloc/sync/sync_policy.hpp"
 #include "desloc/sync/synced_step.hpp"
 #include "desloc/train/config.hpp"
 
@@ -404,11 +404,10 @@ TEST(SyncConfig, BadInputNamesTheKey) {
   EXPECT_NE(sync_error("method = \"desloc\"\nkx = 8\noverlap = \"delayed\"\ndelay = 8\n")
                 .find("job.toml:5:9: sync.delay = 8 must be smaller than the period kx = 8"),
             std::string::npos);
-  EXPECT_NE(
-      sync_error("method = \"desloc\"\nkx = 8\nkv = 16\noverlap = \"delayed\"\ndelay = 4\n"
-                 "delay_v = 16\n")
-          .find("job.toml:7:11: sync.delay_v = 16 must be smaller than the period kv = 16"),
-      std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\nkx = 8\nkv = 16\noverlap = \"delayed\"\ndelay = 4\n"
+                       "delay_v = 16\n")
+                .find("job.toml:7:11: sync.delay_v = 16 must be smaller than the period kv = 16"),
+            std::string::npos);
   EXPECT_NE(sync_error("method = \"local_adam\"\nkx = 8\noverlap = \"delayed\"\ndelay = 2\n"
                        "delay_u = 3\n")
                 .find("sync.delay_u is set, but method = \"local_adam\" averages u and v with x"),

@@ -166,12 +166,12 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
     const double steps_per_sync = sync * (1.0 + req.target_overhead) / plan.step_s;
     if (!(steps_per_sync * 3 + 3 <= static_cast<double>(max_kx)))
       throw unmeetable(fmt::format("{:.0f}", std::ceil(3 * steps_per_sync)));
-    plan.delay = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(steps_per_sync)) - 1);
+    plan.delay =
+        std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(steps_per_sync)) - 1);
     kx = std::max<std::int64_t>(
         {plan.delay + 1, 3 * static_cast<std::int64_t>(std::ceil(steps_per_sync)), 3});
     // ... and enough steps per control exchange (closed form; the overhead falls as 1 / Kx).
-    const double for_exchange = std::ceil(
-        delayed_overhead(1) / req.target_overhead - 1e-9);
+    const double for_exchange = std::ceil(delayed_overhead(1) / req.target_overhead - 1e-9);
     if (!(for_exchange <= static_cast<double>(max_kx)))
       throw unmeetable(fmt::format("{:.3g}", for_exchange));
     kx = std::max(kx, static_cast<std::int64_t>(for_exchange));
@@ -239,12 +239,12 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         exchange * 1e3, 100 * plan.overhead, 100 * req.target_overhead));
   else
     e.push_back(fmt::format(
-      "Kx = {}: the smallest period whose overhead T_sync (1/Kx + 1/Ku + 1/Kv) / step = {:.2f}% "
-      "is within {:.1f}% (Kx = {} would give {:.2f}%)",
-      kx, 100 * plan.overhead, 100 * req.target_overhead, std::max<std::int64_t>(1, kx - 1),
-      100 * overhead(sync, plan.step_s, std::max<std::int64_t>(1, kx - 1),
-                     a * std::max<std::int64_t>(1, kx - 1), b * std::max<std::int64_t>(1, kx - 1),
-                     req.overlap)));
+        "Kx = {}: the smallest period whose overhead T_sync (1/Kx + 1/Ku + 1/Kv) / step = {:.2f}% "
+        "is within {:.1f}% (Kx = {} would give {:.2f}%)",
+        kx, 100 * plan.overhead, 100 * req.target_overhead, std::max<std::int64_t>(1, kx - 1),
+        100 * overhead(sync, plan.step_s, std::max<std::int64_t>(1, kx - 1),
+                       a * std::max<std::int64_t>(1, kx - 1), b * std::max<std::int64_t>(1, kx - 1),
+                       req.overlap)));
   e.push_back(fmt::format("phases: x at 0, u at {}, v at {}: no two averages on one step",
                           plan.phase_u, plan.phase_v));
 

@@ -37,8 +37,8 @@ struct Replica;
 class DelayedAverages {
  public:
   struct Options {
-    bool naive = false;                  // s <- mean(s_t) at the fold ("delayed_naive")
-    std::array<std::int64_t, 4> tau{};   // by StateKind; >= 1 for every state averaged
+    bool naive = false;                 // s <- mean(s_t) at the fold ("delayed_naive")
+    std::array<std::int64_t, 4> tau{};  // by StateKind; >= 1 for every state averaged
   };
   explicit DelayedAverages(Options opts) : opts_(opts) {}
   ~DelayedAverages() { abandon(); }
@@ -81,8 +81,8 @@ class DelayedAverages {
 
   Options opts_;
   Averager* averager_ = nullptr;
-  std::array<Pending, 4> pending_;               // by StateKind (kX, kU, kV used)
-  std::vector<optim::StateKind> on_wire_;        // the batch the thread is averaging
+  std::array<Pending, 4> pending_;         // by StateKind (kX, kU, kV used)
+  std::vector<optim::StateKind> on_wire_;  // the batch the thread is averaging
   std::thread comm_;
   std::exception_ptr comm_error_;
 };

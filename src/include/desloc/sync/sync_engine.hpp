@@ -52,7 +52,7 @@ struct StepOptions {
   OuterNesterov* outer = nullptr;           // nullptr = plain parameter averaging
   bool reset_step_count = false;            // favg_reset: also restart bias correction
   Overlap overlap = Overlap::kNone;
-  std::array<std::int64_t, 4> delay{};      // tau by StateKind (kDelayed, kDelayedNaive)
+  std::array<std::int64_t, 4> delay{};  // tau by StateKind (kDelayed, kDelayedNaive)
   bool delays() const { return overlap == Overlap::kDelayed || overlap == Overlap::kDelayedNaive; }
 };
 
