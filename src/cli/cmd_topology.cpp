@@ -136,8 +136,7 @@ int run_simulate(const SimulateOptions& o) {
   base.state_bytes = 4.0 * params;
   base.overlap = o.overlap;
   base.overlap_step = cfg.sync.overlap == "step";
-  if (cfg.sync.delays())
-    base.delay = {cfg.sync.delay, cfg.sync.effective_delay_u(), cfg.sync.effective_delay_v()};
+  base.delay = cfg.sync.effective_delays();
   base.jitter = o.jitter;
   base.ring = cfg.site_names();
   base.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(base.ring.size()));

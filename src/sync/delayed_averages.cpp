@@ -11,66 +11,44 @@
 
 namespace desloc::sync {
 namespace {
-constexpr std::array<optim::StateKind, 3> kFoldOrder{optim::StateKind::kX, optim::StateKind::kU,
-                                                     optim::StateKind::kV};
-bool is_due(const SyncDecision& d, optim::StateKind kind) {
-  switch (kind) {
-    case optim::StateKind::kX:
-      return d.x;
-    case optim::StateKind::kU:
-      return d.u;
-    case optim::StateKind::kV:
-      return d.v;
-    case optim::StateKind::kGrad:
-      return d.grad;
-  }
-  return false;
-}
 std::size_t index(optim::StateKind kind) { return static_cast<std::size_t>(kind); }
 }  // namespace
 
-bool DelayedAverages::start(std::int64_t t, const SyncDecision& due, Averager& averager,
-                            std::span<Replica> replicas, bool stop) {
-  if (due.grad)
-    throw Error("sync engine: step " + std::to_string(t) +
-                " averages the gradient, which a delayed average cannot carry");
+bool DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due, Averager& averager,
+                            bool stop) {
   settle();
   std::vector<optim::StateKind> kinds;
-  for (const optim::StateKind kind : kFoldOrder) {
-    if (!is_due(due, kind)) continue;
-    const Pending& p = pending_[index(kind)];
+  for (const DueAverage& d : due) {
+    if (d.kind == optim::StateKind::kGrad)
+      throw Error("sync engine: step " + std::to_string(t) +
+                  " averages the gradient, which a delayed average cannot carry");
+    const Pending& p = pending_[index(d.kind)];
     if (p.active)
       throw Error("sync engine: step " + std::to_string(t) + " starts an average of '" +
-                  optim::to_string(kind) + "' while the one started at step " +
+                  optim::to_string(d.kind) + "' while the one started at step " +
                   std::to_string(p.start) + " waits for its fold at step " +
                   std::to_string(p.fold_at) + "; a state's delay must be smaller than its period");
-    kinds.push_back(kind);
+    kinds.push_back(d.kind);
   }
   if (kinds.empty()) return false;
   averager_ = &averager;
   averager.begin_step(t);
   // The control exchange judges the live values, which are the snapshots' values.
-  std::vector<std::vector<std::span<float>>> live;
-  std::vector<DueAverage> exchange;
-  for (const optim::StateKind kind : kinds) live.push_back(state_views(replicas, kind));
-  for (std::size_t k = 0; k < kinds.size(); ++k) exchange.push_back({kinds[k], live[k]});
-  const bool stop_agreed = averager.exchange_control(exchange, stop);
-  for (std::size_t k = 0; k < kinds.size(); ++k) {
-    const optim::StateKind kind = kinds[k];
-    Pending& p = pending_[index(kind)];
-    const std::size_t n = live[k].size();
-    p.snap.resize(n);
-    p.mean.resize(n);
+  const bool stop_agreed = averager.exchange_control(due, stop);
+  for (const DueAverage& d : due) {
+    Pending& p = pending_[index(d.kind)];
+    p.snap.resize(d.local.size());
+    p.mean.resize(d.local.size());
     p.views.clear();
-    for (std::size_t w = 0; w < n; ++w) {
-      p.snap[w].assign(live[k][w].begin(), live[k][w].end());
-      p.mean[w].assign(live[k][w].begin(), live[k][w].end());
+    for (std::size_t w = 0; w < d.local.size(); ++w) {
+      p.snap[w].assign(d.local[w].begin(), d.local[w].end());
+      p.mean[w].assign(d.local[w].begin(), d.local[w].end());
       p.views.emplace_back(p.mean[w]);
     }
     p.active = true;
     p.complete = false;
     p.start = t;
-    p.fold_at = t + opts_.tau[index(kind)];
+    p.fold_at = t + opts_.tau[index(d.kind)];
   }
   on_wire_ = std::move(kinds);
   comm_ = std::thread([this] {
@@ -134,29 +112,25 @@ void DelayedAverages::fold(optim::StateKind kind, std::int64_t n, std::span<Repl
   p.active = false;
 }
 
-void DelayedAverages::fold_due(std::int64_t t, std::span<Replica> replicas) {
+void DelayedAverages::fold_pending(std::int64_t t, bool drain, std::span<Replica> replicas) {
   bool u = false, v = false;
-  for (const optim::StateKind kind : kFoldOrder) {
+  for (const optim::StateKind kind :
+       {optim::StateKind::kX, optim::StateKind::kU, optim::StateKind::kV}) {
     const Pending& p = pending_[index(kind)];
-    if (!p.active || p.fold_at != t) continue;
-    fold(kind, t - p.start, replicas);
+    if (!p.active || (!drain && p.fold_at != t)) continue;
+    fold(kind, t - p.start + (drain ? 1 : 0), replicas);
     u = u || kind == optim::StateKind::kU;
     v = v || kind == optim::StateKind::kV;
   }
   if (u && !v) bound_momentum(replicas);
 }
 
+void DelayedAverages::fold_due(std::int64_t t, std::span<Replica> replicas) {
+  fold_pending(t, false, replicas);
+}
+
 void DelayedAverages::drain(std::int64_t t, std::span<Replica> replicas) {
-  settle();
-  bool u = false, v = false;
-  for (const optim::StateKind kind : kFoldOrder) {
-    const Pending& p = pending_[index(kind)];
-    if (!p.active) continue;
-    fold(kind, t - p.start + 1, replicas);
-    u = u || kind == optim::StateKind::kU;
-    v = v || kind == optim::StateKind::kV;
-  }
-  if (u && !v) bound_momentum(replicas);
+  fold_pending(t, true, replicas);
 }
 
 void DelayedAverages::abandon() {
@@ -164,10 +138,6 @@ void DelayedAverages::abandon() {
   comm_error_ = nullptr;
   on_wire_.clear();
   for (Pending& p : pending_) p.active = false;
-}
-
-bool DelayedAverages::empty() const {
-  return std::none_of(pending_.begin(), pending_.end(), [](const Pending& p) { return p.active; });
 }
 
 }  // namespace desloc::sync

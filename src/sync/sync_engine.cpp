@@ -59,11 +59,10 @@ StepOptions step_options(const SyncConfig& cfg, const optim::ClipConfig* clip,
               : cfg.overlap == "delayed"       ? Overlap::kDelayed
               : cfg.overlap == "delayed_naive" ? Overlap::kDelayedNaive
                                                : Overlap::kNone;
-  if (o.delays()) {
-    o.delay[static_cast<std::size_t>(optim::StateKind::kX)] = cfg.delay;
-    o.delay[static_cast<std::size_t>(optim::StateKind::kU)] = cfg.effective_delay_u();
-    o.delay[static_cast<std::size_t>(optim::StateKind::kV)] = cfg.effective_delay_v();
-  }
+  const std::array<std::int64_t, 3> tau = cfg.effective_delays();  // x, u, v
+  o.delay[static_cast<std::size_t>(optim::StateKind::kX)] = tau[0];
+  o.delay[static_cast<std::size_t>(optim::StateKind::kU)] = tau[1];
+  o.delay[static_cast<std::size_t>(optim::StateKind::kV)] = tau[2];
   return o;
 }
 
@@ -108,7 +107,11 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
     averager_ = &averager;
     due_ = policy_.at(t);
     t_ = t;
-    stop_agreed_ = due_.any() && delayed_.start(t, due_, averager, replicas, stop);
+    stop_agreed_ = false;
+    if (due_.any()) {
+      const DueViews d = due_views(replicas);
+      stop_agreed_ = delayed_.start(t, d.due, averager, stop);
+    }
     return due_;
   }
   begin(t, averager);

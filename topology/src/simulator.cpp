@@ -50,6 +50,9 @@ SimResult simulate(const Topology& t, const SimJob& job) {
       dts[s] = t.sites[s].step_s * (job.jitter > 0 ? std::exp(noise(gen)) : 1.0);
       compute[s] += dts[s];
     }
+    r.syncs += states;  // every average counts once, whatever the model does with its time
+    r.bytes_per_site += per_state_bytes * states;
+    r.comm_s += cost;
     if (job.delayed() && !job.overlap && !due.grad) {
       if (states > 0) {
         double start = link_free;  // the batch on the wire settles first
@@ -63,9 +66,6 @@ SimResult simulate(const Topology& t, const SimJob& job) {
         const bool kinds[3] = {due.x, due.u, due.v};
         for (std::size_t k = 0; k < 3; ++k)
           if (kinds[k]) folds.push_back({step + job.delay[k], link_free});
-        r.syncs += states;
-        r.bytes_per_site += per_state_bytes * states;
-        r.comm_s += cost;
       }
       for (std::size_t s = 0; s < n; ++s) clock[s] += dts[s];
       for (auto it = folds.begin(); it != folds.end();) {
@@ -89,20 +89,14 @@ SimResult simulate(const Topology& t, const SimJob& job) {
         waited += start - clock[s] + std::max(0.0, cost - dts[s]);
         clock[s] = start + std::max(dts[s], cost);
       }
-      r.syncs += states;
-      r.bytes_per_site += per_state_bytes * states;
-      r.comm_s += cost;
       continue;
     }
     for (std::size_t s = 0; s < n; ++s) clock[s] += dts[s];
     if (states == 0) continue;
-    r.syncs += states;
-    r.bytes_per_site += per_state_bytes * states;
     if (!job.overlap) {
       const double start = *std::max_element(clock.begin(), clock.end());
       for (double c : clock) waited += start - c;
       std::fill(clock.begin(), clock.end(), start + cost);
-      r.comm_s += cost;
     } else {
       // Starts when every site has produced the state and the link is free; the sites only
       // wait if the previous all-reduce still occupies the link.
@@ -113,7 +107,6 @@ SimResult simulate(const Topology& t, const SimJob& job) {
         c = std::max(c, link_free);
       }
       link_free = start + cost;
-      r.comm_s += cost;
     }
   }
   r.total_s =

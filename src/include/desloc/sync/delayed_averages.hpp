@@ -26,7 +26,6 @@
 #include <thread>
 #include <vector>
 
-#include "desloc/core/sync_schedule.hpp"
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/averager.hpp"
 
@@ -45,12 +44,12 @@ class DelayedAverages {
   DelayedAverages(const DelayedAverages&) = delete;
   DelayedAverages& operator=(const DelayedAverages&) = delete;
 
-  // Step t's due averages of x, u and v start: the batch on the wire (if any) is settled, then
-  // the control exchange (`stop` is this process's stop request), the snapshots, and the wide-
-  // area halves on the thread. Returns the exchange's answer: did any site ask to stop.
-  // Throws Error when a state is due again before its last average was folded in.
-  bool start(std::int64_t t, const SyncDecision& due, Averager& averager,
-             std::span<Replica> replicas, bool stop);
+  // Step t's due averages (`due`, in Alg. 1's order, each with this process's replicas of
+  // it) start: the batch on the wire (if any) is settled, then the control exchange (`stop` is
+  // this process's stop request), the snapshots, and the wide-area halves on the thread.
+  // Returns the exchange's answer: did any site ask to stop. Throws Error for a gradient, and
+  // when a state is due again before its last average was folded in.
+  bool start(std::int64_t t, std::span<const DueAverage> due, Averager& averager, bool stop);
   // Before step t's update: folds every average whose fold step is t, in Alg. 1's order (x, u,
   // v), and bounds u (bound_momentum) when u was folded without v. An error raised on the wire
   // is thrown here or by settle().
@@ -63,7 +62,6 @@ class DelayedAverages {
   void settle();
   // Drops every average in flight (waiting for the wire first) and any error it raised.
   void abandon();
-  bool empty() const;
 
  private:
   struct Pending {
@@ -77,6 +75,9 @@ class DelayedAverages {
   };
   // Folds pending_[kind] into the replicas after n updates since its snapshot.
   void fold(optim::StateKind kind, std::int64_t n, std::span<Replica> replicas);
+  // Folds, in Alg. 1's order, the averages due at step t (all of them with `drain`, after step
+  // t's update), then bounds u when it was folded without v.
+  void fold_pending(std::int64_t t, bool drain, std::span<Replica> replicas);
   void join();
 
   Options opts_;

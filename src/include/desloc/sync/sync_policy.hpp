@@ -3,6 +3,7 @@
 // `at(t)` and hands the due states to an Averager before the local optimizer update.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -48,6 +49,11 @@ struct SyncConfig {
   bool delays() const { return overlap == "delayed" || overlap == "delayed_naive"; }
   std::int64_t effective_delay_u() const { return delay_u > 0 ? delay_u : delay; }
   std::int64_t effective_delay_v() const { return delay_v > 0 ? delay_v : delay; }
+  // tau of x, u and v with overlap = "delayed" (or "delayed_naive"); all 0 otherwise.
+  std::array<std::int64_t, 3> effective_delays() const {
+    if (!delays()) return {};
+    return {delay, effective_delay_u(), effective_delay_v()};
+  }
   // The schedule these settings describe (ku and kv resolved), as the simulator takes it.
   SyncSchedule schedule() const;
 };
