@@ -104,7 +104,6 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
                                       std::span<Replica> replicas, bool stop) {
   if (opts_.delays()) {
     // The averager is left alone on steps with nothing due: a batch may be on the wire.
-    averager_ = &averager;
     due_ = policy_.at(t);
     t_ = t;
     stop_agreed_ = false;
