@@ -1,6 +1,8 @@
 // The DES-LOC schedule (sync_schedule.hpp).
 #include "desloc/core/sync_schedule.hpp"
 
+#include <algorithm>
+
 namespace desloc {
 
 std::string_view to_string(SyncMethod m) {
@@ -31,8 +33,34 @@ bool due_at(std::int64_t t, std::int64_t period, std::int64_t phase) {
   return t >= 1 && period > 0 && (t - phase) % period == 0;
 }
 
+int due_fragment(std::int64_t t, std::int64_t period, std::int64_t phase, int fragments) {
+  if (t < 1 || period < 1 || fragments < 1) return -1;
+  const std::int64_t r = ((t - phase) % period + period) % period;  // 0 <= r < period
+  // Fragment f starts at offset floor(f K / P) = f q + floor(f m / P), K = q P + m: no
+  // overflow for any K. The offsets grow with f; the smallest f with offset >= r is due when
+  // its offset is r.
+  const std::int64_t p = fragments, q = period / p, m = period % p;
+  const auto offset = [&](std::int64_t f) { return f * q + f * m / p; };
+  std::int64_t lo = 0, hi = p;  // offset(hi) = K > r
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (offset(mid) >= r)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo < p && offset(lo) == r ? static_cast<int>(lo) : -1;
+}
+
 SyncDecision SyncSchedule::at(std::int64_t t) const {
   SyncDecision d;
+  d.fragments = fragments;
+  const auto due = [&](std::int64_t period, std::int64_t phase, int& frag) {
+    frag = due_fragment(t, period, phase, fragments);
+    const bool is_due = frag >= 0;
+    frag = std::max(frag, 0);
+    return is_due;
+  };
   switch (method) {
     case SyncMethod::kNone:
       break;
@@ -40,18 +68,19 @@ SyncDecision SyncSchedule::at(std::int64_t t) const {
       d.grad = t >= 1;
       break;
     case SyncMethod::kFavg:
-      d.x = due_at(t, kx, phase_x);
+      d.x = due(kx, phase_x, d.frag_x);
       break;
     case SyncMethod::kFavgReset:
-      d.x = d.reset_uv = due_at(t, kx, phase_x);
+      d.x = d.reset_uv = due(kx, phase_x, d.frag_x);
       break;
     case SyncMethod::kLocalAdam:
-      d.x = d.u = d.v = due_at(t, kx, phase_x);
+      d.x = d.u = d.v = due(kx, phase_x, d.frag_x);
+      d.frag_u = d.frag_v = d.frag_x;
       break;
     case SyncMethod::kDesloc:
-      d.x = due_at(t, kx, phase_x);
-      d.u = due_at(t, ku, phase_u);
-      d.v = due_at(t, kv, phase_v);
+      d.x = due(kx, phase_x, d.frag_x);
+      d.u = due(ku, phase_u, d.frag_u);
+      d.v = due(kv, phase_v, d.frag_v);
       break;
   }
   return d;

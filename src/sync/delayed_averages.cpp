@@ -12,49 +12,61 @@
 namespace desloc::sync {
 namespace {
 std::size_t index(optim::StateKind kind) { return static_cast<std::size_t>(kind); }
+
+std::string describe(optim::StateKind kind, int fragment, int fragments) {
+  std::string s = "'" + std::string(optim::to_string(kind)) + "'";
+  if (fragments > 1)
+    s += " (fragment " + std::to_string(fragment) + " of " + std::to_string(fragments) + ")";
+  return s;
+}
 }  // namespace
 
-bool DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due, Averager& averager,
+bool DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
+                            std::span<const int> fragment, int fragments, Averager& averager,
                             bool stop) {
   settle();
-  std::vector<optim::StateKind> kinds;
-  for (const DueAverage& d : due) {
+  if (fragment.size() != due.size())
+    throw Error("sync engine: step " + std::to_string(t) + " starts " + std::to_string(due.size()) +
+                " averages with " + std::to_string(fragment.size()) + " fragment indices");
+  for (std::size_t k = 0; k < due.size(); ++k) {
+    const DueAverage& d = due[k];
     if (d.kind == optim::StateKind::kGrad)
       throw Error("sync engine: step " + std::to_string(t) +
                   " averages the gradient, which a delayed average cannot carry");
-    const Pending& p = pending_[index(d.kind)];
-    if (p.active)
-      throw Error("sync engine: step " + std::to_string(t) + " starts an average of '" +
-                  optim::to_string(d.kind) + "' while the one started at step " +
-                  std::to_string(p.start) + " waits for its fold at step " +
-                  std::to_string(p.fold_at) + "; a state's delay must be smaller than its period");
-    kinds.push_back(d.kind);
+    for (const Pending& p : pending_)
+      if (p.kind == d.kind && p.fragment == fragment[k])
+        throw Error("sync engine: step " + std::to_string(t) + " starts an average of " +
+                    describe(d.kind, fragment[k], fragments) + " while the one started at step " +
+                    std::to_string(p.start) + " waits for its fold at step " +
+                    std::to_string(p.fold_at) +
+                    "; a state's delay must be smaller than its period");
   }
-  if (kinds.empty()) return false;
+  if (due.empty()) return false;
   averager_ = &averager;
   averager.begin_step(t);
   // The control exchange judges the live values, which are the snapshots' values.
   const bool stop_agreed = averager.exchange_control(due, stop);
-  for (const DueAverage& d : due) {
-    Pending& p = pending_[index(d.kind)];
+  for (std::size_t k = 0; k < due.size(); ++k) {
+    const DueAverage& d = due[k];
+    Pending p;
+    p.kind = d.kind;
+    p.fragment = fragment[k];
+    p.fragments = fragments;
+    p.start = t;
+    p.fold_at = t + opts_.tau[index(d.kind)];
     p.snap.resize(d.local.size());
     p.mean.resize(d.local.size());
-    p.views.clear();
     for (std::size_t w = 0; w < d.local.size(); ++w) {
       p.snap[w].assign(d.local[w].begin(), d.local[w].end());
       p.mean[w].assign(d.local[w].begin(), d.local[w].end());
-      p.views.emplace_back(p.mean[w]);
     }
-    p.active = true;
-    p.complete = false;
-    p.start = t;
-    p.fold_at = t + opts_.tau[index(d.kind)];
+    Pending& q = pending_.emplace_back(std::move(p));
+    for (std::vector<float>& m : q.mean) q.views.emplace_back(m);
+    on_wire_.push_back(&q);
   }
-  on_wire_ = std::move(kinds);
   comm_ = std::thread([this] {
     try {
-      for (const optim::StateKind kind : on_wire_)
-        averager_->average_across_sites(kind, pending_[index(kind)].views);
+      for (Pending* p : on_wire_) averager_->average_across_sites(p->kind, p->views);
     } catch (...) {
       comm_error_ = std::current_exception();
     }
@@ -73,56 +85,66 @@ void DelayedAverages::join() {
 
 void DelayedAverages::settle() {
   join();
-  for (const optim::StateKind kind : on_wire_) {
-    Pending& p = pending_[index(kind)];
-    averager_->complete_average(kind, p.views);
-    p.complete = true;
+  for (Pending* p : on_wire_) {
+    averager_->complete_average(p->kind, p->views);
+    p->complete = true;
   }
   on_wire_.clear();
 }
 
-void DelayedAverages::fold(optim::StateKind kind, std::int64_t n, std::span<Replica> replicas) {
-  Pending& p = pending_[index(kind)];
+void DelayedAverages::fold(Pending& p, std::int64_t n, std::span<Replica> replicas) {
   if (!p.complete) settle();
-  const std::vector<std::span<float>> dst = state_views(replicas, kind);
+  const std::vector<std::span<float>> dst = state_views(replicas, p.kind, p.fragment, p.fragments);
   if (dst.size() != p.mean.size())
-    throw Error("sync engine: " + std::to_string(dst.size()) + " replicas fold the average of '" +
-                optim::to_string(kind) + "' started at step " + std::to_string(p.start) + " by " +
-                std::to_string(p.mean.size()));
+    throw Error("sync engine: " + std::to_string(dst.size()) + " replicas fold the average of " +
+                describe(p.kind, p.fragment, p.fragments) + " started at step " +
+                std::to_string(p.start) + " by " + std::to_string(p.mean.size()));
   for (std::size_t w = 0; w < dst.size(); ++w) {
     const std::span<float> s = dst[w];
     const std::vector<float>& mean = p.mean[w];
     const std::vector<float>& snap = p.snap[w];
+    if (s.size() != mean.size())
+      throw Error("sync engine: the average of " + describe(p.kind, p.fragment, p.fragments) +
+                  " started at step " + std::to_string(p.start) + " holds " +
+                  std::to_string(mean.size()) + " elements, the replica " +
+                  std::to_string(s.size()));
     if (opts_.naive) {
       std::copy(mean.begin(), mean.end(), s.begin());
       continue;
     }
     const optim::OptimizerConfig& oc = replicas[w].opt->config();
-    const double beta = kind == optim::StateKind::kU   ? oc.beta1
-                        : kind == optim::StateKind::kV ? oc.beta2
-                                                       : 1.0;
+    const double beta = p.kind == optim::StateKind::kU   ? oc.beta1
+                        : p.kind == optim::StateKind::kV ? oc.beta2
+                                                         : 1.0;
     const auto c = static_cast<float>(std::pow(beta, static_cast<double>(n)));
-    if (kind == optim::StateKind::kV) {
+    if (p.kind == optim::StateKind::kV) {
       for (std::size_t i = 0; i < s.size(); ++i)
         s[i] = std::max(0.0f, s[i] + c * (mean[i] - snap[i]));
     } else {
       for (std::size_t i = 0; i < s.size(); ++i) s[i] += c * (mean[i] - snap[i]);
     }
   }
-  p.active = false;
+  p.folded = true;
 }
 
 void DelayedAverages::fold_pending(std::int64_t t, bool drain, std::span<Replica> replicas) {
-  bool u = false, v = false;
+  // Alg. 1's order (x, u, v); within a state, disjoint fragments in start order.
+  std::vector<int> u_fragments, v_fragments;
   for (const optim::StateKind kind :
        {optim::StateKind::kX, optim::StateKind::kU, optim::StateKind::kV}) {
-    const Pending& p = pending_[index(kind)];
-    if (!p.active || (!drain && p.fold_at != t)) continue;
-    fold(kind, t - p.start + (drain ? 1 : 0), replicas);
-    u = u || kind == optim::StateKind::kU;
-    v = v || kind == optim::StateKind::kV;
+    for (Pending& p : pending_) {
+      if (p.kind != kind || (!drain && p.fold_at != t)) continue;
+      fold(p, t - p.start + (drain ? 1 : 0), replicas);
+      if (kind == optim::StateKind::kU) u_fragments.push_back(p.fragment);
+      if (kind == optim::StateKind::kV) v_fragments.push_back(p.fragment);
+    }
   }
-  if (u && !v) bound_momentum(replicas);
+  // u folded without the v of the same elements: bound it.
+  const bool bound = std::any_of(u_fragments.begin(), u_fragments.end(), [&](int f) {
+    return std::find(v_fragments.begin(), v_fragments.end(), f) == v_fragments.end();
+  });
+  if (bound) bound_momentum(replicas);
+  pending_.remove_if([](const Pending& p) { return p.folded; });
 }
 
 void DelayedAverages::fold_due(std::int64_t t, std::span<Replica> replicas) {
@@ -137,7 +159,7 @@ void DelayedAverages::abandon() {
   if (comm_.joinable()) comm_.join();
   comm_error_ = nullptr;
   on_wire_.clear();
-  for (Pending& p : pending_) p.active = false;
+  pending_.clear();
 }
 
 }  // namespace desloc::sync

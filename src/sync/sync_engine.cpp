@@ -9,6 +9,7 @@
 
 #include "desloc/core/error.hpp"
 #include "desloc/sync/synced_step.hpp"
+#include "desloc/transport/ring_order.hpp"
 
 namespace desloc::sync {
 
@@ -32,6 +33,31 @@ std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::St
     }
   }
   return out;
+}
+
+std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::StateKind kind,
+                                          int fragment, int fragments) {
+  std::vector<std::span<float>> out = state_views(replicas, kind);
+  if (fragments <= 1) return out;
+  for (std::span<float>& s : out) {
+    const transport::Range r = transport::block(s.size(), fragments, fragment);
+    s = s.subspan(r.offset, r.count);
+  }
+  return out;
+}
+
+int fragment_of(const SyncDecision& due, optim::StateKind kind) {
+  switch (kind) {
+    case optim::StateKind::kX:
+      return due.frag_x;
+    case optim::StateKind::kU:
+      return due.frag_u;
+    case optim::StateKind::kV:
+      return due.frag_v;
+    case optim::StateKind::kGrad:
+      break;
+  }
+  return 0;
 }
 
 void bound_momentum(std::span<Replica> replicas) {
@@ -109,7 +135,7 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
     stop_agreed_ = false;
     if (due_.any()) {
       const DueViews d = due_views(replicas);
-      stop_agreed_ = delayed_.start(t, d.due, averager, stop);
+      stop_agreed_ = delayed_.start(t, d.due, d.fragment, due_.fragments, averager, stop);
     }
     return due_;
   }
@@ -150,8 +176,9 @@ SyncEngine::DueViews SyncEngine::due_views(std::span<Replica> replicas) const {
        {std::pair{StateKind::kGrad, due_.grad}, std::pair{StateKind::kX, due_.x},
         std::pair{StateKind::kU, due_.u}, std::pair{StateKind::kV, due_.v}}) {
     if (!is_due) continue;
-    d.views.push_back(state_views(replicas, kind));
+    d.views.push_back(state_views(replicas, kind, fragment_of(due_, kind), due_.fragments));
     d.due.push_back({kind, {}});
+    d.fragment.push_back(fragment_of(due_, kind));
   }
   // Spans into the inner vectors, which stay put when DueViews is moved.
   for (std::size_t k = 0; k < d.due.size(); ++k) d.due[k].local = d.views[k];
@@ -159,14 +186,15 @@ SyncEngine::DueViews SyncEngine::due_views(std::span<Replica> replicas) const {
 }
 
 // What follows an average of `kind` in Alg. 1's order: the outer step after x, the momentum
-// bound after u when v is not averaged with it.
+// bound after u when v's same fragment is not averaged with it.
 void SyncEngine::apply(optim::StateKind kind, std::span<Replica> replicas) const {
   if (kind == optim::StateKind::kX && opts_.outer != nullptr && !replicas.empty()) {
     opts_.outer->step(replicas[0].x);
     for (std::size_t w = 1; w < replicas.size(); ++w)
       std::copy(replicas[0].x.begin(), replicas[0].x.end(), replicas[w].x.begin());
   }
-  if (kind == optim::StateKind::kU && !due_.v) bound_momentum(replicas);
+  if (kind == optim::StateKind::kU && !(due_.v && due_.frag_v == due_.frag_u))
+    bound_momentum(replicas);
 }
 
 void SyncEngine::reset_moments(std::span<Replica> replicas) const {
@@ -188,7 +216,8 @@ bool SyncEngine::finish_started(std::span<Replica> replicas) {
   }
   for (Started& st : started_) {
     averager_->complete_average(st.kind, st.views);
-    const std::vector<std::span<float>> dst = state_views(replicas, st.kind);
+    const std::vector<std::span<float>> dst =
+        state_views(replicas, st.kind, fragment_of(due_, st.kind), due_.fragments);
     if (dst.size() != st.views.size())
       throw Error("sync engine: " + std::to_string(dst.size()) +
                   " replicas at the end of a step that began with " +

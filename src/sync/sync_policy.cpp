@@ -13,6 +13,7 @@ SyncSchedule SyncConfig::schedule() const {
   // favg, favg_reset and local_adam average at x's phase; only desloc has its own u and v.
   s.phase_u = method == SyncMethod::kDesloc ? phase_u : phase_x;
   s.phase_v = method == SyncMethod::kDesloc ? phase_v : phase_x;
+  s.fragments = fragments;
   return s;
 }
 

@@ -16,6 +16,7 @@
 
 #include "desloc/core/error.hpp"
 #include "desloc/core/hash.hpp"
+#include "desloc/model/param_layout.hpp"
 #include "desloc/transport/ring_order.hpp"
 
 namespace desloc::train {
@@ -263,6 +264,10 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
   b.integer64("delay_u", s.delay_u, "overlap = \"delayed\": tau of u (0 = delay)", 0);
   b.comment_next();
   b.integer64("delay_v", s.delay_v, "overlap = \"delayed\": tau of v (0 = delay)", 0);
+  b.integer("fragments", s.fragments,
+            "cut each state's average into this many fragments, staggered over its period (a "
+            "steady stream instead of one burst; the same bytes)",
+            1, 1 << 20);
 }
 
 void bind_job(Binder& b, JobSection& j) {
@@ -372,6 +377,47 @@ void check_delays(const Binder& b, const sync::SyncConfig& s) {
         b.location_of("join_step"), s.overlap));
 }
 
+// sync.fragments: a state average to split, at most one fragment of a state due per step, no
+// step of the average that acts on the whole buffer at once, and no more fragments than
+// parameters.
+void check_fragments(const Binder& b, const sync::SyncConfig& s, const model::GptConfig& model) {
+  if (s.fragments <= 1) return;
+  const std::string at = b.location_of("fragments");
+  if (!s.averages_params())
+    throw ConfigError(fmt::format(
+        "{}: sync.fragments = {} splits the averages of x, u and v, but method = \"{}\" has "
+        "none; remove it",
+        at, s.fragments, to_string(s.method)));
+  const bool desloc = s.method == SyncMethod::kDesloc;
+  for (const auto& [key, period] :
+       {std::pair{"kx", s.kx}, std::pair{"ku", desloc ? s.effective_ku() : s.kx},
+        std::pair{"kv", desloc ? s.effective_kv() : s.kx}})
+    if (s.fragments > period)
+      throw ConfigError(fmt::format(
+          "{}: sync.fragments = {} exceeds the period {} = {}: the fragments are staggered one "
+          "step apart at most, so at most {} fit",
+          at, s.fragments, key, period, period));
+  if (s.outer != "none")
+    throw ConfigError(fmt::format(
+        "{}: sync.fragments with outer = \"{}\" is not supported (the outer step acts on the "
+        "whole parameter average)",
+        at, s.outer));
+  if (s.method == SyncMethod::kFavgReset)
+    throw ConfigError(fmt::format(
+        "{}: sync.fragments with method = \"favg_reset\" is not supported (its reset of u and "
+        "v acts on the whole buffers at the parameter average)",
+        at));
+  if (s.join_step > 0)
+    throw ConfigError(fmt::format(
+        "{}: sync.fragments with join_step is not supported (a joining worker starts from a "
+        "whole average)",
+        at));
+  const double params = model::parameter_count(model);
+  if (static_cast<double>(s.fragments) > params)
+    throw ConfigError(fmt::format("{}: sync.fragments = {} exceeds the model's {} parameters", at,
+                                  s.fragments, static_cast<long long>(params)));
+}
+
 // Cross-key rules of [sync]; each error points at the offending key.
 void check_sync(const Binder& b, const sync::SyncConfig& s) {
   const bool desloc = s.method == SyncMethod::kDesloc;
@@ -466,7 +512,10 @@ JobConfig from_table(const toml::table& root, const std::string& file,
     b.reject_unknown_keys();
     apply_overrides(sec, overrides, job);
     if (std::string(sec.name) == "model") heads_at = b.location_of("heads");
-    if (std::string(sec.name) == "sync") check_sync(b, job.sync);
+    if (std::string(sec.name) == "sync") {
+      check_sync(b, job.sync);
+      check_fragments(b, job.sync, job.model);
+    }
     if (std::string(sec.name) == "job" && !job.job.sites.empty()) {
       std::set<std::string> seen;
       for (const auto& site : job.job.sites) {

@@ -180,6 +180,21 @@ TEST(Launch, TwoSitesOfTwoRanksWithDelayedAveragesReproduceTheInProcessRunBitFor
   expect_launch_matches_train("launch2x2_delayed", {"west", "east"}, 2, "", kDelayedSync);
 }
 
+// Streaming DES-LOC: each state's average cut into two fragments staggered over its period
+// (x's fragments on alternate steps, u's three steps apart, v's six), each folded in tau steps
+// after it started, so fragments of one state wait for their folds together. The launched
+// ranks equal the in-process run bit for bit.
+constexpr const char* kStreamingSync =
+    "overlap = \"delayed\"\ndelay = 1\ndelay_u = 4\ndelay_v = 7\nfragments = 2\n";
+TEST(Launch, StreamingFragmentsReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x1_streaming", {"west", "east", "north"}, 1, "",
+                              kStreamingSync);
+}
+
+TEST(Launch, TwoSitesOfTwoRanksStreamingFragmentsReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch2x2_streaming", {"west", "east"}, 2, "", kStreamingSync);
+}
+
 // Port 1 (tcpmux) is reserved and nothing listens there: connecting is refused at once.
 constexpr int kClosedPort = 1;
 

@@ -223,6 +223,118 @@ TEST(SyncedStep, ResetZeroesMomentsAfterTheAverage) {
   EXPECT_EQ(x0, x1);
 }
 
+// Fragment f of P is due at t when (t - phase - floor(f K / P)) mod K == 0: every fragment
+// exactly once per period, fragment 0 on the unfragmented schedule, P = 1 the plain schedule.
+TEST(SyncPolicy, FragmentsAreStaggeredOverEachPeriod) {
+  for (std::int64_t k = 1; k <= 24; ++k)
+    for (int p = 1; p <= k; ++p)
+      for (std::int64_t phase = 0; phase < k; phase += 5) {
+        std::vector<int> seen(static_cast<std::size_t>(p), 0);
+        for (std::int64_t t = 1; t <= 3 * k; ++t) {
+          const int f = due_fragment(t, k, phase, p);
+          if (p == 1) {
+            ASSERT_EQ(f == 0, due_at(t, k, phase)) << k << " " << t;
+          }
+          if (f < 0) continue;
+          ASSERT_LT(f, p);
+          ++seen[static_cast<std::size_t>(f)];
+          ASSERT_EQ(((t - phase - f * k / p) % k + k) % k, 0) << k << " " << p << " " << t;
+          if (f == 0) {
+            ASSERT_TRUE(due_at(t, k, phase));
+          }
+        }
+        for (const int n : seen) ASSERT_EQ(n, 3) << "K " << k << " P " << p;
+      }
+  // No overflow at the largest period the config takes.
+  const std::int64_t big = INT64_MAX / 6;
+  EXPECT_EQ(due_fragment(big, big, 0, 1 << 20), 0);
+  EXPECT_EQ(due_fragment(big - 1, big, 0, 1 << 20), -1);
+  EXPECT_EQ(due_fragment(big / 2 + 1, big, 1, 2), 1);
+
+  const SyncPolicy p({.method = SyncMethod::kDesloc, .kx = 4, .ku = 8, .kv = 12, .fragments = 4});
+  EXPECT_EQ(steps_where(p, 8, &sync::SyncDecision::x), (V{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(steps_where(p, 16, &sync::SyncDecision::u), (V{2, 4, 6, 8, 10, 12, 14, 16}));
+  EXPECT_EQ(steps_where(p, 12, &sync::SyncDecision::v), (V{3, 6, 9, 12}));
+  std::vector<int> fx, fu;
+  for (std::int64_t t = 1; t <= 8; ++t) {
+    fx.push_back(p.at(t).frag_x);
+    if (p.at(t).u) fu.push_back(p.at(t).frag_u);
+  }
+  EXPECT_EQ(fx, (std::vector<int>{1, 2, 3, 0, 1, 2, 3, 0}));
+  EXPECT_EQ(fu, (std::vector<int>{1, 2, 3, 0}));
+  EXPECT_EQ(p.at(6).frag_v, 2);
+  EXPECT_NEAR(p.state_syncs_per_step(), 1.0 / 4 + 1.0 / 8 + 1.0 / 12, 1e-12);
+}
+
+// With fragments each average replaces one block of the state and leaves the rest alone; the
+// step-overlapped and blocking engines agree bit for bit, and a delayed fragment is folded
+// into its own block only.
+TEST(SyncEngine, FragmentsAverageOneBlockAtATime) {
+  const std::size_t n = 5;  // blocks of 3 and 2
+  optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+  const SyncPolicy policy(
+      {.method = SyncMethod::kLocalAdam, .workers = 2, .kx = 4, .fragments = 2});
+  {
+    optim::Optimizer o0(cfg, n), o1(cfg, n);
+    std::vector<float> x0 = {1, 2, 3, 4, 5}, x1 = {3, 4, 5, 6, 7}, g0(n), g1(n);
+    std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
+    sync::VirtualAverager avg(2);
+    sync::SyncEngine engine(policy);
+    engine.begin(2, avg);  // fragment 1: elements 3 and 4
+    engine.finish(reps);
+    EXPECT_EQ(x0, (std::vector<float>{1, 2, 3, 5, 6}));
+    EXPECT_EQ(x1, (std::vector<float>{3, 4, 5, 5, 6}));
+    EXPECT_EQ(avg.traffic(0).payload[static_cast<std::size_t>(StateKind::kX)], 2 * sizeof(float));
+    engine.begin(4, avg);  // fragment 0
+    engine.finish(reps);
+    EXPECT_EQ(x0, (std::vector<float>{2, 3, 4, 5, 6}));
+    EXPECT_EQ(x0, x1);
+    EXPECT_EQ(avg.traffic(0).payload[static_cast<std::size_t>(StateKind::kX)], 5 * sizeof(float));
+  }
+  // Three engines on the same trajectory: blocking, step-overlapped, delayed (tau = 1).
+  auto run = [&](sync::Overlap overlap, std::int64_t steps) {
+    std::vector<std::vector<float>> xs = {{0.5f, -1, 2, 0.25f, 3}, {1.5f, 1, -2, 0.75f, -3}};
+    std::vector<std::vector<float>> gs(2, std::vector<float>(n));
+    std::vector<optim::Optimizer> opts{optim::Optimizer(cfg, n), optim::Optimizer(cfg, n)};
+    std::vector<sync::Replica> reps{{xs[0], gs[0], &opts[0]}, {xs[1], gs[1], &opts[1]}};
+    sync::VirtualAverager avg(2, sync::SumOrder::kRing);
+    sync::StepOptions so;
+    so.overlap = overlap;
+    so.delay = {0, 1, 1, 1};
+    sync::SyncEngine engine(policy, so);
+    for (std::int64_t t = 1; t <= steps; ++t) {
+      engine.begin(t, avg, reps, false);
+      for (std::size_t w = 0; w < 2; ++w)
+        for (std::size_t i = 0; i < n; ++i)  // elementwise: a block's dynamics are its own
+          gs[w][i] = (w == 0 ? 1.0f : -0.5f) * xs[w][i] + 0.1f * float(i);
+      engine.finish(reps);
+      engine.update(reps, 0.01f);
+    }
+    return xs;
+  };
+  EXPECT_EQ(run(sync::Overlap::kNone, 9), run(sync::Overlap::kStep, 9));
+  // Delayed, after step 2: fragment 1 started at step 2 is not folded yet, so the replicas
+  // equal a run without averages; after step 3 (its fold) only block 1 differs from it.
+  auto local = [&](std::int64_t steps) {
+    std::vector<std::vector<float>> xs = {{0.5f, -1, 2, 0.25f, 3}, {1.5f, 1, -2, 0.75f, -3}};
+    std::vector<std::vector<float>> gs(2, std::vector<float>(n));
+    std::vector<optim::Optimizer> opts{optim::Optimizer(cfg, n), optim::Optimizer(cfg, n)};
+    for (std::int64_t t = 1; t <= steps; ++t)
+      for (std::size_t w = 0; w < 2; ++w) {
+        for (std::size_t i = 0; i < n; ++i)
+          gs[w][i] = (w == 0 ? 1.0f : -0.5f) * xs[w][i] + 0.1f * float(i);
+        opts[w].step(xs[w], gs[w], 0.01f);
+      }
+    return xs;
+  };
+  EXPECT_EQ(run(sync::Overlap::kDelayed, 2), local(2));
+  const auto folded = run(sync::Overlap::kDelayed, 3), alone = local(3);
+  for (std::size_t w = 0; w < 2; ++w) {
+    for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(folded[w][i], alone[w][i]) << w << " " << i;
+    for (std::size_t i = 3; i < n; ++i) EXPECT_NE(folded[w][i], alone[w][i]) << w << " " << i;
+  }
+}
+
 // sync.overlap = "delayed" against a hand computation: two Adam replicas on different
 // gradients, x, u and v averaged at t = 4 (local_adam, kx = 4) with tau = 2. The average starts
 // from the values before step 4's update and is folded in before step 6's, after two more
@@ -420,6 +532,36 @@ TEST(SyncConfig, BadInputNamesTheKey) {
   EXPECT_NE(sync_error("method = \"favg_reset\"\nkx = 8\noverlap = \"delayed\"\ndelay = 2\n")
                 .find("with method = \"favg_reset\""),
             std::string::npos);
+  EXPECT_NE(sync_error("method = \"ddp\"\nfragments = 4\n")
+                .find("job.toml:3:13: sync.fragments = 4 splits the averages of x, u and v, but "
+                      "method = \"ddp\" has none"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"none\"\nfragments = 2\n").find("sync.fragments"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\nkx = 8\nfragments = 9\n")
+                .find("job.toml:4:13: sync.fragments = 9 exceeds the period kx = 8"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\nkx = 8\nku = 4\nfragments = 6\n")
+                .find("sync.fragments = 6 exceeds the period ku = 4"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"favg\"\nkx = 8\nouter = \"nesterov\"\nfragments = 2\n")
+                .find("sync.fragments with outer = \"nesterov\" is not supported"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"favg_reset\"\nkx = 8\nfragments = 2\n")
+                .find("sync.fragments with method = \"favg_reset\""),
+            std::string::npos);
+  try {
+    train::parse_config(
+        "[model]\nvocab = 1\ncontext = 1\nlayers = 1\nheads = 1\nd_model = 1\n"
+        "[sync]\nmethod = \"desloc\"\nkx = 64\nfragments = 64\n",
+        "tiny.toml");
+    ADD_FAILURE() << "64 fragments of 29 parameters";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("tiny.toml:10:13: sync.fragments = 64 exceeds the model's 29 "
+                               "parameters"),
+              std::string::npos)
+        << e.message();
+  }
   EXPECT_NE(sync_error("workers = 0\n").find("sync.workers"), std::string::npos);
   EXPECT_NE(sync_error("workers = 2\njoin_step = 10\njoin_workers = 2\n").find("sync.join_workers"),
             std::string::npos);

@@ -28,8 +28,10 @@ SimResult simulate(const Topology& t, const SimJob& job) {
     throw ConfigError("simulate: the periods kx, ku and kv must be >= 1");
   const std::vector<std::string> ring = job.ring.empty() ? t.site_names() : job.ring;
   const std::size_t n = t.sites.size();
-  const double sync = ring_seconds(t, ring, job.state_bytes, job.lanes);
-  const double per_state_bytes = n > 1 ? job.state_bytes * 2.0 * double(n - 1) / double(n) : 0.0;
+  // With fragments every average carries 1/P of its state.
+  const double avg_bytes = job.state_bytes / double(std::max(1, plan.fragments));
+  const double sync = ring_seconds(t, ring, avg_bytes, job.lanes);
+  const double per_state_bytes = n > 1 ? avg_bytes * 2.0 * double(n - 1) / double(n) : 0.0;
 
   std::vector<double> clock(n, 0.0), compute(n, 0.0);
   std::mt19937_64 gen(job.seed);

@@ -10,6 +10,10 @@
 // docs/sync.md derives it. The naive delay (`naive`) sets s <- mean(s_t), losing the progress:
 // the comparison arXiv 2502.12996 reports as clearly worse.
 //
+// With fragments (sync.fragments = P) each average is one fragment of its state; fragments of
+// the same state started at different steps may wait for their folds together (they cover
+// disjoint elements), but a fragment is never started again before its last average was folded.
+//
 // One batch of averages (the states due at one step) is on the wire at a time: a batch that
 // starts while the previous one is still travelling waits for it. The wide-area halves
 // (Averager::average_across_sites) run on the thread; the control exchange and the
@@ -22,6 +26,7 @@
 #include <array>
 #include <cstdint>
 #include <exception>
+#include <list>
 #include <span>
 #include <thread>
 #include <vector>
@@ -45,11 +50,13 @@ class DelayedAverages {
   DelayedAverages& operator=(const DelayedAverages&) = delete;
 
   // Step t's due averages (`due`, in Alg. 1's order, each with this process's replicas of
-  // it) start: the batch on the wire (if any) is settled, then the control exchange (`stop` is
-  // this process's stop request), the snapshots, and the wide-area halves on the thread.
-  // Returns the exchange's answer: did any site ask to stop. Throws Error for a gradient, and
-  // when a state is due again before its last average was folded in.
-  bool start(std::int64_t t, std::span<const DueAverage> due, Averager& averager, bool stop);
+  // it, fragment `fragment[k]` of `fragments` for due[k]) start: the batch on the wire (if
+  // any) is settled, then the control exchange (`stop` is this process's stop request), the
+  // snapshots, and the wide-area halves on the thread. Returns the exchange's answer: did any
+  // site ask to stop. Throws Error for a gradient, and when a fragment is due again before its
+  // last average was folded in.
+  bool start(std::int64_t t, std::span<const DueAverage> due, std::span<const int> fragment,
+             int fragments, Averager& averager, bool stop);
   // Before step t's update: folds every average whose fold step is t, in Alg. 1's order (x, u,
   // v), and bounds u (bound_momentum) when u was folded without v. An error raised on the wire
   // is thrown here or by settle().
@@ -65,7 +72,9 @@ class DelayedAverages {
 
  private:
   struct Pending {
-    bool active = false;
+    optim::StateKind kind = optim::StateKind::kX;
+    int fragment = 0, fragments = 1;
+    bool folded = false;
     bool complete = false;  // complete_average done: `mean` holds mean(s_t)
     std::int64_t start = 0;
     std::int64_t fold_at = 0;
@@ -73,8 +82,8 @@ class DelayedAverages {
     std::vector<std::vector<float>> mean;  // its copy, averaged in place
     std::vector<std::span<float>> views;   // of `mean`
   };
-  // Folds pending_[kind] into the replicas after n updates since its snapshot.
-  void fold(optim::StateKind kind, std::int64_t n, std::span<Replica> replicas);
+  // Folds p into the replicas after n updates since its snapshot.
+  void fold(Pending& p, std::int64_t n, std::span<Replica> replicas);
   // Folds, in Alg. 1's order, the averages due at step t (all of them with `drain`, after step
   // t's update), then bounds u when it was folded without v.
   void fold_pending(std::int64_t t, bool drain, std::span<Replica> replicas);
@@ -82,8 +91,10 @@ class DelayedAverages {
 
   Options opts_;
   Averager* averager_ = nullptr;
-  std::array<Pending, 4> pending_;         // by StateKind (kX, kU, kV used)
-  std::vector<optim::StateKind> on_wire_;  // the batch the thread is averaging
+  // Started, not yet folded, in start order. A list: folding one never moves another, which the
+  // thread may be averaging.
+  std::list<Pending> pending_;
+  std::vector<Pending*> on_wire_;  // the batch the thread is averaging
   std::thread comm_;
   std::exception_ptr comm_error_;
 };

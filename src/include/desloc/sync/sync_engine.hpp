@@ -72,6 +72,11 @@ void bound_momentum(std::span<Replica> replicas);
 
 // The buffers of one state kind across the replicas, in replica order.
 std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::StateKind kind);
+// Fragment f of P of them (sync.fragments): each buffer's block f of P (transport::block).
+std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::StateKind kind,
+                                          int fragment, int fragments);
+// The fragment of `kind` a step's decision averages (0 for the gradient).
+int fragment_of(const SyncDecision& due, optim::StateKind kind);
 
 class SyncEngine {
  public:
@@ -116,8 +121,9 @@ class SyncEngine {
     std::vector<std::span<float>> views;  // of copies_[kind]
   };
   struct DueViews {
-    std::vector<std::vector<std::span<float>>> views;  // per due state, its replicas
+    std::vector<std::vector<std::span<float>>> views;  // per due state, its replicas' fragment
     std::vector<DueAverage> due;                       // the same, as the averager takes them
+    std::vector<int> fragment;                         // per due state, its fragment
   };
   DueViews due_views(std::span<Replica> replicas) const;
   bool finish_started(std::span<Replica> replicas);

@@ -41,6 +41,11 @@ struct SyncConfig {
   std::int64_t delay = 0;    // tau of every state (overlap = "delayed"), >= 1
   std::int64_t delay_u = 0;  // tau of u when it differs (0 = delay)
   std::int64_t delay_v = 0;  // tau of v when it differs (0 = delay)
+  // P: each state's buffer is cut into P fragments (transport::block) whose averages are
+  // staggered over the state's period (desloc/core/sync_schedule.hpp, due_fragment), so the
+  // link carries a steady stream of 1/P-sized averages instead of one burst per period. The
+  // bytes per period are the same. 1 = whole-buffer averages.
+  int fragments = 1;
 
   std::int64_t effective_ku() const { return ku > 0 ? ku : 3 * kx; }
   std::int64_t effective_kv() const { return kv > 0 ? kv : 6 * kx; }

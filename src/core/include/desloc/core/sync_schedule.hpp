@@ -40,6 +40,13 @@ constexpr bool shares_moments(SyncMethod m) {
 // (t - p) mod K == 0.
 bool due_at(std::int64_t t, std::int64_t period, std::int64_t phase);
 
+// With P fragments (sync.fragments) a state of period K and phase p is cut into P fragments;
+// fragment f is due at the 1-based step t when t >= 1 and (t - p - floor(f K / P)) mod K == 0,
+// so the fragments' averages are staggered over the period and fragment 0 keeps the unfragmented
+// schedule. P must not exceed K (then at most one fragment of a state is due per step). Returns
+// the due fragment, or -1 when none is.
+int due_fragment(std::int64_t t, std::int64_t period, std::int64_t phase, int fragments);
+
 // The states due at one step. `reset_uv` zeroes u and v after the parameter average.
 struct SyncDecision {
   bool grad = false;
@@ -47,6 +54,10 @@ struct SyncDecision {
   bool u = false;
   bool v = false;
   bool reset_uv = false;
+  // Of P = `fragments`, the fragment due of x, u and v (0 when P = 1). Fragment f of a buffer of
+  // n elements is its block f of P (transport::block).
+  int fragments = 1;
+  int frag_x = 0, frag_u = 0, frag_v = 0;
   bool any() const { return grad || x || u || v; }
   int states() const { return int(grad) + int(x) + int(u) + int(v); }
 };
@@ -55,10 +66,11 @@ struct SyncSchedule {
   SyncMethod method = SyncMethod::kNone;
   std::int64_t kx = 1, ku = 3, kv = 6;  // periods in steps (ku, kv: desloc only)
   std::int64_t phase_x = 0, phase_u = 0, phase_v = 0;
+  int fragments = 1;  // P: each state's average staggered over its period in P fragments
 
   SyncDecision at(std::int64_t t) const;
   // Mean payload per step in units of the model size: 1 for DDP, 1/Kx + 1/Ku + 1/Kv for
-  // DES-LOC, 3/Kx for Local Adam, 1/Kx for the favg methods.
+  // DES-LOC, 3/Kx for Local Adam, 1/Kx for the favg methods (fragments change none of it).
   double state_syncs_per_step() const;
 };
 
