@@ -31,6 +31,7 @@ struct PlanOptions {
   double target = 0.05;
   bool overlap = false;
   bool delayed = false;
+  int fragments = 0;
 };
 
 int run_plan(const PlanOptions& o) {
@@ -49,6 +50,7 @@ int run_plan(const PlanOptions& o) {
   req.steps = cfg.train.steps;
   req.overlap = o.overlap;
   req.delayed = o.delayed;
+  req.fragments = o.fragments;
   req.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(sites.size()));
   const auto plan = topology::make_plan(topo, req);
   for (const auto& line : plan.explanation) std::printf("%s\n", line.c_str());
@@ -157,9 +159,13 @@ int run_simulate(const SimulateOptions& o) {
       : base.overlap_step ? "step-overlapped (sync.overlap)"
       : base.delayed()    ? "delayed (sync.overlap)"
                           : "blocking",
-      base.delayed() && !o.overlap
-          ? fmt::format(" tau {}/{}/{}", base.delay[0], base.delay[1], base.delay[2]).c_str()
-          : "",
+      ((base.delayed() && !o.overlap
+            ? fmt::format(" tau {}/{}/{}", base.delay[0], base.delay[1], base.delay[2])
+            : std::string()) +
+       (base.schedule.fragments > 1
+            ? fmt::format(", {} fragments per average", base.schedule.fragments)
+            : std::string()))
+          .c_str(),
       o.jitter);
   std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s\n", "method", "ms/step", "total", "comm s",
               "wait s", "syncs", "MB/site", "vs none");
@@ -206,6 +212,11 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
                  "an average under tau + 1 steps of compute, and the Kx that keeps averages apart "
                  "on the link; only the control exchanges block")
       ->excludes(overlap_flag);
+  plan->add_option("--fragments", p.fragments,
+                   "with --delayed: 0 = choose the fragment count (streaming DES-LOC, "
+                   "sync.fragments) that gives the shortest Kx, 1 = whole averages, P = exactly P")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   plan->add_option("--out", p.out, "also write the config fragment to this file");
   plan->add_option("--svg", p.svg_dir,
                    "write topology.svg (sites, links, the chosen ring) and bandwidth.svg (the "

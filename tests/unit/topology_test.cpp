@@ -162,6 +162,7 @@ TEST(Planner, DelayedAveragesHideUnderComputeAtAMuchShorterPeriod) {
   req.steps = 100000;
   const Plan blocking = make_plan(t, req);
   req.delayed = true;
+  req.fragments = 1;  // whole averages
   const Plan p = make_plan(t, req);
   const double sync = p.chosen.seconds;
   ASSERT_GT(sync, 3 * 0.08);  // an average outlasts several steps
@@ -191,6 +192,58 @@ TEST(Planner, DelayedAveragesHideUnderComputeAtAMuchShorterPeriod) {
   // tau too short: each fold (two steps of compute after its start) waits for the rest of
   // its average; the phases keep every batch to one state.
   EXPECT_NEAR(short_tau.total_s - r.total_s, double(short_tau.syncs) * (sync - 2 * 0.08), sync);
+}
+
+// Streaming: fragments leave the wire sooner, so the planner finds a shorter period and a
+// shorter delay than whole delayed averages, and the simulator, given that plan, predicts a
+// step within the target of compute alone. A fragment count the user fixes is kept, or
+// refused with the reason.
+TEST(Planner, StreamingFragmentsShortenThePeriodAndTheDelay) {
+  const Topology t = parse_topology(topology_toml("ABC", 80, triangle), "tri.toml");
+  PlanRequest req;
+  req.state_bytes = 3.3e6;
+  req.target_overhead = 0.03;
+  req.steps = 100000;
+  req.delayed = true;
+  req.fragments = 1;
+  const Plan whole = make_plan(t, req);
+  req.fragments = 0;  // the planner chooses
+  const Plan p = make_plan(t, req);
+  EXPECT_GT(p.fragments, 1);
+  EXPECT_LT(p.kx, whole.kx);
+  EXPECT_LT(p.delay, whole.delay);
+  EXPECT_EQ(p.kx % p.fragments, 0);
+  EXPECT_LE(p.overhead, 0.03);
+  EXPECT_NE(p.config_fragment.find("delay = " + std::to_string(p.delay) +
+                                   "\nfragments = " + std::to_string(p.fragments) + "\n"),
+            std::string::npos)
+      << p.config_fragment;
+  SimJob job;
+  job.state_bytes = req.state_bytes;
+  job.steps = 20 * p.kv;
+  job.schedule = {SyncMethod::kDesloc, p.kx, p.ku, p.kv, 0, p.phase_u, p.phase_v, p.fragments};
+  job.delay = {p.delay, p.delay, p.delay};
+  const auto r = simulate(t, job);
+  EXPECT_LE(r.total_s, job.steps * 0.08 * 1.03 + p.chosen.seconds) << "one batch may drain";
+  // The bytes are the whole plan's per step at its period: 1/P of a state per fragment.
+  EXPECT_NEAR(r.bytes_per_site / double(job.steps), 3.3e6 * 2.0 * 2 / 3 * 1.5 / double(p.kx),
+              3.3e6 / double(p.fragments));
+  // The same periods with whole averages and the plan's delay: the wire cannot keep up.
+  job.schedule.fragments = 1;
+  EXPECT_GT(simulate(t, job).total_s, r.total_s * 1.05);
+
+  req.fragments = 4;
+  const Plan four = make_plan(t, req);
+  EXPECT_EQ(four.fragments, 4);
+  EXPECT_LE(four.overhead, 0.03);
+  req.fragments = 3;
+  req.steps = 6;  // too short for any Kx that hides them
+  try {
+    make_plan(t, req);
+    ADD_FAILURE() << "3 fragments in 6 steps";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("hides averages of 3 fragments"), std::string::npos) << e.message();
+  }
 }
 
 TEST(Planner, KvFollowsTheSecondMomentsHalfLife) {

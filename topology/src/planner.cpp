@@ -8,10 +8,76 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include "desloc/core/error.hpp"
+#include "desloc/topology/simulator.hpp"
 
 namespace desloc::topology {
+namespace {
+
+// A streaming plan: delayed averages of P fragments.
+struct Streaming {
+  std::int64_t kx = 0, tau = 0, phase_u = 0, phase_v = 0;
+  int fragments = 1;
+  double batch_s = 0;     // the largest batch of fragments due at one step, on the wire
+  double fragment_s = 0;  // one fragment's all-reduce
+  double overhead = 0;    // simulated
+};
+
+// The best streaming plan with Kx in [lowest, highest] (header comment), or nullopt.
+std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& req,
+                                        const Schedule& ring, double step_s, std::int64_t a,
+                                        std::int64_t b, std::int64_t lowest, std::int64_t highest) {
+  // Each batch starts with a control exchange that blocks (as simulate prices it): at least P
+  // of them per x window.
+  const double exchange = ring_seconds(t, ring.order, 64.0 * double(ring.order.size()), 1) / 2;
+  for (std::int64_t kx = std::max<std::int64_t>(lowest, 2); kx <= highest; ++kx) {
+    std::optional<Streaming> best;
+    if (exchange * (req.fragments > 0 ? req.fragments : 2) / (double(kx) * step_s) >
+        req.target_overhead)
+      continue;
+    const int most =
+        req.fragments > 0 ? req.fragments : static_cast<int>(std::min<std::int64_t>(kx, 64));
+    for (int p = req.fragments > 0 ? req.fragments : 2; p <= most; ++p) {
+      if (kx % p != 0 && req.fragments == 0) continue;
+      if (p > kx) break;
+      const std::int64_t gap = kx / p;  // steps between x's fragments
+      // u's and v's fragments on x's steps (one batch of two fragments, the full gap to leave
+      // the wire), or between them (single fragments, a third of the gap each).
+      for (const auto& [pu, pv] : {std::pair{gap, 2 * gap}, std::pair{gap / 3, 2 * gap / 3}}) {
+        Streaming c;
+        c.kx = kx;
+        c.fragments = p;
+        c.phase_u = pu;
+        c.phase_v = pv;
+        const SyncSchedule sched{SyncMethod::kDesloc, kx, a * kx, b * kx, 0, pu, pv, p};
+        c.fragment_s = ring_seconds(t, ring.order, req.state_bytes / p, ring.lanes);
+        for (std::int64_t step = 1; step <= b * kx; ++step)
+          c.batch_s = std::max(c.batch_s, c.fragment_s * sched.at(step).states());
+        c.tau = std::max<std::int64_t>(
+            1, static_cast<std::int64_t>(
+                   std::ceil(c.batch_s * (1 + req.target_overhead) / step_s - 1e-9)) -
+                   1);
+        if (c.tau >= kx || (best && c.tau >= best->tau)) continue;
+        SimJob job;
+        job.schedule = sched;
+        job.steps = 2 * b * kx + kx;
+        job.state_bytes = req.state_bytes;
+        job.ring = ring.order;
+        job.lanes = ring.lanes;
+        job.delay = {c.tau, c.tau, c.tau};
+        const SimResult r = simulate(t, job);
+        c.overhead = r.compute_s > 0 ? r.total_s / r.compute_s - 1 : 0;
+        if (c.overhead <= req.target_overhead) best = c;
+      }
+    }
+    if (best) return best;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 std::string Schedule::describe() const {
   if (kind == "star") return "star at " + order.at(0);
@@ -162,7 +228,38 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   auto delayed_overhead = [&](std::int64_t k) {
     return exchange * (1.0 + 1.0 / double(a) + 1.0 / double(b)) / (double(k) * plan.step_s);
   };
-  if (req.delayed && sync > 0) {
+  std::optional<Streaming> streaming;
+  std::int64_t whole_kx = 0;  // delayed: the whole-average plan's Kx (0 = none)
+  if (req.delayed && sync > 0 && req.fragments != 1) {
+    // The whole-average plan first (when it exists), then any streaming plan that beats it.
+    std::optional<ConfigError> whole_error;
+    PlanRequest whole = req;
+    whole.fragments = 1;
+    try {
+      whole_kx = make_plan(t, whole).kx;
+    } catch (const ConfigError& e) {
+      whole_error = e;
+    }
+    const double load = sync * (1.0 + 1.0 / double(a) + 1.0 / double(b)) / plan.step_s;
+    const auto lowest = static_cast<std::int64_t>(std::ceil(load - 1e-9));
+    const std::int64_t highest =
+        req.fragments > 1 || whole_kx == 0 ? std::min<std::int64_t>(max_kx, 4096) : whole_kx - 1;
+    streaming = plan_streaming(t, req, plan.chosen, plan.step_s, a, b, lowest, highest);
+    if (!streaming && req.fragments > 1)
+      throw ConfigError(fmt::format(
+          "plan: no Kx up to {} hides averages of {} fragments within {:.3g}% (one sync of "
+          "{:.2f} MB over the {} takes {:.3g} s against a {:.1f} ms step); try another "
+          "--fragments, a larger --target-overhead, or drop --fragments to let the planner "
+          "choose",
+          highest, req.fragments, 100 * req.target_overhead, P / 1e6, plan.chosen.describe(), sync,
+          plan.step_s * 1e3));
+    if (!streaming && whole_error) throw *whole_error;
+  }
+  if (streaming) {
+    kx = streaming->kx;
+    plan.delay = streaming->tau;
+    plan.fragments = streaming->fragments;
+  } else if (req.delayed && sync > 0) {
     const double steps_per_sync = sync * (1.0 + req.target_overhead) / plan.step_s;
     if (!(steps_per_sync * 3 + 3 <= static_cast<double>(max_kx)))
       throw unmeetable(fmt::format("{:.0f}", std::ceil(3 * steps_per_sync)));
@@ -201,8 +298,14 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
     plan.phase_u = (kx + 1) / 3;
     plan.phase_v = (2 * kx + 1) / 3;
   }
-  plan.overhead = req.delayed ? delayed_overhead(plan.kx)
-                              : overhead(sync, plan.step_s, plan.kx, plan.ku, plan.kv, req.overlap);
+  if (streaming) {  // between x's fragments instead
+    plan.phase_u = streaming->phase_u;
+    plan.phase_v = streaming->phase_v;
+  }
+  plan.overhead = streaming ? streaming->overhead
+                  : req.delayed
+                      ? delayed_overhead(plan.kx)
+                      : overhead(sync, plan.step_s, plan.kx, plan.ku, plan.kv, req.overlap);
 
   auto& e = plan.explanation;
   e.push_back(
@@ -229,7 +332,20 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
       fmt::format("Ku = 3 Kx; Kv = {} Kx: half-lives tau1 = {:.1f}, tau2 = {:.1f} steps, "
                   "Kv / Ku = round(tau2 / tau1) clamped to [2, 8] = {}",
                   b, tau1, tau2, b / a));
-  if (plan.delay > 0)
+  if (streaming)
+    e.push_back(fmt::format(
+        "streaming: {} fragments of each state ({:.2f} MB, {:.3f} s per all-reduce); x's "
+        "fragments every {} steps, u's at phase {} and v's at {}; the largest batch due at one "
+        "step "
+        "({:.3f} s, +{:.0f}% margin) leaves the wire within tau + 1 = {} steps of {:.1f} ms; "
+        "Kx = {}, simulated overhead {:.2f}% (within {:.1f}%){}",
+        streaming->fragments, P / streaming->fragments / 1e6, streaming->fragment_s,
+        kx / streaming->fragments, streaming->phase_u, streaming->phase_v, streaming->batch_s,
+        100 * req.target_overhead, plan.delay + 1, plan.step_s * 1e3, kx, 100 * plan.overhead,
+        100 * req.target_overhead,
+        whole_kx > 0 ? fmt::format("; whole averages would need Kx = {}", whole_kx)
+                     : "; whole averages cannot meet the target"));
+  else if (plan.delay > 0)
     e.push_back(fmt::format(
         "delay tau = {}: an average of {:.3f} s (+{:.0f}% margin) leaves the wire within tau + 1 "
         "= {} steps of {:.1f} ms; Kx = {}: the averages a third of a window apart ({} steps) each "
@@ -245,8 +361,11 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         100 * overhead(sync, plan.step_s, std::max<std::int64_t>(1, kx - 1),
                        a * std::max<std::int64_t>(1, kx - 1), b * std::max<std::int64_t>(1, kx - 1),
                        req.overlap)));
-  e.push_back(fmt::format("phases: x at 0, u at {}, v at {}: no two averages on one step",
-                          plan.phase_u, plan.phase_v));
+  if (streaming)
+    e.push_back(fmt::format("phases: x at 0, u at {}, v at {}", plan.phase_u, plan.phase_v));
+  else
+    e.push_back(fmt::format("phases: x at 0, u at {}, v at {}: no two averages on one step",
+                            plan.phase_u, plan.phase_v));
 
   std::vector<std::string> quoted;
   for (const auto& s : plan.chosen.order) quoted.push_back("\"" + s + "\"");
@@ -256,7 +375,10 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
       "sites = [{}]  # the ring order\n\n[transport]\nlanes = {}\n",
       plan.chosen.describe(), 100 * plan.overhead, plan.kx, plan.ku, plan.kv, plan.phase_u,
       plan.phase_v,
-      plan.delay > 0 ? fmt::format("overlap = \"delayed\"\ndelay = {}\n", plan.delay) : "",
+      plan.delay > 0
+          ? fmt::format("overlap = \"delayed\"\ndelay = {}\n{}", plan.delay,
+                        plan.fragments > 1 ? fmt::format("fragments = {}\n", plan.fragments) : "")
+          : "",
       fmt::join(quoted, ", "), plan.chosen.lanes);
   return plan;
 }

@@ -16,6 +16,13 @@
 // tau + 1 steps of compute and before the next one starts: tau = ceil(T_sync (1 + target) /
 // step) - 1, and the phases keep the averages a third of an x window apart, so
 // floor(Kx / 3) * step >= T_sync (1 + target) and Kx > tau.
+// Streaming (delayed averages cut into P fragments, sync.fragments): a fragment's average moves
+// 1/P of a state, so it leaves the wire P times sooner and tau shrinks with it. The planner
+// tries every Kx below the whole-average plan's, each with the fragment counts P that divide
+// it (up to 64), with u's and v's fragments on x's steps or between them; tau is what the largest
+// batch of fragments due at one step needs, and `simulate` (one batch on the wire at a time, as the
+// engine runs them) must predict an overhead within target. The smallest such Kx wins, then
+// the smallest tau, then the fewest fragments.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +41,10 @@ struct PlanRequest {
   std::int64_t steps = 0;  // train.steps: Kx may not exceed it
   bool overlap = false;    // price syncs as running under the next steps' compute (what-if)
   bool delayed = false;    // plan sync.overlap = "delayed": tau and the Kx that hides the syncs
-  int lanes = 1;           // transport.lanes, already reduced by effective_lanes()
+  // With delayed: 0 = the planner chooses the fragment count (1 = whole averages), P > 0 = use
+  // exactly P.
+  int fragments = 0;
+  int lanes = 1;  // transport.lanes, already reduced by effective_lanes()
 };
 
 struct Schedule {
@@ -53,6 +63,7 @@ struct Plan {
   std::int64_t kx = 0, ku = 0, kv = 0;
   std::int64_t phase_x = 0, phase_u = 0, phase_v = 0;
   std::int64_t delay = 0;  // sync.delay (with PlanRequest::delayed), else 0
+  int fragments = 1;       // sync.fragments
   double overhead = 0;     // predicted, at the chosen periods
   std::vector<std::string> explanation;
   std::string config_fragment;  // [sync] and [job] keys that launch and worker accept
