@@ -1,49 +1,64 @@
-#!/ usr / bin / env bash
-#bench_e2e_netbed : end - to - end multi - site training on the shaped test bed.S sites(one network
-#namespace each, one rank per site) joined by shaped links train the same job four ways : with
-#communication switched off(method none : the compute - only reference), DDP(gradients averaged
-#every step), Local Adam and DES - LOC.Each run is a real `desloc coordinator` plus one
+#!/usr/bin/env bash
+# bench_e2e_netbed: end-to-end multi-site training on the shaped test bed. S sites (one network
+# namespace each, one rank per site) joined by shaped links train the same job four ways: with
+# communication switched off (method none: the compute-only reference), DDP (gradients averaged
+# every step), Local Adam and DES-LOC. Each run is a real `desloc coordinator` plus one
 # `desloc worker` per site namespace, talking UCX tcp over the shaped veths.
-#Reports ms per step, time to a target validation loss(step time only : evaluation excluded),
-#wide - area bytes, and whether communication steals compute.docs / benchmarks.md.
+# Reports ms per step, time to a target validation loss (step time only: evaluation excluded),
+# wide-area bytes, and whether communication steals compute (step time, and each rank's CPU
+# seconds per step from /usr/bin/time, against the compute-only run). docs/benchmarks.md.
 #
-#With-- budget every method trains for the same wall - clock budget instead of the same steps:
-# `desloc simulate` on the bed 's topology predicts each method' s step time and so its step
-#count.With-- plan the bed is first measured with `desloc profile`, and `desloc plan` chooses
-#DES - LOC 's periods (and Local Adam' s, at DES - LOC's bytes per step) from that measurement: the
-#workflow a user follows.--starved is the headline scenario : a bandwidth - starved bed where
-#DDP is about 20x slower than compute, compared at equal wall - clock time.
-set - Eeuo pipefail
+# With --budget every method trains for the same wall-clock budget instead of the same steps:
+# `desloc simulate` on the bed's topology predicts each method's step time and so its step
+# count. With --plan the bed is first measured with `desloc profile`, and `desloc plan` chooses
+# DES-LOC's periods (and Local Adam's, at DES-LOC's bytes per step) from that measurement: the
+# workflow a user follows. --starved is the headline scenario: a bandwidth-starved bed where
+# DDP is about 20x slower than compute, compared at equal wall-clock time.
+set -Eeuo pipefail
 
-          here = $(cd "$(dirname " $0 ")" && pwd) root = $(cd "$here/.." && pwd) netbed =
-    $root / scripts / netbed.sh prog = $(basename "$0")
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+netbed=$root/scripts/netbed.sh
+prog=$(basename "$0")
 
-        build = $root / build sites = A,
-          B, C rate = 100mbit links ='' steps = 600 kx = 96 target = 2.5 methods = none, ddp,
-          local_adam,
-          desloc results ='' rtt ='' tcp_buffer ='' budget ='' plan = 0 overhead = 0.05 delay =
-              1 fragments = 1 pin = 0 bed = e2e$$ bed = ${bed : 0 : 8}
+build=$root/build
+sites=A,B,C
+rate=100mbit
+links=''
+steps=600
+kx=96
+target=2.5
+methods=none,ddp,local_adam,desloc
+results=''
+rtt=''
+tcp_buffer=''
+budget=''
+plan=0
+overhead=0.05
+delay=1
+fragments=1
+pin=0
+bed=e2e$$
+bed=${bed:0:8}
 
-          usage() {
-  cat << EOF usage
-      : $prog[--build DIR][--sites A, B, C][--rate 100mbit][--links A - B = 1gbit, ...][--steps N]
-             [--kx K][--target NATS][--methods none, ddp, local_adam, desloc][--results DIR]
-             [--quick][--rtt T][--tcp - buffer BYTES][--budget SECONDS][--plan]
-             [--target - overhead F][--delay TAU][--fragments P][--pin][--starved]
+usage() {
+  cat <<EOF
+usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--links A-B=1gbit,...] [--steps N] [--kx K]
+       [--target NATS] [--methods none,ddp,local_adam,desloc] [--results DIR] [--quick]
+       [--rtt T] [--tcp-buffer BYTES] [--budget SECONDS] [--plan] [--target-overhead F]
+       [--delay TAU] [--fragments P] [--pin] [--starved]
 
-        Runs as root(network namespaces)
-            .Defaults : 3 sites on 100 Mbit links,
-      300 steps of the quickstart model(B = 8 per site, one rank per site),
-      Kx = $kx,
-      target validation loss $target nats.Method none is the compute -
-          only reference(no communication at all).--links per - pair rates(netbed.sh-- rate syntax);
-  --rate is then the bottleneck the report prices the wire time at-- quick 60 steps,
-      target 3.0 nats(about 2 minutes)-- rtt a round trip T(e.g.40ms) on every pair of sites(
-          netbed.sh-- rtt, held by DIR / src / desloc - netdelay)-- tcp -
-          buffer largest TCP buffers of every site(netbed.sh-- tcp - buffer)-- results keep configs,
-      logs and metrics there(default
-                             : a temporary directory, removed)-- methods any of none,
-      ddp, local_adam, desloc, favg, favg_reset; NAME-overlap runs NAME
+Runs as root (network namespaces). Defaults: 3 sites on 100 Mbit links, 300 steps of the
+quickstart model (B = 8 per site, one rank per site), Kx = $kx, target validation loss
+$target nats. Method none is the compute-only reference (no communication at all).
+  --links    per-pair rates (netbed.sh --rate syntax); --rate is then the bottleneck the
+             report prices the wire time at
+  --quick    60 steps, target 3.0 nats (about 2 minutes)
+  --rtt      a round trip T (e.g. 40ms) on every pair of sites (netbed.sh --rtt, held by
+             DIR/src/desloc-netdelay)
+  --tcp-buffer  largest TCP buffers of every site (netbed.sh --tcp-buffer)
+  --results  keep configs, logs and metrics there (default: a temporary directory, removed)
+  --methods  any of none, ddp, local_adam, desloc, favg, favg_reset; NAME-overlap runs NAME
              with sync.overlap = "step" (e.g. desloc-overlap), NAME-delayed with
              sync.overlap = "delayed" (desloc-delayed: with --plan, Kx and tau from
              \`desloc plan --delayed\`; else --kx and --delay)
@@ -66,14 +81,11 @@ Exit status: 0 all targets met, 3 a target missed, 1 a failure.
 EOF
 }
 
-die() {
-  echo "$prog: error: $*" > &2;
-  exit 1;
-}
-say() { echo "$prog: $*" > &2; }
+die() { echo "$prog: error: $*" >&2; exit 1; }
+say() { echo "$prog: $*" >&2; }
 
-quick = 0 while [[$ # - gt 0]];
-do
+quick=0
+while [[ $# -gt 0 ]]; do
   case $1 in
     --build) build=$2; shift 2 ;;
     --sites) sites=$2; shift 2 ;;
@@ -147,36 +159,66 @@ write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file,
   esac
   [[ $1 != *-overlap && $1 != *-delayed ]] || overlap+=$'\n'"fragments = $fragments"
   case $1 in
-    desloc-delayed) period=${delayed_sync:
-    - "kx = $kx"
-  }
-  [[-z $delayed_sync]] || overlap = $delayed_overlap;
-  ;
-    desloc*) period=${desloc_sync:-"kx = $kx"} ;
-    ;
-    local_adam*|favg*) period="kx = ${la_kx:-$kx}" ;
-    ;
-    esac[[-z $lanes]] || lanes_line =
-        "lanes = $lanes" cat >
-        "$2" << EOF
-#bench_e2e_netbed : the quickstart model, $1, ${#site_list[@] } sites on $rate links.
-                [model] vocab = 256 context = 128 layers = 4 heads = 4 d_model = 128 [optim] name =
-            "adamw" beta1 = 0.9 beta2 = 0.95 weight_decay = 0.1 clip = "norm" clip_value =
-                1.0 [schedule] kind = "cosine" lr = 3e-3 warmup = 30 min_lr_ratio = 0.1 [data] dir =
-                    "$data" batch = 8 seed = 1234 [train] steps = $3 eval_every = $(
-                        ($3 / evals > 0 ? $3 / evals
-                                        : 1)) eval_batches = 8 checkpoint_every = 0 log_every =
-                        50 out_dir = "$results/$1" seed = 42 threads = 1 [sync] method =
-                            "$name" $period $overlap[job] sites = [$quoted] ranks_per_site =
-                                1 token = "bench-e2e" rendezvous_timeout_s = 60 [transport] tls =
-                                    "tcp" net_devices =
-                                        "" #each namespace's UCX_NET_DEVICES, set by netbed exec rndv_thresh =
-                                            "inf" deadline_s = 120 $lanes_line EOF
-    }
+    desloc-delayed) period=${delayed_sync:-"kx = $kx"}
+      [[ -z $delayed_sync ]] || overlap=$delayed_overlap ;;
+    desloc*) period=${desloc_sync:-"kx = $kx"} ;;
+    local_adam*|favg*) period="kx = ${la_kx:-$kx}" ;;
+  esac
+  [[ -z $lanes ]] || lanes_line="lanes = $lanes"
+  cat >"$2" <<EOF
+# bench_e2e_netbed: the quickstart model, $1, ${#site_list[@]} sites on $rate links.
+[model]
+vocab = 256
+context = 128
+layers = 4
+heads = 4
+d_model = 128
+[optim]
+name = "adamw"
+beta1 = 0.9
+beta2 = 0.95
+weight_decay = 0.1
+clip = "norm"
+clip_value = 1.0
+[schedule]
+kind = "cosine"
+lr = 3e-3
+warmup = 30
+min_lr_ratio = 0.1
+[data]
+dir = "$data"
+batch = 8
+seed = 1234
+[train]
+steps = $3
+eval_every = $(($3 / evals > 0 ? $3 / evals : 1))
+eval_batches = 8
+checkpoint_every = 0
+log_every = 50
+out_dir = "$results/$1"
+seed = 42
+threads = 1
+[sync]
+method = "$name"
+$period
+$overlap
+[job]
+sites = [$quoted]
+ranks_per_site = 1
+token = "bench-e2e"
+rendezvous_timeout_s = 60
+[transport]
+tls = "tcp"
+net_devices = ""  # each namespace's UCX_NET_DEVICES, set by netbed exec
+rndv_thresh = "inf"
+deadline_s = 120
+$lanes_line
+EOF
+}
 
-#Runs a real coordinator in the first site and one worker per site : $1 = name(logs), $2 =
-#config, the rest = extra worker arguments.
-    run_job() {
+# Runs a real coordinator in the first site and one worker per site: $1 = name (logs), $2 =
+# config, the rest = extra worker arguments.
+run_job() {
   local name=$1 cfg=$2 s p coord failed=0 pids=() quiet=() cpu=0 pinning=()
   shift 2
   "$netbed" exec --name "$bed" --site "${site_list[0]}" -- \
@@ -184,62 +226,50 @@ write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file,
     >"$results/$name-coordinator.log" 2>&1 &
   coord=$!
   sleep 0.5
-  for s in "${site_list[@]}";
-  do
+  for s in "${site_list[@]}"; do
     quiet=(--quiet)
     [[ $s == "${site_list[0]}" ]] && quiet=()
     [[ $pin -eq 0 ]] || pinning=(taskset -c $((cpu++ % $(nproc))))
     "$netbed" exec --name "$bed" --site "$s" -- "${pinning[@]}" \
+      /usr/bin/time -o "$results/$name-$s.cpu" -f "%e %U %S" \
       "$desloc" worker --config "$cfg" --site "$s" --rank 0 --coordinator "$coord_addr:29517" \
       --no-progress "${quiet[@]}" "$@" >"$results/$name-$s.log" 2>&1 &
     pids+=("$!")
   done
-  for p in "${pids[@]}";
-  do wait "$p" || failed = 1;
-  done wait "$coord" || true if [[$failed - ne 0]];
-  then tail - n 5 "$results/$name" - *.log > &2 die "$name: a rank failed (logs above)" fi
-    }
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  wait "$coord" || true
+  if [[ $failed -ne 0 ]]; then
+    tail -n 5 "$results/$name"-*.log >&2
+    die "$name: a rank failed (logs above)"
+  fi
+}
 
-    evals = 6 desloc_sync ='' la_kx ='' lanes ='' delayed_sync ='' delayed_overlap ='' declare -
-                                                                                    A method_steps =
-        () if[[-n $budget || $plan - eq 1]];
-    then evals =
-        12 #a finer curve against time write_config desloc "$results/profile.toml" 1000 sed -
-                i
-                "s|^out_dir = .*|out_dir = \"$results/profile\"|"
-                "$results/profile.toml" say
-                "profile: measuring the bed's links and compute step with desloc profile" run_job
-                    profile "$results/profile.toml" --profile "$results/topology.toml" grep -
-                E
-                " -> |warn"
-                "$results/profile-${site_list[0]}.log" >
-            &2 ||
-        true fi if [[$plan - eq 1]];
-    then "$desloc" plan-- topology "$results/topology.toml" --config
-                "$results/profile.toml" --target -
-                overhead "$overhead" --out "$results/plan.toml" >
-            "$results/plan.txt" ||
-    {
-      cat "$results/plan.txt" > &2;
-      die "desloc plan refused the profiled bed";
-    }
-    desloc_sync = $(sed -
-                    n '/^\[sync\]/,/^\[/{/^\(kx\|ku\|kv\|phase_[xuv]\) *=/p}' "$results/plan.toml")
-        kx = $(sed - n 's/^kx *= *\([0-9]*\).*/\1/p' "$results/plan.toml") la_kx = $((2 * kx))
-            lanes = $(sed - n 's/^lanes *= *\([0-9]*\).*/\1/p' "$results/plan.toml") ring =
-                $(sed - n 's/^sites *= *\[\([^]]*\)\].*/\1/p' "$results/plan.toml")[[-z $ring]] ||
-                quoted = $ring say
-        "plan: DES-LOC $(echo " $desloc_sync
-        " | tr '\n' ' ')(target overhead $overhead); Local Adam K = $la_kx" if[
-            [, $methods, == *-delayed, *]];
-    then "$desloc" plan-- delayed-- topology "$results/topology.toml" --config
-                "$results/profile.toml" --target -
-                overhead "$overhead" --out "$results/plan-delayed.toml" >
-            "$results/plan-delayed.txt" ||
-    {
-      cat "$results/plan-delayed.txt" > &2;
-      die "desloc plan --delayed refused the profiled bed";
-    }
+evals=6
+desloc_sync='' la_kx='' lanes='' delayed_sync='' delayed_overlap=''
+declare -A method_steps=()
+if [[ -n $budget || $plan -eq 1 ]]; then
+  evals=12  # a finer curve against time
+  write_config desloc "$results/profile.toml" 1000
+  sed -i "s|^out_dir = .*|out_dir = \"$results/profile\"|" "$results/profile.toml"
+  say "profile: measuring the bed's links and compute step with desloc profile"
+  run_job profile "$results/profile.toml" --profile "$results/topology.toml"
+  grep -E " -> |warn" "$results/profile-${site_list[0]}.log" >&2 || true
+fi
+if [[ $plan -eq 1 ]]; then
+  "$desloc" plan --topology "$results/topology.toml" --config "$results/profile.toml" \
+    --target-overhead "$overhead" --out "$results/plan.toml" >"$results/plan.txt" ||
+    { cat "$results/plan.txt" >&2; die "desloc plan refused the profiled bed"; }
+  desloc_sync=$(sed -n '/^\[sync\]/,/^\[/{/^\(kx\|ku\|kv\|phase_[xuv]\) *=/p}' "$results/plan.toml")
+  kx=$(sed -n 's/^kx *= *\([0-9]*\).*/\1/p' "$results/plan.toml")
+  la_kx=$((2 * kx))
+  lanes=$(sed -n 's/^lanes *= *\([0-9]*\).*/\1/p' "$results/plan.toml")
+  ring=$(sed -n 's/^sites *= *\[\([^]]*\)\].*/\1/p' "$results/plan.toml")
+  [[ -z $ring ]] || quoted=$ring
+  say "plan: DES-LOC $(echo "$desloc_sync" | tr '\n' ' ')(target overhead $overhead); Local Adam K = $la_kx"
+  if [[ ,$methods, == *-delayed,* ]]; then
+    "$desloc" plan --delayed --topology "$results/topology.toml" --config "$results/profile.toml" \
+      --target-overhead "$overhead" --out "$results/plan-delayed.toml" >"$results/plan-delayed.txt" ||
+      { cat "$results/plan-delayed.txt" >&2; die "desloc plan --delayed refused the profiled bed"; }
     delayed_sync=$(sed -n '/^\[sync\]/,/^\[/{/^\(kx\|ku\|kv\|phase_[xuv]\) *=/p}' "$results/plan-delayed.toml")
     delayed_overlap=$(sed -n '/^\[sync\]/,/^\[/{/^\(overlap\|delay\|fragments\) *=/p}' "$results/plan-delayed.toml")
     say "plan --delayed: DES-LOC $(echo "$delayed_sync $delayed_overlap" | tr '\n' ' ')"
@@ -248,7 +278,7 @@ fi
 for method in ${methods//,/ }; do
   method_steps[$method]=$steps
   [[ -n $budget ]] || continue
-#The method's step time as `desloc simulate` predicts it on the profiled topology.
+  # The method's step time as `desloc simulate` predicts it on the profiled topology.
   write_config "$method" "$results/$method.toml" 1000
   ms=$("$desloc" simulate --topology "$results/topology.toml" --config "$results/$method.toml" \
     --methods "$(base_method "$method")" | awk -v m="$(base_method "$method")" '$1 == m { print $2 }')
@@ -265,16 +295,11 @@ for method in ${methods//,/ }; do
 done
 
 runs=()
-for method in ${
-          methods  //,/ }; do runs+=("$results/$method/metrics.jsonl"); done
-              "$desloc" report-- out "$results/report.html" --title
-              "bench_e2e_netbed: ${#site_list[@]} sites on $rate${rtt:+, round trip $rtt}"
-              "${runs[@]}" > / dev /
-                                 null say
-                                 "report: $results/report.html (validation loss against step, "
-                                 "training time and bytes)" report_args =
-              ()[[-z $budget]] || report_args +=
-              (--budget "$budget")python3 "$here/e2e_report.py" --results "$results" --methods
-              "$methods" --rate "$rate" --sites "${#site_list[@]}" --target
-              "$target"
-              "${report_args[@]}"
+for method in ${methods//,/ }; do runs+=("$results/$method/metrics.jsonl"); done
+"$desloc" report --out "$results/report.html" \
+  --title "bench_e2e_netbed: ${#site_list[@]} sites on $rate${rtt:+, round trip $rtt}" "${runs[@]}" >/dev/null
+say "report: $results/report.html (validation loss against step, training time and bytes)"
+report_args=()
+[[ -z $budget ]] || report_args+=(--budget "$budget")
+python3 "$here/e2e_report.py" --results "$results" --methods "$methods" --rate "$rate" \
+  --sites "${#site_list[@]}" --target "$target" "${report_args[@]}"

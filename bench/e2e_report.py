@@ -65,7 +65,15 @@ def load(results, method, target):
             sync_bytes.append(l["bytes_sent"] - prev)
         prev = l["bytes_sent"]
     last_eval = evals[max(evals)] if evals else None
+    # CPU seconds (user + sys) of each rank's whole process, from /usr/bin/time: what the
+    # communication itself costs, whatever else the shared machine runs meanwhile.
+    cpu = []
+    for f in sorted(Path(results).glob(f"{method}-*.cpu")):
+        fields = f.read_text().split()
+        if len(fields) >= 3:
+            cpu.append(float(fields[1]) + float(fields[2]))
     return dict(
+        cpu_per_step=sum(cpu) / len(cpu) / len(train) if cpu and train else None,
         curve=curve, steps=len(train), mean=sum(ms) / max(1, len(ms)),
         median=statistics.median(ms), p10=quantile(ms, 0.1), p90=quantile(ms, 0.9),
         to_target=to_target, total=sum(l["step_ms"] for l in train[1:]) / 1e3,
@@ -83,6 +91,11 @@ def desloc_analysis(a, name, d, base, payload_rate):
     ratio = d["mean"] / base["mean"]
     print(f"\n{name}: mean step time / compute-only: {ratio:.3f} (target <= 1.10)")
     ok &= ratio <= 1.10
+    if d["cpu_per_step"] and base["cpu_per_step"]:
+        cpu = d["cpu_per_step"] / base["cpu_per_step"]
+        print(f"{name}: CPU seconds per step (user + sys of each rank's process, from start to "
+              f"exit) / compute-only's: {cpu:.3f} ({d['cpu_per_step'] * 1e3:.1f} against "
+              f"{base['cpu_per_step'] * 1e3:.1f} ms; the communication's own work)")
     if d["quiet"]:
         steal = statistics.median(d["quiet"]) / base["median"]
         print(f"{name}: steps without a sync / compute-only steps: {steal:.3f} "

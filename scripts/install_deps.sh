@@ -13,7 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch
   openmpi-bin libopenmpi-dev
-  iproute2 iperf3 shellcheck tar gzip
+  iproute2 iperf3 shellcheck tar gzip time
   iptables libnetfilter-queue-dev iputils-ping  # the test bed's delays (desloc-netdelay)
   clang-16 libclang-rt-16-dev libomp-16-dev
 )
