@@ -10,9 +10,13 @@
 // --delays A,B,...: the delayed-average study instead (issue 13): at each Kx, DES-LOC blocking,
 // with delayed averages (sync.overlap = "delayed", each tau < Kx) and with the naive delay
 // ("delayed_naive"), next to the sites training alone (method none).
+// --fragments A,B,... with --delays: streaming instead: at each Kx, DES-LOC blocking and
+// delayed averages of P fragments (sync.fragments = P <= Kx) for each tau, against whole
+// delayed averages at the same tau.
 //
 //   bench_lm_sync [--data data/brown] [--out-dir bench_out/lm_sync] [--steps 3072]
 //                 [--kx 16,256] [--workers 4] [--threads 2] [--delays 1,4,8]
+//                 [--fragments 2,4,16]
 #include <fmt/format.h>
 
 #include <cmath>
@@ -30,6 +34,7 @@
 #include "desloc/sync/sync_policy.hpp"
 #include "desloc/train/config.hpp"
 #include "desloc/train/trainer.hpp"
+#include "desloc/transport/ring_order.hpp"
 #include "lm_bench_common.hpp"
 
 namespace {
@@ -43,7 +48,8 @@ struct Options {
   std::vector<std::int64_t> kx = {16, 256};
   int workers = 4;
   int threads = 2;
-  std::vector<std::int64_t> delays;  // the delayed-average study when not empty
+  std::vector<std::int64_t> delays;     // the delayed-average study when not empty
+  std::vector<std::int64_t> fragments;  // with delays: the streaming study
 };
 
 struct Method {
@@ -52,6 +58,7 @@ struct Method {
   std::int64_t kx = 1;
   std::string overlap = "none";
   std::int64_t delay = 0;
+  int fragments = 1;
 };
 
 struct Outcome {
@@ -65,7 +72,7 @@ Options parse(int argc, char** argv) {
   Options o;
   bench::Flags(
       "bench_lm_sync [--data DIR] [--out-dir DIR] [--steps N] [--kx A,B] [--workers M] [--threads "
-      "T] [--delays A,B]")
+      "T] [--delays A,B] [--fragments A,B]")
       .add("--data", o.data)
       .add("--out-dir", o.out_dir)
       .add("--steps", o.steps)
@@ -73,23 +80,34 @@ Options parse(int argc, char** argv) {
       .add("--workers", o.workers)
       .add("--threads", o.threads)
       .add("--delays", o.delays)
+      .add("--fragments", o.fragments)
       .parse(argc, argv);
+  if (!o.fragments.empty() && o.delays.empty())
+    throw desloc::ConfigError("bench_lm_sync: --fragments needs --delays (the streaming study)");
   return o;
 }
 
-// Wire bytes per worker that the schedule must produce: one ring all-reduce of the model per
-// due state, 2(M-1)/M of the payload each (rounded per average as the averager counts it).
+// Wire bytes per worker that the schedule must produce: one ring all-reduce per due state (of
+// its fragment, with sync.fragments), 2(M-1)/M of the payload each (rounded per average as the
+// averager counts it).
 std::uint64_t expected_bytes(const sync::SyncConfig& s, std::int64_t steps,
-                             std::uint64_t model_bytes) {
+                             std::uint64_t model_floats) {
   const sync::SyncPolicy p(s);
   const auto M = static_cast<std::uint64_t>(s.workers);
-  const std::uint64_t per_average = M > 1 ? model_bytes * 2 * (M - 1) / M : 0;
+  auto wire = [&](int fragment, int fragments) -> std::uint64_t {
+    const std::uint64_t bytes =
+        transport::block(model_floats, fragments, fragment).count * sizeof(float);
+    return M > 1 ? bytes * 2 * (M - 1) / M : 0;
+  };
   std::uint64_t n = 0;
   for (std::int64_t t = 1; t <= steps; ++t) {
     const auto d = p.at(t);
-    n += std::uint64_t(d.grad) + std::uint64_t(d.x) + std::uint64_t(d.u) + std::uint64_t(d.v);
+    if (d.grad) n += wire(0, 1);
+    if (d.x) n += wire(d.frag_x, d.fragments);
+    if (d.u) n += wire(d.frag_u, d.fragments);
+    if (d.v) n += wire(d.frag_v, d.fragments);
   }
-  return n * per_average;
+  return n;
 }
 
 // Trains every method, checks its bytes against its schedule's closed form, and prints a line
@@ -103,14 +121,15 @@ std::vector<Outcome> train_all(const Options& o, const std::vector<Method>& meth
     cfg.sync.kx = m.kx;
     cfg.sync.overlap = m.overlap;
     cfg.sync.delay = m.delay;
+    cfg.sync.fragments = m.fragments;
     cfg.train.out_dir = (fs::path(o.out_dir) / m.label).string();
     fs::remove_all(cfg.train.out_dir);
     std::printf("  training %-18s ... ", m.label.c_str());
     std::fflush(stdout);
     Outcome out{m, train::run_training(cfg, {.progress = 0}), {}, 0};
     out.series = report::load_run(train::metrics_path(cfg));
-    const std::uint64_t model_bytes = model::ParamLayout(cfg.model).total() * sizeof(float);
-    out.expected_bytes = expected_bytes(cfg.sync, o.steps, model_bytes);
+    out.expected_bytes =
+        expected_bytes(cfg.sync, o.steps, model::ParamLayout(cfg.model).total());
     std::printf("val %.4f, %s per worker, %.0f tokens/s\n", out.result.last_val_loss,
                 bench::human_bytes(double(out.result.bytes_sent_per_worker)).c_str(),
                 out.result.tokens_per_s);
@@ -182,8 +201,55 @@ int run_delays(const Options& o) {
   return all_ok ? 0 : 3;
 }
 
+// Streaming (delayed averages of P fragments) against blocking and whole delayed averages at
+// the same Kx and tau, and the sites training alone.
+int run_streaming(const Options& o) {
+  std::vector<Method> methods = {{"none", "none", 1}};
+  for (std::int64_t k : o.kx) {
+    methods.push_back({fmt::format("desloc_k{}", k), "desloc", k});
+    for (std::int64_t tau : o.delays) {
+      if (tau >= k) continue;
+      methods.push_back({fmt::format("delayed_k{}_tau{}", k, tau), "desloc", k, "delayed", tau});
+      for (std::int64_t p : o.fragments)
+        if (p > 1 && p <= k)
+          methods.push_back({fmt::format("stream_k{}_tau{}_p{}", k, tau, p), "desloc", k,
+                             "delayed", tau, static_cast<int>(p)});
+    }
+  }
+  std::printf(
+      "bench_lm_sync --delays --fragments: M = %d virtual workers, %lld steps, %d thread(s); "
+      "DES-LOC Ku = 3Kx, Kv = 6Kx; tau < Kx, P <= Kx\n",
+      o.workers, static_cast<long long>(o.steps), o.threads);
+  const std::vector<Outcome> outcomes = train_all(o, methods);
+  std::printf("%-6s %5s %4s %10s %10s %10s %10s %10s\n", "Kx", "tau", "P", "blocking", "whole",
+              "vs block", "streaming", "vs block");
+  std::printf("%s\n", std::string(72, '-').c_str());
+  for (std::int64_t k : o.kx) {
+    const double block = find(outcomes, fmt::format("desloc_k{}", k)).result.last_val_loss;
+    for (std::int64_t tau : o.delays) {
+      if (tau >= k) continue;
+      const double whole =
+          find(outcomes, fmt::format("delayed_k{}_tau{}", k, tau)).result.last_val_loss;
+      for (std::int64_t p : o.fragments) {
+        if (p <= 1 || p > k) continue;
+        const double st =
+            find(outcomes, fmt::format("stream_k{}_tau{}_p{}", k, tau, p)).result.last_val_loss;
+        std::printf("%-6lld %5lld %4lld %10.4f %10.4f %+9.2f%% %10.4f %+9.2f%%\n",
+                    static_cast<long long>(k), static_cast<long long>(tau),
+                    static_cast<long long>(p), block, whole, 100.0 * (whole - block) / block, st,
+                    100.0 * (st - block) / block);
+      }
+    }
+  }
+  std::printf("(sites training alone, method none: %.4f)\n", outcomes[0].result.last_val_loss);
+  write_html(o, outcomes,
+             fmt::format("Streaming DES-LOC: M = {} workers, {} steps", o.workers, o.steps));
+  return 0;
+}
+
 int run(const Options& o) {
   bench::ensure_brown(o.data);
+  if (!o.fragments.empty()) return run_streaming(o);
   if (!o.delays.empty()) return run_delays(o);
   std::vector<Method> methods = {{"ddp", "ddp", 1}};
   for (std::int64_t k : o.kx) {

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# bench_overlap_steal: does a site's communication steal its compute? (issue 13, item 4)
+# Two sites on the shaped test bed, each worker pinned to its own core (bench_e2e_netbed.sh
+# --pin), train the same job compute-only (method none) and with streaming DES-LOC averages in
+# flight on the communication thread, back to back, --repeats times. Each pair's ratios
+# (median step time, and CPU seconds per step of the ranks' processes) are printed, then their
+# median and spread: the machine is shared and noisy, so only the paired ratios mean anything.
+# Target: streaming / compute-only <= 1.03. Runs as root. docs/benchmarks.md.
+set -Eeuo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+prog=$(basename "$0")
+repeats=3
+steps=300
+rate=100mbit
+kx=16
+delay=2
+fragments=4
+results=''
+extra=()
+
+usage() {
+  cat <<USAGE
+usage: $prog [--repeats N] [--steps N] [--rate 100mbit] [--kx K] [--delay TAU]
+       [--fragments P] [--results DIR] [-- bench_e2e_netbed.sh options]
+Defaults: $repeats pairs of $steps steps, 2 sites on $rate links, streaming DES-LOC with
+Kx = $kx, tau = $delay, $fragments fragments. Exit status 0: the median ratio is within 1.03.
+USAGE
+}
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --repeats) repeats=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --kx) kx=$2; shift 2 ;;
+    --delay) delay=$2; shift 2 ;;
+    --fragments) fragments=$2; shift 2 ;;
+    --results) results=$2; shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; echo "$prog: error: unknown argument '$1'" >&2; exit 1 ;;
+  esac
+done
+keep=1
+if [[ -z $results ]]; then results=$(mktemp -d); keep=0; fi
+cleanup() { if [[ $keep -eq 0 ]]; then rm -rf "$results"; fi; }
+trap cleanup EXIT
+for ((r = 1; r <= repeats; r++)); do
+  echo "$prog: pair $r of $repeats" >&2
+  "$here/bench_e2e_netbed.sh" --sites A,B --pin --rate "$rate" --steps "$steps" --kx "$kx" \
+    --delay "$delay" --fragments "$fragments" --methods none,desloc-delayed \
+    --results "$results/pair$r" "${extra[@]}" >"$results/pair$r.txt" 2>&1 ||
+    [[ $? -eq 3 ]] || { tail -n 20 "$results/pair$r.txt" >&2; exit 1; }
+done
+python3 "$here/steal_report.py" --results "$results" --repeats "$repeats" \
+  --label "streaming DES-LOC (Kx $kx, tau $delay, $fragments fragments, $rate)"
