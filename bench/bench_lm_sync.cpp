@@ -128,8 +128,7 @@ std::vector<Outcome> train_all(const Options& o, const std::vector<Method>& meth
     std::fflush(stdout);
     Outcome out{m, train::run_training(cfg, {.progress = 0}), {}, 0};
     out.series = report::load_run(train::metrics_path(cfg));
-    out.expected_bytes =
-        expected_bytes(cfg.sync, o.steps, model::ParamLayout(cfg.model).total());
+    out.expected_bytes = expected_bytes(cfg.sync, o.steps, model::ParamLayout(cfg.model).total());
     std::printf("val %.4f, %s per worker, %.0f tokens/s\n", out.result.last_val_loss,
                 bench::human_bytes(double(out.result.bytes_sent_per_worker)).c_str(),
                 out.result.tokens_per_s);
@@ -212,8 +211,8 @@ int run_streaming(const Options& o) {
       methods.push_back({fmt::format("delayed_k{}_tau{}", k, tau), "desloc", k, "delayed", tau});
       for (std::int64_t p : o.fragments)
         if (p > 1 && p <= k)
-          methods.push_back({fmt::format("stream_k{}_tau{}_p{}", k, tau, p), "desloc", k,
-                             "delayed", tau, static_cast<int>(p)});
+          methods.push_back({fmt::format("stream_k{}_tau{}_p{}", k, tau, p), "desloc", k, "delayed",
+                             tau, static_cast<int>(p)});
     }
   }
   std::printf(

@@ -2,7 +2,8 @@
 # bench_overlap_steal: does a site's communication steal its compute? (issue 13, item 4)
 # Two sites on the shaped test bed, each worker pinned to its own core (bench_e2e_netbed.sh
 # --pin), train the same job compute-only (method none) and with streaming DES-LOC averages in
-# flight on the communication thread, back to back, --repeats times. Each pair's ratios
+# flight on the communication thread, back to back (alternating which goes first), --repeats
+# times. Each pair's ratios
 # (median step time, and CPU seconds per step of the ranks' processes) are printed, then their
 # median and spread: the machine is shared and noisy, so only the paired ratios mean anything.
 # Target: streaming / compute-only <= 1.03. Runs as root. docs/benchmarks.md.
@@ -43,12 +44,17 @@ while [[ $# -gt 0 ]]; do
 done
 keep=1
 if [[ -z $results ]]; then results=$(mktemp -d); keep=0; fi
+mkdir -p "$results"
 cleanup() { if [[ $keep -eq 0 ]]; then rm -rf "$results"; fi; }
 trap cleanup EXIT
 for ((r = 1; r <= repeats; r++)); do
   echo "$prog: pair $r of $repeats" >&2
+  # Alternate which run goes first, so a machine that slows down (or speeds up) over a pair
+  # does not favour one side.
+  order=none,desloc-delayed
+  [[ $((r % 2)) -eq 1 ]] || order=desloc-delayed,none
   "$here/bench_e2e_netbed.sh" --sites A,B --pin --rate "$rate" --steps "$steps" --kx "$kx" \
-    --delay "$delay" --fragments "$fragments" --methods none,desloc-delayed \
+    --delay "$delay" --fragments "$fragments" --methods "$order" \
     --results "$results/pair$r" "${extra[@]}" >"$results/pair$r.txt" 2>&1 ||
     [[ $? -eq 3 ]] || { tail -n 20 "$results/pair$r.txt" >&2; exit 1; }
 done

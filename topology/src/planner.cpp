@@ -366,6 +366,22 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   else
     e.push_back(fmt::format("phases: x at 0, u at {}, v at {}: no two averages on one step",
                             plan.phase_u, plan.phase_v));
+  // A blocking plan says what delayed (streaming) averages would allow instead.
+  if (!req.delayed && !req.overlap && sync > 0) {
+    PlanRequest d = req;
+    d.delayed = true;
+    try {
+      const Plan alt = make_plan(t, d);
+      if (alt.kx < plan.kx)
+        e.push_back(fmt::format(
+            "mode: blocking averages need Kx = {}; delayed averages (`desloc plan --delayed`) "
+            "would hide them at Kx = {} with tau = {}{}",
+            plan.kx, alt.kx, alt.delay,
+            alt.fragments > 1 ? fmt::format(" in {} fragments (streaming)", alt.fragments) : ""));
+    } catch (const ConfigError&) {
+      e.push_back("mode: delayed averages (`desloc plan --delayed`) cannot meet the target either");
+    }
+  }
 
   std::vector<std::string> quoted;
   for (const auto& s : plan.chosen.order) quoted.push_back("\"" + s + "\"");

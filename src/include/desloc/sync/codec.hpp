@@ -1,0 +1,46 @@
+// Codecs for wide-area payloads (issue 14): how a state's average may travel in fewer bytes
+// than fp32. Each codec encodes a span of floats into a self-contained byte buffer and decodes
+// it back; the same bytes decode to the same floats on every machine running the same binary,
+// which keeps a networked average equal to the in-process one.
+//
+//   fp32  the floats themselves (4 bytes each).
+//   bf16  the upper half of each float, rounded to nearest even (2 bytes; NaN stays NaN).
+//   int8, int4, int2  block-wise symmetric integers: each block of `block` floats carries one
+//         float scale s = max|x| / q_max (q_max = 127, 7, 1) and the integers round(x / s) in
+//         [-q_max, q_max]; the last block may be shorter. A block holding a NaN or an infinity
+//         gets a NaN scale, so it decodes to NaN and the payload guard sees it.
+// Layout: the scales (float32, one per block) first, then the integers, packed low bits first
+// (int4: two per byte, int2: four per byte, each stored as q + q_max).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+namespace desloc::sync {
+
+enum class Codec : std::uint8_t { kFp32, kBf16, kInt8, kInt4, kInt2 };
+
+inline constexpr std::size_t kDefaultCodecBlock = 64;
+
+std::string_view to_string(Codec c);
+// "fp32", "bf16", "int8", "int4", "int2"; nullopt otherwise.
+std::optional<Codec> parse_codec(std::string_view name);
+
+// The largest integer magnitude of a block codec (127, 7, 1); 0 for fp32 and bf16.
+int codec_qmax(Codec c);
+// Bytes of n floats encoded (0 for a block that is not a positive multiple of 4).
+std::size_t encoded_bytes(Codec c, std::size_t n, std::size_t block = kDefaultCodecBlock);
+
+// Encodes src into dst, which must hold exactly encoded_bytes(c, src.size(), block) bytes.
+// Throws Error on a size mismatch or a block that is not a positive multiple of 4 (blocks start
+// on byte boundaries).
+void encode(Codec c, std::span<const float> src, std::span<std::byte> dst,
+            std::size_t block = kDefaultCodecBlock);
+// Decodes src (encoded_bytes(c, dst.size(), block) bytes) into dst.
+void decode(Codec c, std::span<const std::byte> src, std::span<float> dst,
+            std::size_t block = kDefaultCodecBlock);
+
+}  // namespace desloc::sync
