@@ -103,9 +103,9 @@ std::uint64_t expected_bytes(const sync::SyncConfig& s, std::int64_t steps,
   for (std::int64_t t = 1; t <= steps; ++t) {
     const auto d = p.at(t);
     if (d.grad) n += wire(0, 1);
-    if (d.x) n += wire(d.frag_x, d.fragments);
-    if (d.u) n += wire(d.frag_u, d.fragments);
-    if (d.v) n += wire(d.frag_v, d.fragments);
+    if (d.x) n += wire(d.frag_x, d.parts_x);
+    if (d.u) n += wire(d.frag_u, d.parts_u);
+    if (d.v) n += wire(d.frag_v, d.parts_v);
   }
   return n;
 }

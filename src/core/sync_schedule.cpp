@@ -54,9 +54,11 @@ int due_fragment(std::int64_t t, std::int64_t period, std::int64_t phase, int fr
 
 SyncDecision SyncSchedule::at(std::int64_t t) const {
   SyncDecision d;
-  d.fragments = fragments;
-  const auto due = [&](std::int64_t period, std::int64_t phase, int& frag) {
-    frag = due_fragment(t, period, phase, fragments);
+  d.parts_x = fragments;
+  d.parts_u = method == SyncMethod::kDesloc ? parts_u() : fragments;
+  d.parts_v = method == SyncMethod::kDesloc ? parts_v() : fragments;
+  const auto due = [&](std::int64_t period, std::int64_t phase, int parts, int& frag) {
+    frag = due_fragment(t, period, phase, parts);
     const bool is_due = frag >= 0;
     frag = std::max(frag, 0);
     return is_due;
@@ -68,19 +70,19 @@ SyncDecision SyncSchedule::at(std::int64_t t) const {
       d.grad = t >= 1;
       break;
     case SyncMethod::kFavg:
-      d.x = due(kx, phase_x, d.frag_x);
+      d.x = due(kx, phase_x, d.parts_x, d.frag_x);
       break;
     case SyncMethod::kFavgReset:
-      d.x = d.reset_uv = due(kx, phase_x, d.frag_x);
+      d.x = d.reset_uv = due(kx, phase_x, d.parts_x, d.frag_x);
       break;
     case SyncMethod::kLocalAdam:
-      d.x = d.u = d.v = due(kx, phase_x, d.frag_x);
+      d.x = d.u = d.v = due(kx, phase_x, d.parts_x, d.frag_x);
       d.frag_u = d.frag_v = d.frag_x;
       break;
     case SyncMethod::kDesloc:
-      d.x = due(kx, phase_x, d.frag_x);
-      d.u = due(ku, phase_u, d.frag_u);
-      d.v = due(kv, phase_v, d.frag_v);
+      d.x = due(kx, phase_x, d.parts_x, d.frag_x);
+      d.u = due(ku, phase_u, d.parts_u, d.frag_u);
+      d.v = due(kv, phase_v, d.parts_v, d.frag_v);
       break;
   }
   return d;

@@ -22,10 +22,10 @@ std::string describe(optim::StateKind kind, int fragment, int fragments) {
 }  // namespace
 
 bool DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
-                            std::span<const int> fragment, int fragments, Averager& averager,
-                            bool stop) {
+                            std::span<const int> fragment, std::span<const int> parts,
+                            Averager& averager, bool stop) {
   settle();
-  if (fragment.size() != due.size())
+  if (fragment.size() != due.size() || parts.size() != due.size())
     throw Error("sync engine: step " + std::to_string(t) + " starts " + std::to_string(due.size()) +
                 " averages with " + std::to_string(fragment.size()) + " fragment indices");
   for (std::size_t k = 0; k < due.size(); ++k) {
@@ -36,7 +36,7 @@ bool DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
     for (const Pending& p : pending_)
       if (p.kind == d.kind && p.fragment == fragment[k])
         throw Error("sync engine: step " + std::to_string(t) + " starts an average of " +
-                    describe(d.kind, fragment[k], fragments) + " while the one started at step " +
+                    describe(d.kind, fragment[k], parts[k]) + " while the one started at step " +
                     std::to_string(p.start) + " waits for its fold at step " +
                     std::to_string(p.fold_at) +
                     "; a state's delay must be smaller than its period");
@@ -51,7 +51,7 @@ bool DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
     Pending p;
     p.kind = d.kind;
     p.fragment = fragment[k];
-    p.fragments = fragments;
+    p.fragments = parts[k];
     p.start = t;
     p.fold_at = t + opts_.tau[index(d.kind)];
     p.snap.resize(d.local.size());
@@ -129,18 +129,18 @@ void DelayedAverages::fold(Pending& p, std::int64_t n, std::span<Replica> replic
 
 void DelayedAverages::fold_pending(std::int64_t t, bool drain, std::span<Replica> replicas) {
   // Alg. 1's order (x, u, v); within a state, disjoint fragments in start order.
-  std::vector<int> u_fragments, v_fragments;
+  std::vector<std::pair<int, int>> u_fragments, v_fragments;  // (fragment, parts)
   for (const optim::StateKind kind :
        {optim::StateKind::kX, optim::StateKind::kU, optim::StateKind::kV}) {
     for (Pending& p : pending_) {
       if (p.kind != kind || (!drain && p.fold_at != t)) continue;
       fold(p, t - p.start + (drain ? 1 : 0), replicas);
-      if (kind == optim::StateKind::kU) u_fragments.push_back(p.fragment);
-      if (kind == optim::StateKind::kV) v_fragments.push_back(p.fragment);
+      if (kind == optim::StateKind::kU) u_fragments.emplace_back(p.fragment, p.fragments);
+      if (kind == optim::StateKind::kV) v_fragments.emplace_back(p.fragment, p.fragments);
     }
   }
   // u folded without the v of the same elements: bound it.
-  const bool bound = std::any_of(u_fragments.begin(), u_fragments.end(), [&](int f) {
+  const bool bound = std::any_of(u_fragments.begin(), u_fragments.end(), [&](const auto& f) {
     return std::find(v_fragments.begin(), v_fragments.end(), f) == v_fragments.end();
   });
   if (bound) bound_momentum(replicas);

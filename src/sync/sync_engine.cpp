@@ -60,6 +60,20 @@ int fragment_of(const SyncDecision& due, optim::StateKind kind) {
   return 0;
 }
 
+int parts_of(const SyncDecision& due, optim::StateKind kind) {
+  switch (kind) {
+    case optim::StateKind::kX:
+      return due.parts_x;
+    case optim::StateKind::kU:
+      return due.parts_u;
+    case optim::StateKind::kV:
+      return due.parts_v;
+    case optim::StateKind::kGrad:
+      break;
+  }
+  return 1;
+}
+
 void bound_momentum(std::span<Replica> replicas) {
   for (auto& r : replicas) {
     const optim::OptimizerConfig& c = r.opt->config();
@@ -135,7 +149,7 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
     stop_agreed_ = false;
     if (due_.any()) {
       const DueViews d = due_views(replicas);
-      stop_agreed_ = delayed_.start(t, d.due, d.fragment, due_.fragments, averager, stop);
+      stop_agreed_ = delayed_.start(t, d.due, d.fragment, d.parts, averager, stop);
     }
     return due_;
   }
@@ -176,9 +190,10 @@ SyncEngine::DueViews SyncEngine::due_views(std::span<Replica> replicas) const {
        {std::pair{StateKind::kGrad, due_.grad}, std::pair{StateKind::kX, due_.x},
         std::pair{StateKind::kU, due_.u}, std::pair{StateKind::kV, due_.v}}) {
     if (!is_due) continue;
-    d.views.push_back(state_views(replicas, kind, fragment_of(due_, kind), due_.fragments));
+    d.views.push_back(state_views(replicas, kind, fragment_of(due_, kind), parts_of(due_, kind)));
     d.due.push_back({kind, {}});
     d.fragment.push_back(fragment_of(due_, kind));
+    d.parts.push_back(parts_of(due_, kind));
   }
   // Spans into the inner vectors, which stay put when DueViews is moved.
   for (std::size_t k = 0; k < d.due.size(); ++k) d.due[k].local = d.views[k];
@@ -193,7 +208,8 @@ void SyncEngine::apply(optim::StateKind kind, std::span<Replica> replicas) const
     for (std::size_t w = 1; w < replicas.size(); ++w)
       std::copy(replicas[0].x.begin(), replicas[0].x.end(), replicas[w].x.begin());
   }
-  if (kind == optim::StateKind::kU && !(due_.v && due_.frag_v == due_.frag_u))
+  if (kind == optim::StateKind::kU &&
+      !(due_.v && due_.frag_v == due_.frag_u && due_.parts_v == due_.parts_u))
     bound_momentum(replicas);
 }
 
@@ -217,7 +233,7 @@ bool SyncEngine::finish_started(std::span<Replica> replicas) {
   for (Started& st : started_) {
     averager_->complete_average(st.kind, st.views);
     const std::vector<std::span<float>> dst =
-        state_views(replicas, st.kind, fragment_of(due_, st.kind), due_.fragments);
+        state_views(replicas, st.kind, fragment_of(due_, st.kind), parts_of(due_, st.kind));
     if (dst.size() != st.views.size())
       throw Error("sync engine: " + std::to_string(dst.size()) +
                   " replicas at the end of a step that began with " +

@@ -14,6 +14,8 @@ SyncSchedule SyncConfig::schedule() const {
   s.phase_u = method == SyncMethod::kDesloc ? phase_u : phase_x;
   s.phase_v = method == SyncMethod::kDesloc ? phase_v : phase_x;
   s.fragments = fragments;
+  s.fragments_u = fragments_u;
+  s.fragments_v = fragments_v;
   return s;
 }
 

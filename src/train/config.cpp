@@ -268,6 +268,13 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
             "cut each state's average into this many fragments, staggered over its period (a "
             "steady stream instead of one burst; the same bytes)",
             1, 1 << 20);
+  b.comment_next();
+  b.integer("fragments_u", s.fragments_u,
+            "desloc: fragments of u (0 = fragments; fragments * ku / kx gives u a fragment on "
+            "every step x has one)",
+            0, 1 << 20);
+  b.comment_next();
+  b.integer("fragments_v", s.fragments_v, "desloc: fragments of v (0 = fragments)", 0, 1 << 20);
 }
 
 void bind_job(Binder& b, JobSection& j) {
@@ -381,22 +388,42 @@ void check_delays(const Binder& b, const sync::SyncConfig& s) {
 // step of the average that acts on the whole buffer at once, and no more fragments than
 // parameters.
 void check_fragments(const Binder& b, const sync::SyncConfig& s, const model::GptConfig& model) {
-  if (s.fragments <= 1) return;
-  const std::string at = b.location_of("fragments");
+  const bool desloc = s.method == SyncMethod::kDesloc;
+  for (const char* key : {"fragments_u", "fragments_v"})
+    if (b.has(key) && !desloc)
+      throw ConfigError(fmt::format(
+          "{}: sync.{} is set, but method = \"{}\" averages u and v with x; use sync.fragments",
+          b.location_of(key), key, to_string(s.method)));
+  const SyncSchedule sched = s.schedule();
+  const int most = std::max({s.fragments, sched.parts_u(), sched.parts_v()});
+  if (most <= 1) return;
+  const char* key = s.fragments == most       ? "fragments"
+                    : sched.parts_u() == most ? "fragments_u"
+                                              : "fragments_v";
+  const std::string at = b.location_of(b.has(key) ? key : "fragments");
   if (!s.averages_params())
     throw ConfigError(fmt::format(
-        "{}: sync.fragments = {} splits the averages of x, u and v, but method = \"{}\" has "
-        "none; remove it",
-        at, s.fragments, to_string(s.method)));
-  const bool desloc = s.method == SyncMethod::kDesloc;
-  for (const auto& [key, period] :
-       {std::pair{"kx", s.kx}, std::pair{"ku", desloc ? s.effective_ku() : s.kx},
-        std::pair{"kv", desloc ? s.effective_kv() : s.kx}})
-    if (s.fragments > period)
+        "{}: sync.{} = {} splits the averages of x, u and v, but method = \"{}\" has none; "
+        "remove it",
+        at, key, most, to_string(s.method)));
+  struct Rule {
+    const char* key;
+    int parts;
+    const char* period_key;
+    std::int64_t period;
+  };
+  for (const Rule& r :
+       {Rule{"fragments", s.fragments, "kx", s.kx},
+        Rule{desloc && s.fragments_u > 0 ? "fragments_u" : "fragments", sched.parts_u(),
+             desloc ? "ku" : "kx", desloc ? s.effective_ku() : s.kx},
+        Rule{desloc && s.fragments_v > 0 ? "fragments_v" : "fragments", sched.parts_v(),
+             desloc ? "kv" : "kx", desloc ? s.effective_kv() : s.kx}})
+    if (r.parts > r.period)
       throw ConfigError(fmt::format(
-          "{}: sync.fragments = {} exceeds the period {} = {}: the fragments are staggered one "
-          "step apart at most, so at most {} fit",
-          at, s.fragments, key, period, period));
+          "{}: sync.{} = {} exceeds the period {} = {}: the fragments are staggered one step "
+          "apart at most, so at most {} fit",
+          b.location_of(b.has(r.key) ? r.key : "fragments"), r.key, r.parts, r.period_key, r.period,
+          r.period));
   if (s.outer != "none")
     throw ConfigError(fmt::format(
         "{}: sync.fragments with outer = \"{}\" is not supported (the outer step acts on the "
@@ -413,9 +440,9 @@ void check_fragments(const Binder& b, const sync::SyncConfig& s, const model::Gp
         "whole average)",
         at));
   const double params = model::parameter_count(model);
-  if (static_cast<double>(s.fragments) > params)
-    throw ConfigError(fmt::format("{}: sync.fragments = {} exceeds the model's {} parameters", at,
-                                  s.fragments, static_cast<long long>(params)));
+  if (static_cast<double>(most) > params)
+    throw ConfigError(fmt::format("{}: sync.{} = {} exceeds the model's {} parameters", at, key,
+                                  most, static_cast<long long>(params)));
 }
 
 // Cross-key rules of [sync]; each error points at the offending key.

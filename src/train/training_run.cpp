@@ -21,6 +21,7 @@
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/train/checkpoint.hpp"
 #include "desloc/train/resume_agreement.hpp"
+#include "desloc/transport/ring_order.hpp"
 
 namespace desloc::train {
 namespace {
@@ -458,10 +459,13 @@ void TrainingRun::inject_poison(std::int64_t t, const sync::SyncDecision& due) {
   for (std::size_t i = 0; i < sites_.size(); ++i) {
     const int site = networked_ ? rank_->site : static_cast<int>(i);
     if (cfg_.site_names().at(static_cast<std::size_t>(site)) != poison_->site) continue;
+    // Into the part of x this step averages (its fragment with sync.fragments).
+    const transport::Range part = transport::block(sites_[i].x.size(), due.parts_x, due.frag_x);
+    const std::span<float> x = std::span<float>(sites_[i].x).subspan(part.offset, part.count);
     if (poison_->huge)
-      for (float& x : sites_[i].x) x *= 1000.0f;
+      for (float& v : x) v *= 1000.0f;
     else
-      sites_[i].x[0] = std::numeric_limits<float>::quiet_NaN();
+      x[0] = std::numeric_limits<float>::quiet_NaN();
     poison_->done = true;
     return;
   }

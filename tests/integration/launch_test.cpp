@@ -191,8 +191,11 @@ TEST(Launch, StreamingFragmentsReproduceTheInProcessRunBitForBit) {
                               kStreamingSync);
 }
 
+// u and v cut 6 and 12 times (Ku / Kx and Kv / Kx times x's 2): a fragment of every state at
+// every step, up to four of u's waiting for their folds at once.
 TEST(Launch, TwoSitesOfTwoRanksStreamingFragmentsReproduceTheInProcessRunBitForBit) {
-  expect_launch_matches_train("launch2x2_streaming", {"west", "east"}, 2, "", kStreamingSync);
+  expect_launch_matches_train("launch2x2_streaming", {"west", "east"}, 2, "",
+                              std::string(kStreamingSync) + "fragments_u = 6\nfragments_v = 12\n");
 }
 
 // Port 1 (tcpmux) is reserved and nothing listens there: connecting is refused at once.

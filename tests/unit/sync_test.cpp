@@ -264,6 +264,25 @@ TEST(SyncPolicy, FragmentsAreStaggeredOverEachPeriod) {
   EXPECT_EQ(fu, (std::vector<int>{1, 2, 3, 0}));
   EXPECT_EQ(p.at(6).frag_v, 2);
   EXPECT_NEAR(p.state_syncs_per_step(), 1.0 / 4 + 1.0 / 8 + 1.0 / 12, 1e-12);
+  // u and v cut Ku / Kx and Kv / Kx times finer: a fragment of every state on every x
+  // fragment's step.
+  const SyncPolicy even({.method = SyncMethod::kDesloc,
+                         .kx = 4,
+                         .fragments = 2,
+                         .fragments_u = 6,
+                         .fragments_v = 12});
+  for (std::int64_t t = 1; t <= 48; ++t) {
+    const auto d = even.at(t);
+    EXPECT_EQ(d.x, t % 2 == 0) << t;
+    EXPECT_EQ(d.u, d.x) << t;
+    EXPECT_EQ(d.v, d.x) << t;
+    EXPECT_EQ(d.parts_u, 6);
+    EXPECT_EQ(d.parts_v, 12);
+    if (d.x) {
+      EXPECT_EQ(d.frag_u, (t / 2) % 6) << t;
+      EXPECT_EQ(d.frag_v, (t / 2) % 12) << t;
+    }
+  }
 }
 
 // With fragments each average replaces one block of the state and leaves the rest alone; the
@@ -546,6 +565,16 @@ TEST(SyncConfig, BadInputNamesTheKey) {
             std::string::npos);
   EXPECT_NE(sync_error("method = \"favg\"\nkx = 8\nouter = \"nesterov\"\nfragments = 2\n")
                 .find("sync.fragments with outer = \"nesterov\" is not supported"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"local_adam\"\nkx = 8\nfragments_u = 2\n")
+                .find("job.toml:4:15: sync.fragments_u is set, but method = \"local_adam\" "
+                      "averages u and v with x"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\nkx = 8\nfragments = 2\nfragments_u = 25\n")
+                .find("job.toml:5:15: sync.fragments_u = 25 exceeds the period ku = 24"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\nkx = 8\nfragments_v = 49\n")
+                .find("sync.fragments_v = 49 exceeds the period kv = 48"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"favg_reset\"\nkx = 8\nfragments = 2\n")
                 .find("sync.fragments with method = \"favg_reset\""),

@@ -221,7 +221,8 @@ TEST(Planner, StreamingFragmentsShortenThePeriodAndTheDelay) {
   SimJob job;
   job.state_bytes = req.state_bytes;
   job.steps = 20 * p.kv;
-  job.schedule = {SyncMethod::kDesloc, p.kx, p.ku, p.kv, 0, p.phase_u, p.phase_v, p.fragments};
+  job.schedule = {SyncMethod::kDesloc, p.kx,      p.ku,        p.kv,          0,
+                  p.phase_u,           p.phase_v, p.fragments, p.fragments_u, p.fragments_v};
   job.delay = {p.delay, p.delay, p.delay};
   const auto r = simulate(t, job);
   EXPECT_LE(r.total_s, job.steps * 0.08 * 1.03 + p.chosen.seconds) << "one batch may drain";
@@ -230,6 +231,7 @@ TEST(Planner, StreamingFragmentsShortenThePeriodAndTheDelay) {
               3.3e6 / double(p.fragments));
   // The same periods with whole averages and the plan's delay: the wire cannot keep up.
   job.schedule.fragments = 1;
+  job.schedule.fragments_u = job.schedule.fragments_v = 0;
   EXPECT_GT(simulate(t, job).total_s, r.total_s * 1.05);
 
   req.fragments = 4;

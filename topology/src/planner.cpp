@@ -16,12 +16,12 @@
 namespace desloc::topology {
 namespace {
 
-// A streaming plan: delayed averages of P fragments.
+// A streaming plan: delayed averages of P fragments (u's and v's counts may differ).
 struct Streaming {
   std::int64_t kx = 0, tau = 0, phase_u = 0, phase_v = 0;
-  int fragments = 1;
+  int fragments = 1, fragments_u = 0, fragments_v = 0;  // 0: as x
   double batch_s = 0;     // the largest batch of fragments due at one step, on the wire
-  double fragment_s = 0;  // one fragment's all-reduce
+  double fragment_s = 0;  // one fragment of x's all-reduce
   double overhead = 0;    // simulated
 };
 
@@ -32,6 +32,9 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
   // Each batch starts with a control exchange that blocks (as simulate prices it): at least P
   // of them per x window.
   const double exchange = ring_seconds(t, ring.order, 64.0 * double(ring.order.size()), 1) / 2;
+  auto seconds = [&](int parts) {
+    return ring_seconds(t, ring.order, req.state_bytes / parts, ring.lanes);
+  };
   for (std::int64_t kx = std::max<std::int64_t>(lowest, 2); kx <= highest; ++kx) {
     std::optional<Streaming> best;
     if (exchange * (req.fragments > 0 ? req.fragments : 2) / (double(kx) * step_s) >
@@ -43,18 +46,34 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
       if (kx % p != 0 && req.fragments == 0) continue;
       if (p > kx) break;
       const std::int64_t gap = kx / p;  // steps between x's fragments
-      // u's and v's fragments on x's steps (one batch of two fragments, the full gap to leave
-      // the wire), or between them (single fragments, a third of the gap each).
-      for (const auto& [pu, pv] : {std::pair{gap, 2 * gap}, std::pair{gap / 3, 2 * gap / 3}}) {
+      // Three placements of u's and v's fragments: as many as x's, on x's steps (batches of
+      // at most two fragments, the full gap to leave the wire) or between them (single
+      // fragments, a third of the gap each); or a * P and b * P of them, one of each state on
+      // every x step (every batch 1 + 1/a + 1/b of an x fragment: the link's load spread
+      // evenly).
+      struct Placement {
+        std::int64_t pu, pv;
+        int parts_u, parts_v;
+      };
+      for (const Placement& pl :
+           {Placement{gap, 2 * gap, 0, 0}, Placement{gap / 3, 2 * gap / 3, 0, 0},
+            Placement{0, 0, static_cast<int>(a) * p, static_cast<int>(b) * p}}) {
         Streaming c;
         c.kx = kx;
         c.fragments = p;
-        c.phase_u = pu;
-        c.phase_v = pv;
-        const SyncSchedule sched{SyncMethod::kDesloc, kx, a * kx, b * kx, 0, pu, pv, p};
-        c.fragment_s = ring_seconds(t, ring.order, req.state_bytes / p, ring.lanes);
-        for (std::int64_t step = 1; step <= b * kx; ++step)
-          c.batch_s = std::max(c.batch_s, c.fragment_s * sched.at(step).states());
+        c.fragments_u = pl.parts_u;
+        c.fragments_v = pl.parts_v;
+        c.phase_u = pl.pu;
+        c.phase_v = pl.pv;
+        const SyncSchedule sched{SyncMethod::kDesloc, kx,        a * kx, b * kx, 0, pl.pu, pl.pv, p,
+                                 pl.parts_u,          pl.parts_v};
+        c.fragment_s = seconds(p);
+        const double su = seconds(sched.parts_u()), sv = seconds(sched.parts_v());
+        for (std::int64_t step = 1; step <= b * kx; ++step) {
+          const SyncDecision d = sched.at(step);
+          c.batch_s =
+              std::max(c.batch_s, (d.x ? c.fragment_s : 0) + (d.u ? su : 0) + (d.v ? sv : 0));
+        }
         c.tau = std::max<std::int64_t>(
             1, static_cast<std::int64_t>(
                    std::ceil(c.batch_s * (1 + req.target_overhead) / step_s - 1e-9)) -
@@ -259,6 +278,8 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
     kx = streaming->kx;
     plan.delay = streaming->tau;
     plan.fragments = streaming->fragments;
+    plan.fragments_u = streaming->fragments_u;
+    plan.fragments_v = streaming->fragments_v;
   } else if (req.delayed && sync > 0) {
     const double steps_per_sync = sync * (1.0 + req.target_overhead) / plan.step_s;
     if (!(steps_per_sync * 3 + 3 <= static_cast<double>(max_kx)))
@@ -334,12 +355,16 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
                   b, tau1, tau2, b / a));
   if (streaming)
     e.push_back(fmt::format(
-        "streaming: {} fragments of each state ({:.2f} MB, {:.3f} s per all-reduce); x's "
-        "fragments every {} steps, u's at phase {} and v's at {}; the largest batch due at one "
+        "streaming: {} fragments of x ({:.2f} MB, {:.3f} s per all-reduce){}; x's fragments "
+        "every {} steps, u's at phase {} and v's at {}; the largest batch due at one "
         "step "
         "({:.3f} s, +{:.0f}% margin) leaves the wire within tau + 1 = {} steps of {:.1f} ms; "
         "Kx = {}, simulated overhead {:.2f}% (within {:.1f}%){}",
         streaming->fragments, P / streaming->fragments / 1e6, streaming->fragment_s,
+        streaming->fragments_u > 0
+            ? fmt::format(", {} of u and {} of v (one of each on every x fragment's step)",
+                          streaming->fragments_u, streaming->fragments_v)
+            : ", as many of u and v",
         kx / streaming->fragments, streaming->phase_u, streaming->phase_v, streaming->batch_s,
         100 * req.target_overhead, plan.delay + 1, plan.step_s * 1e3, kx, 100 * plan.overhead,
         100 * req.target_overhead,
@@ -392,8 +417,11 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
       plan.chosen.describe(), 100 * plan.overhead, plan.kx, plan.ku, plan.kv, plan.phase_u,
       plan.phase_v,
       plan.delay > 0
-          ? fmt::format("overlap = \"delayed\"\ndelay = {}\n{}", plan.delay,
-                        plan.fragments > 1 ? fmt::format("fragments = {}\n", plan.fragments) : "")
+          ? fmt::format("overlap = \"delayed\"\ndelay = {}\n{}{}", plan.delay,
+                        plan.fragments > 1 ? fmt::format("fragments = {}\n", plan.fragments) : "",
+                        plan.fragments_u > 0 ? fmt::format("fragments_u = {}\nfragments_v = {}\n",
+                                                           plan.fragments_u, plan.fragments_v)
+                                             : "")
           : "",
       fmt::join(quoted, ", "), plan.chosen.lanes);
   return plan;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
 
@@ -28,10 +29,20 @@ SimResult simulate(const Topology& t, const SimJob& job) {
     throw ConfigError("simulate: the periods kx, ku and kv must be >= 1");
   const std::vector<std::string> ring = job.ring.empty() ? t.site_names() : job.ring;
   const std::size_t n = t.sites.size();
-  // With fragments every average carries 1/P of its state.
-  const double avg_bytes = job.state_bytes / double(std::max(1, plan.fragments));
-  const double sync = ring_seconds(t, ring, avg_bytes, job.lanes);
-  const double per_state_bytes = n > 1 ? avg_bytes * 2.0 * double(n - 1) / double(n) : 0.0;
+  // With fragments every average carries 1/P of its state (P by state: x, u, v).
+  const bool desloc = plan.method == SyncMethod::kDesloc;
+  const std::array<int, 3> parts = {std::max(1, plan.fragments),
+                                    std::max(1, desloc ? plan.parts_u() : plan.fragments),
+                                    std::max(1, desloc ? plan.parts_v() : plan.fragments)};
+  std::array<double, 3> sync{}, per_state_bytes{};
+  for (std::size_t k = 0; k < 3; ++k) {
+    const double bytes = job.state_bytes / double(parts[k]);
+    sync[k] = ring_seconds(t, ring, bytes, job.lanes);
+    per_state_bytes[k] = n > 1 ? bytes * 2.0 * double(n - 1) / double(n) : 0.0;
+  }
+  // The gradient (DDP) travels whole.
+  const double grad_sync = ring_seconds(t, ring, job.state_bytes, job.lanes);
+  const double grad_bytes = n > 1 ? job.state_bytes * 2.0 * double(n - 1) / double(n) : 0.0;
 
   std::vector<double> clock(n, 0.0), compute(n, 0.0);
   std::mt19937_64 gen(job.seed);
@@ -46,14 +57,26 @@ SimResult simulate(const Topology& t, const SimJob& job) {
   for (std::int64_t step = 1; step <= job.steps; ++step) {
     const SyncDecision due = plan.at(step);
     const int states = n < 2 ? 0 : due.states();
-    const double cost = sync * states;
+    double cost = 0, bytes = 0;
+    if (states > 0) {
+      const bool kinds[3] = {due.x, due.u, due.v};
+      for (std::size_t k = 0; k < 3; ++k)
+        if (kinds[k]) {
+          cost += sync[k];
+          bytes += per_state_bytes[k];
+        }
+      if (due.grad) {
+        cost += grad_sync;
+        bytes += grad_bytes;
+      }
+    }
     std::vector<double> dts(n);
     for (std::size_t s = 0; s < n; ++s) {
       dts[s] = t.sites[s].step_s * (job.jitter > 0 ? std::exp(noise(gen)) : 1.0);
       compute[s] += dts[s];
     }
     r.syncs += states;  // every average counts once, whatever the model does with its time
-    r.bytes_per_site += per_state_bytes * states;
+    r.bytes_per_site += bytes;
     r.comm_s += cost;
     if (job.delayed() && !job.overlap && !due.grad) {
       if (states > 0) {

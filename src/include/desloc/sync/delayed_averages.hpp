@@ -50,13 +50,13 @@ class DelayedAverages {
   DelayedAverages& operator=(const DelayedAverages&) = delete;
 
   // Step t's due averages (`due`, in Alg. 1's order, each with this process's replicas of
-  // it, fragment `fragment[k]` of `fragments` for due[k]) start: the batch on the wire (if
+  // it, fragment `fragment[k]` of `parts[k]` for due[k]) start: the batch on the wire (if
   // any) is settled, then the control exchange (`stop` is this process's stop request), the
   // snapshots, and the wide-area halves on the thread. Returns the exchange's answer: did any
   // site ask to stop. Throws Error for a gradient, and when a fragment is due again before its
   // last average was folded in.
   bool start(std::int64_t t, std::span<const DueAverage> due, std::span<const int> fragment,
-             int fragments, Averager& averager, bool stop);
+             std::span<const int> parts, Averager& averager, bool stop);
   // Before step t's update: folds every average whose fold step is t, in Alg. 1's order (x, u,
   // v), and bounds u (bound_momentum) when u was folded without v. An error raised on the wire
   // is thrown here or by settle().

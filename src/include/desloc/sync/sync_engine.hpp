@@ -75,8 +75,10 @@ std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::St
 // Fragment f of P of them (sync.fragments): each buffer's block f of P (transport::block).
 std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::StateKind kind,
                                           int fragment, int fragments);
-// The fragment of `kind` a step's decision averages (0 for the gradient).
+// The fragment of `kind` a step's decision averages (0 for the gradient), and the number of
+// fragments that state is cut into (1 for the gradient).
 int fragment_of(const SyncDecision& due, optim::StateKind kind);
+int parts_of(const SyncDecision& due, optim::StateKind kind);
 
 class SyncEngine {
  public:
@@ -123,7 +125,7 @@ class SyncEngine {
   struct DueViews {
     std::vector<std::vector<std::span<float>>> views;  // per due state, its replicas' fragment
     std::vector<DueAverage> due;                       // the same, as the averager takes them
-    std::vector<int> fragment;                         // per due state, its fragment
+    std::vector<int> fragment, parts;                  // per due state, its fragment of parts
   };
   DueViews due_views(std::span<Replica> replicas) const;
   bool finish_started(std::span<Replica> replicas);

@@ -46,6 +46,8 @@ struct SyncConfig {
   // link carries a steady stream of 1/P-sized averages instead of one burst per period. The
   // bytes per period are the same. 1 = whole-buffer averages.
   int fragments = 1;
+  int fragments_u = 0;  // desloc: u's fragment count (0 = fragments)
+  int fragments_v = 0;  // desloc: v's fragment count (0 = fragments)
 
   std::int64_t effective_ku() const { return ku > 0 ? ku : 3 * kx; }
   std::int64_t effective_kv() const { return kv > 0 ? kv : 6 * kx; }

@@ -19,10 +19,12 @@
 // Streaming (delayed averages cut into P fragments, sync.fragments): a fragment's average moves
 // 1/P of a state, so it leaves the wire P times sooner and tau shrinks with it. The planner
 // tries every Kx below the whole-average plan's, each with the fragment counts P that divide
-// it (up to 64), with u's and v's fragments on x's steps or between them; tau is what the largest
-// batch of fragments due at one step needs, and `simulate` (one batch on the wire at a time, as the
-// engine runs them) must predict an overhead within target. The smallest such Kx wins, then
-// the smallest tau, then the fewest fragments.
+// it (up to 64) and three placements of u's and v's fragments: as many as x's, on x's steps or
+// between them, or a P and b P of them (Ku = a Kx, Kv = b Kx) so that one of each lands on
+// every x fragment's step. tau is what the largest batch of fragments due at one step needs,
+// and `simulate` (one batch on the wire at a time, as the engine runs them) must predict an
+// overhead within target. The smallest such Kx wins, then the smallest tau, then the fewest
+// fragments.
 #pragma once
 
 #include <cstdint>
@@ -64,7 +66,9 @@ struct Plan {
   std::int64_t phase_x = 0, phase_u = 0, phase_v = 0;
   std::int64_t delay = 0;  // sync.delay (with PlanRequest::delayed), else 0
   int fragments = 1;       // sync.fragments
-  double overhead = 0;     // predicted, at the chosen periods
+  int fragments_u = 0;     // sync.fragments_u and fragments_v (0: as x)
+  int fragments_v = 0;
+  double overhead = 0;  // predicted, at the chosen periods
   std::vector<std::string> explanation;
   std::string config_fragment;  // [sync] and [job] keys that launch and worker accept
 };

@@ -54,10 +54,10 @@ struct SyncDecision {
   bool u = false;
   bool v = false;
   bool reset_uv = false;
-  // Of P = `fragments`, the fragment due of x, u and v (0 when P = 1). Fragment f of a buffer of
-  // n elements is its block f of P (transport::block).
-  int fragments = 1;
+  // The fragment due of x, u and v (0 without fragments) and how many each state is cut into.
+  // Fragment f of P of a buffer of n elements is its block f of P (transport::block).
   int frag_x = 0, frag_u = 0, frag_v = 0;
+  int parts_x = 1, parts_u = 1, parts_v = 1;
   bool any() const { return grad || x || u || v; }
   int states() const { return int(grad) + int(x) + int(u) + int(v); }
 };
@@ -67,6 +67,11 @@ struct SyncSchedule {
   std::int64_t kx = 1, ku = 3, kv = 6;  // periods in steps (ku, kv: desloc only)
   std::int64_t phase_x = 0, phase_u = 0, phase_v = 0;
   int fragments = 1;  // P: each state's average staggered over its period in P fragments
+  // desloc: u's and v's own counts (0 = fragments). With P Ku / Kx and P Kv / Kx every state
+  // has a fragment due on the same steps, each batch carrying the same bytes.
+  int fragments_u = 0, fragments_v = 0;
+  int parts_u() const { return fragments_u > 0 ? fragments_u : fragments; }
+  int parts_v() const { return fragments_v > 0 ? fragments_v : fragments; }
 
   SyncDecision at(std::int64_t t) const;
   // Mean payload per step in units of the model size: 1 for DDP, 1/Kx + 1/Ku + 1/Kv for
