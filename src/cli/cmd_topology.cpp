@@ -209,8 +209,9 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
                      "sync.overlap = \"step\" hides at most one step)");
   plan->add_flag("--delayed", p.delayed,
                  "plan delayed averages (sync.overlap = \"delayed\"): the delay tau that hides "
-                 "an average under tau + 1 steps of compute, and the Kx that keeps averages apart "
-                 "on the link; only the control exchanges block")
+                 "an average under tau + 1 steps of compute, the Kx that keeps averages apart "
+                 "on the link, and the fragment count (streaming, sync.fragments) when fragments "
+                 "give a shorter Kx; only the control exchanges block")
       ->excludes(overlap_flag);
   plan->add_option("--fragments", p.fragments,
                    "with --delayed: 0 = choose the fragment count (streaming DES-LOC, "

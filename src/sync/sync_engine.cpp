@@ -46,32 +46,18 @@ std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::St
   return out;
 }
 
-int fragment_of(const SyncDecision& due, optim::StateKind kind) {
+Fragment fragment_of(const SyncDecision& due, optim::StateKind kind) {
   switch (kind) {
     case optim::StateKind::kX:
-      return due.frag_x;
+      return {due.frag_x, due.parts_x};
     case optim::StateKind::kU:
-      return due.frag_u;
+      return {due.frag_u, due.parts_u};
     case optim::StateKind::kV:
-      return due.frag_v;
+      return {due.frag_v, due.parts_v};
     case optim::StateKind::kGrad:
       break;
   }
-  return 0;
-}
-
-int parts_of(const SyncDecision& due, optim::StateKind kind) {
-  switch (kind) {
-    case optim::StateKind::kX:
-      return due.parts_x;
-    case optim::StateKind::kU:
-      return due.parts_u;
-    case optim::StateKind::kV:
-      return due.parts_v;
-    case optim::StateKind::kGrad:
-      break;
-  }
-  return 1;
+  return {0, 1};
 }
 
 void bound_momentum(std::span<Replica> replicas) {
@@ -190,10 +176,11 @@ SyncEngine::DueViews SyncEngine::due_views(std::span<Replica> replicas) const {
        {std::pair{StateKind::kGrad, due_.grad}, std::pair{StateKind::kX, due_.x},
         std::pair{StateKind::kU, due_.u}, std::pair{StateKind::kV, due_.v}}) {
     if (!is_due) continue;
-    d.views.push_back(state_views(replicas, kind, fragment_of(due_, kind), parts_of(due_, kind)));
+    const Fragment f = fragment_of(due_, kind);
+    d.views.push_back(state_views(replicas, kind, f.index, f.parts));
     d.due.push_back({kind, {}});
-    d.fragment.push_back(fragment_of(due_, kind));
-    d.parts.push_back(parts_of(due_, kind));
+    d.fragment.push_back(f.index);
+    d.parts.push_back(f.parts);
   }
   // Spans into the inner vectors, which stay put when DueViews is moved.
   for (std::size_t k = 0; k < d.due.size(); ++k) d.due[k].local = d.views[k];
@@ -232,8 +219,8 @@ bool SyncEngine::finish_started(std::span<Replica> replicas) {
   }
   for (Started& st : started_) {
     averager_->complete_average(st.kind, st.views);
-    const std::vector<std::span<float>> dst =
-        state_views(replicas, st.kind, fragment_of(due_, st.kind), parts_of(due_, st.kind));
+    const Fragment f = fragment_of(due_, st.kind);
+    const std::vector<std::span<float>> dst = state_views(replicas, st.kind, f.index, f.parts);
     if (dst.size() != st.views.size())
       throw Error("sync engine: " + std::to_string(dst.size()) +
                   " replicas at the end of a step that began with " +

@@ -75,10 +75,12 @@ std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::St
 // Fragment f of P of them (sync.fragments): each buffer's block f of P (transport::block).
 std::vector<std::span<float>> state_views(std::span<Replica> replicas, optim::StateKind kind,
                                           int fragment, int fragments);
-// The fragment of `kind` a step's decision averages (0 for the gradient), and the number of
-// fragments that state is cut into (1 for the gradient).
-int fragment_of(const SyncDecision& due, optim::StateKind kind);
-int parts_of(const SyncDecision& due, optim::StateKind kind);
+// Which fragment of `kind` a step's decision averages, of how many (0 of 1 for the gradient).
+struct Fragment {
+  int index = 0;
+  int parts = 1;
+};
+Fragment fragment_of(const SyncDecision& due, optim::StateKind kind);
 
 class SyncEngine {
  public:
