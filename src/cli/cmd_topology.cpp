@@ -32,6 +32,7 @@ struct PlanOptions {
   bool overlap = false;
   bool delayed = false;
   int fragments = 0;
+  std::int64_t max_delay = 0;
 };
 
 int run_plan(const PlanOptions& o) {
@@ -51,6 +52,7 @@ int run_plan(const PlanOptions& o) {
   req.overlap = o.overlap;
   req.delayed = o.delayed;
   req.fragments = o.fragments;
+  req.max_delay = o.max_delay;
   req.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(sites.size()));
   const auto plan = topology::make_plan(topo, req);
   for (const auto& line : plan.explanation) std::printf("%s\n", line.c_str());
@@ -207,17 +209,26 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
       plan->add_flag("--overlap", p.overlap,
                      "price syncs as running under any number of following steps (a what-if: "
                      "sync.overlap = \"step\" hides at most one step)");
-  plan->add_flag("--delayed", p.delayed,
-                 "plan delayed averages (sync.overlap = \"delayed\"): the delay tau that hides "
-                 "an average under tau + 1 steps of compute, the Kx that keeps averages apart "
-                 "on the link, and the fragment count (streaming, sync.fragments) when fragments "
-                 "give a shorter Kx; only the control exchanges block")
-      ->excludes(overlap_flag);
+  auto* delayed_flag =
+      plan->add_flag(
+              "--delayed", p.delayed,
+              "plan delayed averages (sync.overlap = \"delayed\"): the delay tau that hides "
+              "an average under tau + 1 steps of compute, the Kx that keeps averages apart "
+              "on the link, and the fragment count (streaming, sync.fragments) when fragments "
+              "give a shorter Kx; only the control exchanges block")
+          ->excludes(overlap_flag);
   plan->add_option("--fragments", p.fragments,
                    "with --delayed: 0 = choose the fragment count (streaming DES-LOC, "
                    "sync.fragments) that gives the shortest Kx, 1 = whole averages, P = exactly P")
       ->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(delayed_flag);
+  plan->add_option("--max-delay", p.max_delay,
+                   "with --delayed: the largest delay tau in steps a plan may use (0 = any); "
+                   "the planner then takes a longer Kx or more fragments instead")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
+      ->capture_default_str()
+      ->needs(delayed_flag);
   plan->add_option("--out", p.out, "also write the config fragment to this file");
   plan->add_option("--svg", p.svg_dir,
                    "write topology.svg (sites, links, the chosen ring) and bandwidth.svg (the "

@@ -238,6 +238,28 @@ TEST(Planner, StreamingFragmentsShortenThePeriodAndTheDelay) {
   const Plan four = make_plan(t, req);
   EXPECT_EQ(four.fragments, 4);
   EXPECT_LE(four.overhead, 0.03);
+  // --max-delay: a shorter delay for a longer period or more fragments, or a refusal.
+  req.fragments = 0;
+  req.max_delay = 1;
+  const Plan short_delay = make_plan(t, req);
+  EXPECT_LE(short_delay.delay, 1);
+  EXPECT_GE(short_delay.kx, p.kx);
+  job.schedule = {SyncMethod::kDesloc,
+                  short_delay.kx,
+                  short_delay.ku,
+                  short_delay.kv,
+                  0,
+                  short_delay.phase_u,
+                  short_delay.phase_v,
+                  short_delay.fragments,
+                  short_delay.fragments_u,
+                  short_delay.fragments_v};
+  job.steps = 20 * short_delay.kv;
+  job.delay = {1, 1, 1};
+  EXPECT_LE(simulate(t, job).total_s, job.steps * 0.08 * 1.03 + p.chosen.seconds);
+  req.fragments = 1;  // whole averages cannot keep tau at 1
+  EXPECT_THROW(make_plan(t, req), ConfigError);
+  req.max_delay = 0;
   req.fragments = 3;
   req.steps = 6;  // too short for any Kx that hides them
   try {

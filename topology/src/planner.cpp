@@ -78,7 +78,9 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
             1, static_cast<std::int64_t>(
                    std::ceil(c.batch_s * (1 + req.target_overhead) / step_s - 1e-9)) -
                    1);
-        if (c.tau >= kx || (best && c.tau >= best->tau)) continue;
+        if (c.tau >= kx || (best && c.tau >= best->tau) ||
+            (req.max_delay > 0 && c.tau > req.max_delay))
+          continue;
         SimJob job;
         job.schedule = sched;
         job.steps = 2 * b * kx + kx;
@@ -259,6 +261,9 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
     } catch (const ConfigError& e) {
       whole_error = e;
     }
+    // Past --max-delay the whole plan is no candidate: search every Kx for a streaming one.
+    if (whole_kx > 0 && req.max_delay > 0 && make_plan(t, whole).delay > req.max_delay)
+      whole_kx = 0;
     const double load = sync * (1.0 + 1.0 / double(a) + 1.0 / double(b)) / plan.step_s;
     const auto lowest = static_cast<std::int64_t>(std::ceil(load - 1e-9));
     const std::int64_t highest =
@@ -271,6 +276,14 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
           "--fragments, a larger --target-overhead, or drop --fragments to let the planner "
           "choose",
           highest, req.fragments, 100 * req.target_overhead, P / 1e6, plan.chosen.describe(), sync,
+          plan.step_s * 1e3));
+    if (!streaming && req.max_delay > 0 && whole_kx == 0)
+      throw ConfigError(fmt::format(
+          "plan: no Kx up to {} hides the averages with a delay of at most {} steps (--max-delay) "
+          "within {:.3g}% (one sync of {:.2f} MB over the {} takes {:.3g} s against a {:.1f} ms "
+          "step; a batch must leave the wire within max-delay + 1 steps); allow a longer delay "
+          "or a larger --target-overhead",
+          highest, req.max_delay, 100 * req.target_overhead, P / 1e6, plan.chosen.describe(), sync,
           plan.step_s * 1e3));
     if (!streaming && whole_error) throw *whole_error;
   }
@@ -293,6 +306,11 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
     if (!(for_exchange <= static_cast<double>(max_kx)))
       throw unmeetable(fmt::format("{:.3g}", for_exchange));
     kx = std::max(kx, static_cast<std::int64_t>(for_exchange));
+    if (req.max_delay > 0 && plan.delay > req.max_delay && req.fragments == 1)
+      throw ConfigError(fmt::format(
+          "plan: whole delayed averages need a delay of {} steps (one sync of {:.3g} s against a "
+          "{:.1f} ms step), above --max-delay {}; drop --fragments 1 to let fragments shorten it",
+          plan.delay, sync, plan.step_s * 1e3, req.max_delay));
   } else if (sync > 0) {
     // Closed form without overlap, then a check (and a short walk for the overlap model).
     const double need =

@@ -46,6 +46,9 @@ struct PlanRequest {
   // With delayed: 0 = the planner chooses the fragment count (1 = whole averages), P > 0 = use
   // exactly P.
   int fragments = 0;
+  // With delayed: the largest tau a plan may use (0 = any). A delay costs loss (docs/sync.md);
+  // this trades a longer period for a shorter delay.
+  std::int64_t max_delay = 0;
   int lanes = 1;  // transport.lanes, already reduced by effective_lanes()
 };
 
