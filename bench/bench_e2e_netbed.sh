@@ -37,6 +37,7 @@ plan=0
 overhead=0.05
 delay=1
 fragments=1
+max_delay=0
 pin=0
 bed=e2e$$
 bed=${bed:0:8}
@@ -46,7 +47,7 @@ usage() {
 usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--links A-B=1gbit,...] [--steps N] [--kx K]
        [--target NATS] [--methods none,ddp,local_adam,desloc] [--results DIR] [--quick]
        [--rtt T] [--tcp-buffer BYTES] [--budget SECONDS] [--plan] [--target-overhead F]
-       [--delay TAU] [--fragments P] [--pin] [--starved]
+       [--delay TAU] [--fragments P] [--max-delay N] [--pin] [--starved]
 
 Runs as root (network namespaces). Defaults: 3 sites on 100 Mbit links, 300 steps of the
 quickstart model (B = 8 per site, one rank per site), Kx = $kx, target validation loss
@@ -65,6 +66,8 @@ $target nats. Method none is the compute-only reference (no communication at all
   --delay    tau of NAME-delayed methods without --plan (default $delay)
   --fragments  sync.fragments of NAME-delayed and NAME-overlap methods without --plan
              (default $fragments): streaming DES-LOC with desloc-delayed
+  --max-delay  with --plan: \`desloc plan --delayed --max-delay N\` for NAME-delayed methods
+             (the largest delay the plan may use; default $max_delay = any)
   --pin      pin site i's worker to CPU i mod nproc (taskset), so that a site's compute and
              its communication thread share one core, as they would on a dedicated host
   --budget   train every method for about SECONDS of step time (evaluation excluded) instead
@@ -104,6 +107,7 @@ while [[ $# -gt 0 ]]; do
     --target-overhead) overhead=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
     --fragments) fragments=$2; shift 2 ;;
+    --max-delay) max_delay=$2; shift 2 ;;
     --pin) pin=1; shift ;;
     --starved) rate=5mbit; rtt=40ms; budget=240; plan=1; target=3.0
       methods=none,ddp,local_adam,desloc,desloc-delayed; shift ;;
@@ -267,11 +271,11 @@ if [[ $plan -eq 1 ]]; then
   [[ -z $ring ]] || quoted=$ring
   say "plan: DES-LOC $(echo "$desloc_sync" | tr '\n' ' ')(target overhead $overhead); Local Adam K = $la_kx"
   if [[ ,$methods, == *-delayed,* ]]; then
-    "$desloc" plan --delayed --topology "$results/topology.toml" --config "$results/profile.toml" \
-      --target-overhead "$overhead" --out "$results/plan-delayed.toml" >"$results/plan-delayed.txt" ||
+    "$desloc" plan --delayed --max-delay "$max_delay" --topology "$results/topology.toml" \
+      --config "$results/profile.toml" --target-overhead "$overhead" --out "$results/plan-delayed.toml" >"$results/plan-delayed.txt" ||
       { cat "$results/plan-delayed.txt" >&2; die "desloc plan --delayed refused the profiled bed"; }
     delayed_sync=$(sed -n '/^\[sync\]/,/^\[/{/^\(kx\|ku\|kv\|phase_[xuv]\) *=/p}' "$results/plan-delayed.toml")
-    delayed_overlap=$(sed -n '/^\[sync\]/,/^\[/{/^\(overlap\|delay\|fragments\) *=/p}' "$results/plan-delayed.toml")
+    delayed_overlap=$(sed -n '/^\[sync\]/,/^\[/{/^\(overlap\|delay\|fragments\|fragments_[uv]\) *=/p}' "$results/plan-delayed.toml")
     say "plan --delayed: DES-LOC $(echo "$delayed_sync $delayed_overlap" | tr '\n' ' ')"
   fi
 fi
