@@ -55,8 +55,8 @@ int due_fragment(std::int64_t t, std::int64_t period, std::int64_t phase, int fr
 SyncDecision SyncSchedule::at(std::int64_t t) const {
   SyncDecision d;
   d.parts_x = fragments;
-  d.parts_u = method == SyncMethod::kDesloc ? parts_u() : fragments;
-  d.parts_v = method == SyncMethod::kDesloc ? parts_v() : fragments;
+  d.parts_u = parts_u();
+  d.parts_v = parts_v();
   const auto due = [&](std::int64_t period, std::int64_t phase, int parts, int& frag) {
     frag = due_fragment(t, period, phase, parts);
     const bool is_due = frag >= 0;

@@ -31,7 +31,7 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
                                         std::int64_t b, std::int64_t lowest, std::int64_t highest) {
   // Each batch starts with a control exchange that blocks (as simulate prices it): at least P
   // of them per x window.
-  const double exchange = ring_seconds(t, ring.order, 64.0 * double(ring.order.size()), 1) / 2;
+  const double exchange = exchange_seconds(t, ring.order);
   auto seconds = [&](int parts) {
     return ring_seconds(t, ring.order, req.state_bytes / parts, ring.lanes);
   };
@@ -124,6 +124,10 @@ double ring_seconds(const Topology& t, const std::vector<std::string>& order, do
         worst,
         t.link(order[i], order[(i + 1) % n]).transfer_seconds(bytes / static_cast<double>(n)));
   return 2.0 * static_cast<double>(n - 1) * worst;
+}
+
+double exchange_seconds(const Topology& t, const std::vector<std::string>& order) {
+  return ring_seconds(t, order, 64.0 * double(order.size()), 1) / 2;
 }
 
 double star_seconds(const Topology& t, const std::string& root, double bytes) {
@@ -245,7 +249,7 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   };
   std::int64_t kx = 1;
   // Delayed averages: the control exchange is the only blocking part of an average.
-  const double exchange = ring_seconds(t, plan.chosen.order, 64.0 * double(names.size()), 1) / 2;
+  const double exchange = exchange_seconds(t, plan.chosen.order);
   auto delayed_overhead = [&](std::int64_t k) {
     return exchange * (1.0 + 1.0 / double(a) + 1.0 / double(b)) / (double(k) * plan.step_s);
   };
@@ -256,35 +260,33 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
     std::optional<ConfigError> whole_error;
     PlanRequest whole = req;
     whole.fragments = 1;
+    // Past --max-delay the whole plan throws too (it carries max_delay): no candidate, so every
+    // Kx is searched for a streaming one.
     try {
       whole_kx = make_plan(t, whole).kx;
     } catch (const ConfigError& e) {
       whole_error = e;
     }
-    // Past --max-delay the whole plan is no candidate: search every Kx for a streaming one.
-    if (whole_kx > 0 && req.max_delay > 0 && make_plan(t, whole).delay > req.max_delay)
-      whole_kx = 0;
     const double load = sync * (1.0 + 1.0 / double(a) + 1.0 / double(b)) / plan.step_s;
     const auto lowest = static_cast<std::int64_t>(std::ceil(load - 1e-9));
     const std::int64_t highest =
         req.fragments > 1 || whole_kx == 0 ? std::min<std::int64_t>(max_kx, 4096) : whole_kx - 1;
     streaming = plan_streaming(t, req, plan.chosen, plan.step_s, a, b, lowest, highest);
+    const std::string sync_facts =
+        fmt::format("one sync of {:.2f} MB over the {} takes {:.3g} s against a {:.1f} ms step",
+                    P / 1e6, plan.chosen.describe(), sync, plan.step_s * 1e3);
     if (!streaming && req.fragments > 1)
       throw ConfigError(fmt::format(
-          "plan: no Kx up to {} hides averages of {} fragments within {:.3g}% (one sync of "
-          "{:.2f} MB over the {} takes {:.3g} s against a {:.1f} ms step); try another "
+          "plan: no Kx up to {} hides averages of {} fragments within {:.3g}% ({}); try another "
           "--fragments, a larger --target-overhead, or drop --fragments to let the planner "
           "choose",
-          highest, req.fragments, 100 * req.target_overhead, P / 1e6, plan.chosen.describe(), sync,
-          plan.step_s * 1e3));
+          highest, req.fragments, 100 * req.target_overhead, sync_facts));
     if (!streaming && req.max_delay > 0 && whole_kx == 0)
       throw ConfigError(fmt::format(
           "plan: no Kx up to {} hides the averages with a delay of at most {} steps (--max-delay) "
-          "within {:.3g}% (one sync of {:.2f} MB over the {} takes {:.3g} s against a {:.1f} ms "
-          "step; a batch must leave the wire within max-delay + 1 steps); allow a longer delay "
-          "or a larger --target-overhead",
-          highest, req.max_delay, 100 * req.target_overhead, P / 1e6, plan.chosen.describe(), sync,
-          plan.step_s * 1e3));
+          "within {:.3g}% ({}; a batch must leave the wire within max-delay + 1 steps); allow a "
+          "longer delay or a larger --target-overhead",
+          highest, req.max_delay, 100 * req.target_overhead, sync_facts));
     if (!streaming && whole_error) throw *whole_error;
   }
   if (streaming) {

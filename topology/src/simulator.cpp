@@ -30,10 +30,8 @@ SimResult simulate(const Topology& t, const SimJob& job) {
   const std::vector<std::string> ring = job.ring.empty() ? t.site_names() : job.ring;
   const std::size_t n = t.sites.size();
   // With fragments every average carries 1/P of its state (P by state: x, u, v).
-  const bool desloc = plan.method == SyncMethod::kDesloc;
-  const std::array<int, 3> parts = {std::max(1, plan.fragments),
-                                    std::max(1, desloc ? plan.parts_u() : plan.fragments),
-                                    std::max(1, desloc ? plan.parts_v() : plan.fragments)};
+  const std::array<int, 3> parts = {std::max(1, plan.fragments), std::max(1, plan.parts_u()),
+                                    std::max(1, plan.parts_v())};
   std::array<double, 3> sync{}, per_state_bytes{};
   for (std::size_t k = 0; k < 3; ++k) {
     const double bytes = job.state_bytes / double(parts[k]);
@@ -52,7 +50,7 @@ SimResult simulate(const Topology& t, const SimJob& job) {
   double waited = 0.0;
   // The control exchange of delayed averages: an all-gather of a few bytes, half a ring
   // all-reduce's hops.
-  const double exchange = job.delayed() ? ring_seconds(t, ring, 64.0 * double(n), 1) / 2 : 0.0;
+  const double exchange = job.delayed() ? exchange_seconds(t, ring) : 0.0;
   std::vector<Fold> folds;
   for (std::int64_t step = 1; step <= job.steps; ++step) {
     const SyncDecision due = plan.at(step);

@@ -83,6 +83,9 @@ double half_life(double beta);
 double ring_seconds(const Topology& t, const std::vector<std::string>& order, double bytes,
                     int lanes = 1);
 double star_seconds(const Topology& t, const std::string& root, double bytes);
+// A delayed average's control exchange over `order`: an all-gather of a few bytes per site,
+// half a ring all-reduce's hops. The only part of a delayed average that blocks.
+double exchange_seconds(const Topology& t, const std::vector<std::string>& order);
 
 // Overhead of periods (kx, ku, kv) for a sync time and step time, with or without overlap.
 double overhead(double sync_s, double step_s, std::int64_t kx, std::int64_t ku, std::int64_t kv,

@@ -70,8 +70,13 @@ struct SyncSchedule {
   // desloc: u's and v's own counts (0 = fragments). With P Ku / Kx and P Kv / Kx every state
   // has a fragment due on the same steps, each batch carrying the same bytes.
   int fragments_u = 0, fragments_v = 0;
-  int parts_u() const { return fragments_u > 0 ? fragments_u : fragments; }
-  int parts_v() const { return fragments_v > 0 ? fragments_v : fragments; }
+  // The fragment counts of u and v the method uses (only desloc has its own).
+  int parts_u() const {
+    return method == SyncMethod::kDesloc && fragments_u > 0 ? fragments_u : fragments;
+  }
+  int parts_v() const {
+    return method == SyncMethod::kDesloc && fragments_v > 0 ? fragments_v : fragments;
+  }
 
   SyncDecision at(std::int64_t t) const;
   // Mean payload per step in units of the model size: 1 for DDP, 1/Kx + 1/Ku + 1/Kv for
