@@ -57,7 +57,7 @@ Recovery::Rollback Recovery::recover(std::int64_t failed_at, const std::string& 
 }
 
 std::uint64_t transfer_state(train::RankContext& rank, std::int64_t step,
-                             train::SiteReplica& replica, sync::OuterNesterov* outer) {
+                             train::SiteReplica& replica, train::SharedState shared) {
   transport::Collective& wan = *rank.wan_group;
   const int S = wan.size(), me = wan.rank();
   const auto& joining = rank.joining_sites;
@@ -114,13 +114,22 @@ std::uint64_t transfer_state(train::RankContext& rank, std::int64_t step,
                                       rank.name, head[0], step));
       replica.opt.state().t = head[1];
     }
-    if (outer != nullptr) {  // the outer optimizer's state is the same on every site: send it whole
-      for (std::vector<float>* v : {&outer->reference(), &outer->momentum()}) {
-        std::vector<float> tmp = giving || receiving ? *v : std::vector<float>(v->size());
-        wan.broadcast(std::span<float>(tmp), donor);
-        if (receiving) *v = std::move(tmp);
-      }
+    // The outer optimizer's state and the references are the same on every site: sent whole.
+    std::vector<std::vector<float>*> shared_buffers;
+    if (shared.outer != nullptr)
+      shared_buffers = {&shared.outer->reference(), &shared.outer->momentum()};
+    if (shared.compression != nullptr)
+      for (const optim::StateKind k :
+           {optim::StateKind::kX, optim::StateKind::kU, optim::StateKind::kV})
+        if (!shared.compression->reference(k).empty())
+          shared_buffers.push_back(&shared.compression->reference(k));
+    for (std::vector<float>* v : shared_buffers) {
+      std::vector<float> tmp = giving || receiving ? *v : std::vector<float>(v->size());
+      wan.broadcast(std::span<float>(tmp), donor);
+      moved += tmp.size() * sizeof(float);
+      if (receiving) *v = std::move(tmp);
     }
+    if (receiving && shared.compression != nullptr) shared.compression->clear_feedback();
   }
   if (rank.joining && rank.site_group != nullptr) {  // the site's ranks share their blocks
     const std::size_t blk = transport::block(n, ranks, 0).count;

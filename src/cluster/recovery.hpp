@@ -61,8 +61,11 @@ class Recovery {
 // planner's choice from measured bandwidth, so that link is a measured one): WAN ring r carries
 // block r of x, u and v behind a header (step, optimizer step, CRC32C of each block), and the
 // receiver checks every block before using it. The joining site's ranks then all-gather their
-// blocks. Everyone else passes scratch buffers. Returns the bytes of state moved.
+// blocks. Everyone else passes scratch buffers. The outer optimizer's state and the
+// compressed states' references, the same on every site, travel whole; the joining site's
+// error feedback starts at zero (what its first life dropped is not the others' to resend).
+// Returns the bytes of state moved.
 std::uint64_t transfer_state(train::RankContext& rank, std::int64_t step,
-                             train::SiteReplica& replica, sync::OuterNesterov* outer);
+                             train::SiteReplica& replica, train::SharedState shared);
 
 }  // namespace desloc::cluster

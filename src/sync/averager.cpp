@@ -86,6 +86,12 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
     kept = static_cast<std::size_t>(verdict.kept);
     for (const Rejection& r : verdict.rejected) left_out[static_cast<std::size_t>(r.site)] = 1;
   }
+  std::optional<CodecViews> codec;
+  std::swap(codec, codec_[static_cast<std::size_t>(kind)]);
+  if (codec && !codec->reference.empty()) {
+    average_compressed(kind, local, *codec, left_out);
+    return;
+  }
   if (M > 1 && order_ == SumOrder::kRing) {
     std::vector<float> sum;
     const std::vector<float> zeros(kept < M ? transport::block(n, shards_, 0).count : 0, 0.0f);
@@ -120,6 +126,66 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
   const std::lock_guard lock(traffic_mu_);
   for (std::size_t w = 0; w < M; ++w) {
     traffic_[w].payload[k] += M > 1 ? payload : 0;
+    traffic_[w].wire[k] += wire;
+  }
+}
+
+}  // namespace desloc::sync
+
+namespace desloc::sync {
+
+// Shard by shard, as the networked ranks do: every replica's encoded difference, then their
+// mean in worker (site) order on top of the reference.
+void VirtualAverager::average_compressed(optim::StateKind kind,
+                                         std::span<const std::span<float>> local,
+                                         const CodecViews& codec, std::span<const char> left_out) {
+  const std::size_t n = local.empty() ? 0 : local[0].size();
+  const std::size_t M = local.size();
+  if (codec.reference.size() != n || (!codec.feedback.empty() && codec.feedback.size() != M))
+    throw Error(std::string("virtual averager: the codec views of '") + optim::to_string(kind) +
+                "' do not match its replicas");
+  std::uint64_t encoded = 0;
+  if (M == 1) {  // nothing to average: the state is its own mean
+    std::copy(local[0].begin(), local[0].end(), codec.reference.begin());
+  } else {
+    std::vector<char> kept(M);
+    for (std::size_t w = 0; w < M; ++w) kept[w] = left_out[w] ? 0 : 1;
+    std::vector<std::byte> bytes;
+    std::vector<std::span<const std::byte>> payloads(M);
+    std::vector<float> scratch, mean;
+    for (int r = 0; r < shards_; ++r) {
+      const transport::Range b = transport::block(n, shards_, r);
+      const std::size_t E = encoded_bytes(codec.codec, b.count, codec.block);
+      encoded += E;
+      bytes.assign(E * M, std::byte{0});
+      for (std::size_t w = 0; w < M; ++w) {
+        const std::span<std::byte> out = std::span<std::byte>(bytes).subspan(w * E, E);
+        payloads[w] = out;
+        const std::span<float> ef = codec.feedback.empty()
+                                        ? std::span<float>()
+                                        : codec.feedback[w].subspan(b.offset, b.count);
+        if (left_out[w]) {  // its payload is not used; its feedback starts over
+          std::fill(ef.begin(), ef.end(), 0.0f);
+          continue;
+        }
+        compress_shard(codec, local[w].subspan(b.offset, b.count),
+                       codec.reference.subspan(b.offset, b.count), ef, out, scratch);
+      }
+      mean.resize(b.count);
+      reduce_shard(codec, payloads, kept, codec.reference.subspan(b.offset, b.count), mean,
+                   scratch);
+      for (std::size_t w = 0; w < M; ++w)
+        std::copy(mean.begin(), mean.end(),
+                  local[w].begin() + static_cast<std::ptrdiff_t>(b.offset));
+    }
+  }
+  const auto k = static_cast<std::size_t>(kind);
+  const std::uint64_t payload = M > 1 ? n * sizeof(float) : 0;
+  // An all-gather of the encoded shards: each worker sends its own to the M - 1 others.
+  const std::uint64_t wire = M > 1 ? encoded * (M - 1) : 0;
+  const std::lock_guard lock(traffic_mu_);
+  for (std::size_t w = 0; w < M; ++w) {
+    traffic_[w].payload[k] += payload;
     traffic_[w].wire[k] += wire;
   }
 }

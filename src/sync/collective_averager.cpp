@@ -35,6 +35,10 @@ void CollectiveAverager::average_across_sites(optim::StateKind kind,
   const std::span<float> shard = data.subspan(mine.offset, mine.count);
 
   const auto k = static_cast<std::size_t>(kind);
+  if (codec_[k] && !codec_[k]->reference.empty()) {
+    across_sites_compressed(kind, data, shard, mine);
+    return;
+  }
   const std::uint64_t wan_before = wan_.bytes()[CollectiveOp::kAllReduce].sent;
   const std::uint64_t reverse_before =
       wan_reverse_ != nullptr ? wan_reverse_->bytes()[CollectiveOp::kAllReduce].sent : 0;
@@ -81,7 +85,17 @@ void CollectiveAverager::complete_average(optim::StateKind kind,
   check_one_replica(kind, local);
   const std::span<float> data = local[0];
   const auto k = static_cast<std::size_t>(kind);
-  if (wan_.size() == 1) return;
+  std::optional<CodecViews> codec;
+  std::swap(codec, codec_[k]);
+  // A compressed state's reference becomes the mean (with one site: the state itself).
+  const auto keep_reference = [&] {
+    if (codec && !codec->reference.empty())
+      std::copy(data.begin(), data.end(), codec->reference.begin());
+  };
+  if (wan_.size() == 1) {
+    keep_reference();
+    return;
+  }
   if (site_ != nullptr) {
     const int ranks = site_->size();
     const int r = site_->rank();
@@ -104,8 +118,55 @@ void CollectiveAverager::complete_average(optim::StateKind kind,
                   data.begin() + static_cast<std::ptrdiff_t>(b.offset));
     }
   }
+  keep_reference();
   const std::lock_guard lock(traffic_mu_);
   traffic_.payload[k] += data.size() * sizeof(float);
+}
+
+// This rank's shard as the difference from the reference, encoded; an all-gather of every
+// site's encoded shard over the WAN group; their decoded sum in site order, on top of the
+// reference (compression.hpp). A site the guard rejected sends zeros, which nobody decodes.
+void CollectiveAverager::across_sites_compressed(optim::StateKind kind, std::span<float> data,
+                                                 std::span<float> shard, transport::Range mine) {
+  using transport::CollectiveOp;
+  const auto k = static_cast<std::size_t>(kind);
+  const CodecViews& codec = *codec_[k];
+  if (codec.reference.size() != data.size() || codec.feedback.size() > 1)
+    throw Error("collective averager: the codec views of '" + std::string(optim::to_string(kind)) +
+                "' do not match its replica");
+  const int sites = wan_.size();
+  const int r = site_ != nullptr ? site_->rank() : 0;
+  std::vector<char> kept(static_cast<std::size_t>(sites), 1);
+  if (guard_.enabled) {
+    if (!verdicts_[k]) {  // no control exchange this step: judge alone
+      const DueAverage d{kind, std::span<const std::span<float>>(&data, 1)};
+      exchange_control(std::span<const DueAverage>(&d, 1), false);
+    }
+    const Verdict verdict = *take_verdict(kind);
+    for (const Rejection& rj : verdict.rejected) kept[std::size_t(rj.site)] = 0;
+  }
+  const std::size_t E = encoded_bytes(codec.codec, shard.size(), codec.block);
+  encoded_.assign(E * static_cast<std::size_t>(sites), std::byte{0});
+  const std::span<std::byte> own =
+      std::span<std::byte>(encoded_).subspan(static_cast<std::size_t>(wan_.rank()) * E, E);
+  const std::span<float> ef = codec.feedback.empty()
+                                  ? std::span<float>()
+                                  : codec.feedback[0].subspan(mine.offset, mine.count);
+  const std::span<float> ref = codec.reference.subspan(mine.offset, mine.count);
+  if (kept[std::size_t(wan_.rank())])
+    compress_shard(codec, shard, ref, ef, own, scratch_);
+  else
+    std::fill(ef.begin(), ef.end(), 0.0f);  // its feedback starts over
+  const std::uint64_t before = wan_.bytes()[CollectiveOp::kAllGather].sent;
+  wan_.set_label({step_, static_cast<std::uint8_t>(kind), static_cast<std::uint32_t>(r)});
+  const std::vector<std::byte> mine_bytes(own.begin(), own.end());
+  wan_.all_gather(mine_bytes, encoded_);
+  std::vector<std::span<const std::byte>> payloads(static_cast<std::size_t>(sites));
+  for (int s = 0; s < sites; ++s)
+    payloads[std::size_t(s)] = std::span<const std::byte>(encoded_).subspan(std::size_t(s) * E, E);
+  reduce_shard(codec, payloads, kept, ref, shard, scratch_);
+  const std::lock_guard lock(traffic_mu_);
+  traffic_.wire[k] += wan_.bytes()[CollectiveOp::kAllGather].sent - before;
 }
 
 // The rows of one rank's control message: one PayloadHealth per due state (zero when the guard

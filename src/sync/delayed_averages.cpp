@@ -53,6 +53,7 @@ bool DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
     p.fragment = fragment[k];
     p.fragments = parts[k];
     p.start = t;
+    if (d.codec != nullptr) p.codec = *d.codec;
     p.fold_at = t + opts_.tau[index(d.kind)];
     p.snap.resize(d.local.size());
     p.mean.resize(d.local.size());
@@ -66,7 +67,10 @@ bool DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
   }
   comm_ = std::thread([this] {
     try {
-      for (Pending* p : on_wire_) averager_->average_across_sites(p->kind, p->views);
+      for (Pending* p : on_wire_) {
+        if (p->codec) averager_->set_codec(p->kind, *p->codec);
+        averager_->average_across_sites(p->kind, p->views);
+      }
     } catch (...) {
       comm_error_ = std::current_exception();
     }
@@ -141,7 +145,8 @@ void DelayedAverages::fold_pending(std::int64_t t, bool drain, std::span<Replica
   }
   // u folded without the v of the same elements: bound it.
   const bool bound = std::any_of(u_fragments.begin(), u_fragments.end(), [&](const auto& f) {
-    return std::find(v_fragments.begin(), v_fragments.end(), f) == v_fragments.end();
+    return opts_.always_bound_u ||
+           std::find(v_fragments.begin(), v_fragments.end(), f) == v_fragments.end();
   });
   if (bound) bound_momentum(replicas);
   pending_.remove_if([](const Pending& p) { return p.folded; });

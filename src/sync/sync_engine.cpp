@@ -76,11 +76,18 @@ void bound_momentum(std::span<Replica> replicas) {
   }
 }
 
-StepOptions step_options(const SyncConfig& cfg, const optim::ClipConfig* clip,
-                         OuterNesterov* outer) {
+bool compresses_moments(const StepOptions& opts) {
+  return opts.compression != nullptr &&
+         (opts.compression->config().compresses(optim::StateKind::kU) ||
+          opts.compression->config().compresses(optim::StateKind::kV));
+}
+
+StepOptions step_options(const SyncConfig& cfg, const optim::ClipConfig* clip, OuterNesterov* outer,
+                         CompressionState* compression) {
   StepOptions o;
   o.clip = clip;
   o.outer = outer;
+  o.compression = compression != nullptr && compression->active() ? compression : nullptr;
   o.overlap = cfg.overlap == "step"            ? Overlap::kStep
               : cfg.overlap == "delayed"       ? Overlap::kDelayed
               : cfg.overlap == "delayed_naive" ? Overlap::kDelayedNaive
@@ -95,7 +102,7 @@ StepOptions step_options(const SyncConfig& cfg, const optim::ClipConfig* clip,
 SyncEngine::SyncEngine(const SyncPolicy& policy, StepOptions opts)
     : policy_(policy),
       opts_(opts),
-      delayed_({opts.overlap == Overlap::kDelayedNaive, opts.delay}) {}
+      delayed_({opts.overlap == Overlap::kDelayedNaive, opts.delay, compresses_moments(opts)}) {}
 
 SyncEngine::~SyncEngine() { abandon(); }
 
@@ -151,7 +158,7 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
   for (std::size_t k = 0; k < d.due.size(); ++k) {
     std::vector<std::vector<float>>& copies = copies_[static_cast<std::size_t>(d.due[k].kind)];
     copies.resize(d.views[k].size());
-    Started st{d.due[k].kind, {}};
+    Started st{d.due[k].kind, {}, d.codec[k]};
     for (std::size_t w = 0; w < copies.size(); ++w) {
       copies[w].assign(d.views[k][w].begin(), d.views[k][w].end());
       st.views.emplace_back(copies[w]);
@@ -160,7 +167,10 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
   }
   comm_ = std::thread([this, &averager] {
     try {
-      for (Started& st : started_) averager.average_across_sites(st.kind, st.views);
+      for (Started& st : started_) {
+        if (st.codec) averager.set_codec(st.kind, *st.codec);
+        averager.average_across_sites(st.kind, st.views);
+      }
     } catch (...) {
       comm_error_ = std::current_exception();
     }
@@ -181,9 +191,17 @@ SyncEngine::DueViews SyncEngine::due_views(std::span<Replica> replicas) const {
     d.due.push_back({kind, {}});
     d.fragment.push_back(f.index);
     d.parts.push_back(f.parts);
+    const bool compressed = opts_.compression != nullptr && kind != StateKind::kGrad &&
+                            opts_.compression->config().compresses(kind);
+    d.codec.push_back(compressed ? std::optional(opts_.compression->views(kind, f.index, f.parts))
+                                 : std::nullopt);
   }
-  // Spans into the inner vectors, which stay put when DueViews is moved.
-  for (std::size_t k = 0; k < d.due.size(); ++k) d.due[k].local = d.views[k];
+  // Spans into the inner vectors, which stay put when DueViews is moved (as do the codec
+  // views the DueAverages point to: a moved vector keeps its elements).
+  for (std::size_t k = 0; k < d.due.size(); ++k) {
+    d.due[k].local = d.views[k];
+    d.due[k].codec = d.codec[k] ? &*d.codec[k] : nullptr;
+  }
   return d;
 }
 
@@ -198,6 +216,9 @@ void SyncEngine::apply(optim::StateKind kind, std::span<Replica> replicas) const
   if (kind == optim::StateKind::kU &&
       !(due_.v && due_.frag_v == due_.frag_u && due_.parts_v == due_.parts_u))
     bound_momentum(replicas);
+  // Compressed moments: the quantised v can be smaller than the v the u was bounded by (or
+  // averaged with), so u is bounded again by the v it will be divided by.
+  if (kind == optim::StateKind::kV && compresses_moments(opts_)) bound_momentum(replicas);
 }
 
 void SyncEngine::reset_moments(std::span<Replica> replicas) const {
@@ -245,6 +266,7 @@ bool SyncEngine::finish(std::span<Replica> replicas, bool stop) {
   const DueViews d = due_views(replicas);
   const bool stop_agreed = averager_->exchange_control(d.due, stop);
   for (const DueAverage& a : d.due) {
+    if (a.codec != nullptr) averager_->set_codec(a.kind, *a.codec);
     averager_->average(a.kind, a.local);
     apply(a.kind, replicas);
   }

@@ -19,6 +19,19 @@ SyncSchedule SyncConfig::schedule() const {
   return s;
 }
 
+CompressionConfig SyncConfig::compression() const {
+  CompressionConfig c;
+  c.codec[static_cast<std::size_t>(optim::StateKind::kX)] =
+      parse_codec(codec_x).value_or(Codec::kFp32);
+  c.codec[static_cast<std::size_t>(optim::StateKind::kU)] =
+      parse_codec(codec_u).value_or(Codec::kFp32);
+  c.codec[static_cast<std::size_t>(optim::StateKind::kV)] =
+      parse_codec(codec_v).value_or(Codec::kFp32);
+  c.block = static_cast<std::size_t>(codec_block);
+  c.error_feedback = error_feedback;
+  return c;
+}
+
 SyncPolicy::SyncPolicy(SyncConfig cfg) : cfg_(std::move(cfg)), schedule_(cfg_.schedule()) {}
 
 }  // namespace desloc::sync

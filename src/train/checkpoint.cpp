@@ -35,6 +35,38 @@ struct FileHeader {
   std::uint64_t trailer_bytes() const { return version >= 3 ? kWriterBytes : 0; }
 };
 
+// Version 4's compressed-state section: six sizes, then the references and the workers' error
+// feedback.
+constexpr std::uint64_t kCodecHeadBytes = 6 * 8;
+struct CodecHead {
+  std::array<std::uint64_t, 3> ref_n{}, ef_n{};
+  std::uint64_t data_bytes(std::uint32_t workers) const {
+    std::uint64_t floats = 0;
+    for (std::size_t k = 0; k < 3; ++k) floats += ref_n[k] + std::uint64_t(workers) * ef_n[k];
+    return floats * sizeof(float);
+  }
+};
+
+// Reads the sizes and checks them against n, the workers and the bytes that remain for the
+// section's data (the writer's name excluded).
+CodecHead read_codec_head(ByteReader& r, const std::string& path, std::uint64_t n,
+                          std::uint32_t workers, std::uint64_t data_remaining) {
+  CodecHead h;
+  for (auto& v : h.ref_n) v = r.get<std::uint64_t>("codec reference size");
+  for (auto& v : h.ef_n) v = r.get<std::uint64_t>("codec feedback size");
+  for (std::size_t k = 0; k < 3; ++k)
+    if ((h.ref_n[k] != 0 && h.ref_n[k] != n) || (h.ef_n[k] != 0 && h.ef_n[k] != h.ref_n[k]))
+      throw DataError(fmt::format(
+          "'{}' is inconsistent: a compressed state's reference of {} and feedback of {} "
+          "values for a model of {}",
+          path, h.ref_n[k], h.ef_n[k], n));
+  if (h.data_bytes(workers) != data_remaining)
+    throw DataError(
+        fmt::format("'{}' is inconsistent: the compressed states need {} bytes, {} remain", path,
+                    h.data_bytes(workers), data_remaining));
+  return h;
+}
+
 // A checkpoint path must name a regular file: a directory of that name would read as a huge
 // file (and be in the way of the next write).
 void check_regular_file(const std::string& path) {
@@ -61,9 +93,9 @@ FileHeader check_header(const std::string& path, std::span<const std::uint8_t> h
   if (std::memcmp(magic, kCheckpointMagic, 8) != 0)
     throw DataError("'" + path + "' is not a desloc checkpoint (wrong magic bytes)");
   const auto version = r.get<std::uint32_t>("version");
-  if (version != kCheckpointVersion && version != 2)
+  if (version < 2 || version > kCheckpointVersion)
     throw DataError(
-        fmt::format("'{}' has checkpoint version {}; this desloc reads versions 2 and {}", path,
+        fmt::format("'{}' has checkpoint version {}; this desloc reads versions 2 to {}", path,
                     version, kCheckpointVersion));
   r.get<std::uint32_t>("reserved");
   FileHeader h;
@@ -115,6 +147,24 @@ void check_outer(const std::string& path, std::uint64_t outer_n, std::uint64_t r
         outer_n, outer_n * 2 * sizeof(float), remaining));
 }
 
+// The outer optimizer's buffers and what follows them: `remaining` bytes after its size
+// field. Before version 4 the buffers fill it up to the writer's name; from version 4 the
+// compressed-state section follows them. Returns the bytes after the buffers.
+std::uint64_t check_outer_section(const std::string& path, const FileHeader& header,
+                                  std::uint64_t outer_n, std::uint64_t remaining) {
+  const std::uint64_t room = remaining - header.trailer_bytes();  // the caller checked >= 0
+  if (header.version < 4) {
+    check_outer(path, outer_n, room);
+    return header.trailer_bytes();
+  }
+  if (outer_n > room || outer_n * 2 * sizeof(float) + kCodecHeadBytes > room)
+    throw DataError(fmt::format(
+        "'{}' is inconsistent: outer optimizer of {} parameters and the compressed-state "
+        "sizes need {} bytes, {} remain",
+        path, outer_n, outer_n > room ? 0 : outer_n * 2 * sizeof(float) + kCodecHeadBytes, room));
+  return remaining - outer_n * 2 * sizeof(float);
+}
+
 // Reads exactly `out.size()` bytes at `offset`, or throws DataError naming the path.
 void read_at(std::ifstream& in, const std::string& path, std::uint64_t offset,
              std::span<std::uint8_t> out) {
@@ -156,6 +206,14 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
       throw Error("checkpoint buffers differ in size; refusing to write " + path);
   if (ck.outer_ref.size() != ck.outer_momentum.size())
     throw Error("checkpoint outer-optimizer buffers differ in size; refusing to write " + path);
+  for (std::size_t k = 0; k < 3; ++k) {
+    const std::size_t ef = ck.workers.empty() ? 0 : ck.workers[0].codec_feedback[k].size();
+    bool ok = ck.codec_ref[k].empty() || ck.codec_ref[k].size() == n;
+    for (const auto& w : ck.workers)
+      ok = ok && w.codec_feedback[k].size() == ef && (ef == 0 || ef == ck.codec_ref[k].size());
+    if (!ok)
+      throw Error("checkpoint compressed-state buffers differ in size; refusing to write " + path);
+  }
   ByteWriter payload;
   payload.put<std::uint64_t>(ck.config_hash);
   payload.put<std::int64_t>(ck.step);
@@ -173,6 +231,12 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   payload.put<std::uint64_t>(ck.outer_ref.size());
   payload.put_span<float>(ck.outer_ref);
   payload.put_span<float>(ck.outer_momentum);
+  for (const auto& r : ck.codec_ref) payload.put<std::uint64_t>(r.size());
+  for (std::size_t k = 0; k < 3; ++k)
+    payload.put<std::uint64_t>(ck.workers.empty() ? 0 : ck.workers[0].codec_feedback[k].size());
+  for (const auto& r : ck.codec_ref) payload.put_span<float>(r);
+  for (std::size_t k = 0; k < 3; ++k)
+    for (const auto& w : ck.workers) payload.put_span<float>(w.codec_feedback[k]);
   std::array<char, kWriterBytes> writer{};
   std::memcpy(writer.data(), ck.writer.data(), std::min(ck.writer.size(), kWriterBytes - 1));
   payload.put_span<char>(writer);
@@ -222,11 +286,24 @@ Checkpoint load_checkpoint(const std::string& path) {
   const auto outer_n = r.get<std::uint64_t>("outer optimizer size");
   if (r.remaining() < header.trailer_bytes())
     throw DataError("'" + path + "' is inconsistent: no room for the writer's name");
-  check_outer(path, outer_n, r.remaining() - header.trailer_bytes());
+  const std::uint64_t after_outer = check_outer_section(path, header, outer_n, r.remaining());
   ck.outer_ref.resize(outer_n);
   ck.outer_momentum.resize(outer_n);
   r.get_span<float>(ck.outer_ref, "outer_ref");
   r.get_span<float>(ck.outer_momentum, "outer_momentum");
+  if (header.version >= 4) {
+    const CodecHead codec = read_codec_head(r, path, n, workers,
+                                            after_outer - kCodecHeadBytes - header.trailer_bytes());
+    for (std::size_t k = 0; k < 3; ++k) {
+      ck.codec_ref[k].resize(codec.ref_n[k]);
+      r.get_span<float>(ck.codec_ref[k], "codec reference");
+    }
+    for (std::size_t k = 0; k < 3; ++k)
+      for (auto& w : ck.workers) {
+        w.codec_feedback[k].resize(codec.ef_n[k]);
+        r.get_span<float>(w.codec_feedback[k], "codec feedback");
+      }
+  }
   if (header.trailer_bytes() > 0) {
     std::array<std::uint8_t, kWriterBytes> writer{};
     r.get_span<std::uint8_t>(writer, "writer");
@@ -300,7 +377,15 @@ CheckpointInfo validate_checkpoint(const std::string& path) {
   const auto outer_n = outer_reader.get<std::uint64_t>("outer optimizer size");
   if (header.payload_bytes - outer_at - 8 < header.trailer_bytes())
     throw DataError("'" + path + "' is inconsistent: no room for the writer's name");
-  check_outer(path, outer_n, header.payload_bytes - outer_at - 8 - header.trailer_bytes());
+  const std::uint64_t after_outer =
+      check_outer_section(path, header, outer_n, header.payload_bytes - outer_at - 8);
+  if (header.version >= 4) {
+    std::array<std::uint8_t, kCodecHeadBytes> codec_bytes{};
+    read_at(in, path, kHeaderBytes + header.payload_bytes - after_outer, codec_bytes);
+    ByteReader codec_reader(codec_bytes, path);
+    read_codec_head(codec_reader, path, head.n, head.workers,
+                    after_outer - kCodecHeadBytes - header.trailer_bytes());
+  }
   if (head.step < 0) throw DataError("'" + path + "' holds a negative step counter");
   std::string writer;
   if (header.trailer_bytes() > 0) {

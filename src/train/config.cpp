@@ -275,6 +275,25 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
             0, 1 << 20);
   b.comment_next();
   b.integer("fragments_v", s.fragments_v, "desloc: fragments of v (0 = fragments)", 0, 1 << 20);
+  for (auto [key, value, doc] :
+       {std::tuple{"codec_x", &s.codec_x,
+                   "codec of the parameter average: \"fp32\" (the state itself) or \"bf16\", "
+                   "\"int8\", \"int4\", \"int2\" (its difference from the last mean, with one "
+                   "float scale per codec_block values for the integers)"},
+        std::tuple{"codec_u", &s.codec_u, "codec of the first-moment average (as codec_x)"},
+        std::tuple{"codec_v", &s.codec_v, "codec of the second-moment average (as codec_x)"}}) {
+    b.comment_next();
+    b.string(key, *value, doc, {"fp32", "bf16", "int8", "int4", "int2"});
+  }
+  b.comment_next();
+  b.integer("codec_block", s.codec_block,
+            "values per scale of the integer codecs, a multiple of 4 (fewer: more precise, more "
+            "bytes)",
+            4, 1 << 20);
+  b.comment_next();
+  b.boolean("error_feedback", s.error_feedback,
+            "keep, per compressed state, what quantisation dropped and add it to the next "
+            "payload");
 }
 
 void bind_job(Binder& b, JobSection& j) {
@@ -445,6 +464,55 @@ void check_fragments(const Binder& b, const sync::SyncConfig& s, const model::Gp
                                   most, static_cast<long long>(params)));
 }
 
+// sync.codec_*: only on a state the method averages across sites, with error feedback only
+// behind a codec, and not where something else owns the average's reference.
+void check_codecs(const Binder& b, const sync::SyncConfig& s) {
+  const bool moments = s.method == SyncMethod::kDesloc || s.method == SyncMethod::kLocalAdam;
+  const sync::CompressionConfig c = s.compression();
+  struct Rule {
+    const char* key;
+    bool compressed;
+    bool averaged;
+  };
+  for (const Rule& r : {Rule{"codec_x", c.compresses(optim::StateKind::kX), s.averages_params()},
+                        Rule{"codec_u", c.compresses(optim::StateKind::kU), moments},
+                        Rule{"codec_v", c.compresses(optim::StateKind::kV), moments}})
+    if (r.compressed && !r.averaged)
+      throw ConfigError(fmt::format(
+          "{}: sync.{} compresses a state that method = \"{}\" never averages across sites; "
+          "remove it{}",
+          b.location_of(r.key), r.key, to_string(s.method),
+          s.averages_params() ? " (only desloc and local_adam average u and v)" : ""));
+  if (b.has("codec_block") && s.codec_block % 4 != 0)
+    throw ConfigError(fmt::format(
+        "{}: sync.codec_block = {} must be a multiple of 4 (the packed integers of a block "
+        "start on a byte boundary)",
+        b.location_of("codec_block"), s.codec_block));
+  if (s.error_feedback && !c.any())
+    throw ConfigError(fmt::format(
+        "{}: sync.error_feedback = true without a codec: an fp32 average drops nothing to feed "
+        "back; set codec_x, codec_u or codec_v",
+        b.location_of("error_feedback")));
+  if (!c.any()) return;
+  const char* key = c.compresses(optim::StateKind::kX)   ? "codec_x"
+                    : c.compresses(optim::StateKind::kU) ? "codec_u"
+                                                         : "codec_v";
+  if (s.outer != "none")
+    throw ConfigError(fmt::format(
+        "{}: sync.{} with outer = \"{}\" is not supported (the outer step keeps its own "
+        "reference of the parameter average)",
+        b.location_of(key), key, s.outer));
+  if (s.method == SyncMethod::kFavgReset)
+    throw ConfigError(fmt::format(
+        "{}: sync.{} with method = \"favg_reset\" is not supported (its reset of u and v "
+        "moves them away from the shared reference); use favg",
+        b.location_of(key), key));
+  if (s.join_step > 0)
+    throw ConfigError(fmt::format(
+        "{}: sync.{} with join_step is not supported (a joining worker holds no reference)",
+        b.location_of(key), key));
+}
+
 // Cross-key rules of [sync]; each error points at the offending key.
 void check_sync(const Binder& b, const sync::SyncConfig& s) {
   const bool desloc = s.method == SyncMethod::kDesloc;
@@ -542,6 +610,7 @@ JobConfig from_table(const toml::table& root, const std::string& file,
     if (std::string(sec.name) == "sync") {
       check_sync(b, job.sync);
       check_fragments(b, job.sync, job.model);
+      check_codecs(b, job.sync);
     }
     if (std::string(sec.name) == "job" && !job.job.sites.empty()) {
       std::set<std::string> seen;

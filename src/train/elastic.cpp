@@ -24,7 +24,7 @@ void TrainingRun::before_step(std::int64_t t) {
   if (!networked_) return;
   auto keep_point = [&] {
     if (recovery_ && talks_across_sites(t))
-      recovery_->keep(capture_state(step_, tokens_seen_, sites_, outer_ ? &*outer_ : nullptr),
+      recovery_->keep(capture_state(step_, tokens_seen_, sites_, shared()),
                       traffic_of(0).total_wire());
   };
   // A rejoining rank has nothing worth keeping until its state arrived.
@@ -44,8 +44,7 @@ void TrainingRun::before_step(std::int64_t t) {
 // from a peer; this rank gives, receives or passes scratch (cluster::transfer_state).
 void TrainingRun::receive_joined_state() {
   const auto t0 = Clock::now();
-  const std::uint64_t moved =
-      cluster::transfer_state(*rank_, step_, sites_[0], outer_ ? &*outer_ : nullptr);
+  const std::uint64_t moved = cluster::transfer_state(*rank_, step_, sites_[0], shared());
   if (rank_->joining) {
     // Its own data partition, at the position of a site that never left.
     sites_[0].loaders = make_site(rank_->site).loaders;
@@ -89,7 +88,7 @@ void TrainingRun::recover(const std::string& what) {
   step_ = back.step;
   metrics_->rewind(back.step);
   if (!back.state) return;  // this site joins: a peer sends the state before the next step
-  tokens_seen_ = restore_state(std::move(*back.state), sites_, outer_ ? &*outer_ : nullptr);
+  tokens_seen_ = restore_state(std::move(*back.state), sites_, shared());
   const double took = seconds_since(t_fail);
   metrics_->write(RecoveryRecord{back.step, failed_at, rank_->epoch, live_sites_,
                                  failed_at - 1 - back.step, took, back.bytes_resent});

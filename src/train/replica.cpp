@@ -35,28 +35,63 @@ std::vector<sync::Replica> views_of(std::vector<SiteReplica>& sites) {
   return out;
 }
 
+namespace {
+constexpr std::array<optim::StateKind, 3> kStates = {optim::StateKind::kX, optim::StateKind::kU,
+                                                     optim::StateKind::kV};
+}  // namespace
+
 TrainState capture_state(std::int64_t step, std::uint64_t tokens_seen,
-                         const std::vector<SiteReplica>& sites, const sync::OuterNesterov* outer) {
+                         const std::vector<SiteReplica>& sites, SharedState shared) {
   TrainState st;
   st.step = step;
   st.tokens_seen = tokens_seen;
   for (const auto& s : sites) st.replicas.push_back(s.capture());
-  if (outer != nullptr) {
-    st.outer_ref = outer->reference();
-    st.outer_momentum = outer->momentum();
+  if (shared.outer != nullptr) {
+    st.outer_ref = shared.outer->reference();
+    st.outer_momentum = shared.outer->momentum();
   }
+  const sync::CompressionState* c = shared.compression;
+  if (c != nullptr && c->active())
+    for (std::size_t k = 0; k < kStates.size(); ++k) {
+      st.codec_ref[k] = c->reference(kStates[k]);
+      if (!st.codec_ref[k].empty() && c->config().error_feedback)
+        for (std::size_t w = 0; w < st.replicas.size(); ++w)
+          st.replicas[w].codec_feedback[k] = c->feedback(kStates[k], static_cast<int>(w));
+    }
   return st;
 }
 
-std::uint64_t restore_state(TrainState state, std::vector<SiteReplica>& sites,
-                            sync::OuterNesterov* outer) {
+std::uint64_t restore_state(TrainState state, std::vector<SiteReplica>& sites, SharedState shared) {
   if (state.replicas.size() != sites.size())
     throw DataError(fmt::format("a training state of {} replicas given to {}",
                                 state.replicas.size(), sites.size()));
+  sync::CompressionState* c = shared.compression;
+  if (c != nullptr && c->active()) {
+    c->resize(static_cast<int>(sites.size()));
+    for (std::size_t k = 0; k < kStates.size(); ++k) {
+      std::vector<float>& ref = c->reference(kStates[k]);
+      if (ref.empty()) continue;
+      if (state.codec_ref[k].size() != ref.size())
+        throw DataError(
+            fmt::format("the saved state holds no shared reference for the compressed '{}' average "
+                        "(written with sync.codec_{} = \"fp32\"?)",
+                        optim::to_string(kStates[k]), optim::to_string(kStates[k])));
+      ref = std::move(state.codec_ref[k]);
+      if (!c->config().error_feedback) continue;
+      for (std::size_t w = 0; w < sites.size(); ++w) {
+        std::vector<float>& ef = state.replicas[w].codec_feedback[k];
+        if (ef.size() != ref.size())
+          throw DataError(
+              fmt::format("the saved state holds no error feedback for the compressed '{}' average",
+                          optim::to_string(kStates[k])));
+        c->feedback(kStates[k], static_cast<int>(w)) = std::move(ef);
+      }
+    }
+  }
   for (std::size_t i = 0; i < sites.size(); ++i) sites[i].restore(std::move(state.replicas[i]));
-  if (outer != nullptr) {
-    outer->reference() = std::move(state.outer_ref);
-    outer->momentum() = std::move(state.outer_momentum);
+  if (shared.outer != nullptr) {
+    shared.outer->reference() = std::move(state.outer_ref);
+    shared.outer->momentum() = std::move(state.outer_momentum);
   }
   return state.tokens_seen;
 }
@@ -75,10 +110,11 @@ Checkpoint to_checkpoint(const TrainState& state, std::uint64_t config_hash,
             "checkpoint at step {}: the ranks of one site disagree on the data position; "
             "their partitions differ in size (report this with the dataset and batch)",
             state.step));
-    ck.workers.push_back({r.optim_t, r.loaders.at(0), r.x, r.u, r.v});
+    ck.workers.push_back({r.optim_t, r.loaders.at(0), r.x, r.u, r.v, r.codec_feedback});
   }
   ck.outer_ref = state.outer_ref;
   ck.outer_momentum = state.outer_momentum;
+  ck.codec_ref = state.codec_ref;
   return ck;
 }
 
@@ -93,10 +129,12 @@ TrainState from_checkpoint(Checkpoint ck, std::size_t loaders) {
     r.v = std::move(w.v);
     r.optim_t = w.optim_t;
     r.loaders.assign(loaders, w.loader);
+    r.codec_feedback = std::move(w.codec_feedback);
     st.replicas.push_back(std::move(r));
   }
   st.outer_ref = std::move(ck.outer_ref);
   st.outer_momentum = std::move(ck.outer_momentum);
+  st.codec_ref = std::move(ck.codec_ref);
   return st;
 }
 

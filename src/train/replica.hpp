@@ -3,6 +3,7 @@
 // list of replica fields lives here and nowhere else.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "desloc/data/loader.hpp"
 #include "desloc/optim/optimizer.hpp"
+#include "desloc/sync/compression.hpp"
 #include "desloc/sync/outer_optimizer.hpp"
 #include "desloc/sync/sync_engine.hpp"
 #include "desloc/train/checkpoint.hpp"
@@ -20,7 +22,8 @@ namespace desloc::train {
 struct ReplicaState {
   std::vector<float> x, u, v;
   std::int64_t optim_t = 0;
-  std::vector<data::LoaderState> loaders;  // one per rank of the site held here
+  std::vector<data::LoaderState> loaders;            // one per rank of the site held here
+  std::array<std::vector<float>, 3> codec_feedback;  // x, u, v: error feedback (or empty)
 };
 
 // Everything a step changes, for the replicas this process holds.
@@ -29,6 +32,7 @@ struct TrainState {
   std::uint64_t tokens_seen = 0;  // per site
   std::vector<ReplicaState> replicas;
   std::vector<float> outer_ref, outer_momentum;  // empty without an outer optimizer
+  std::array<std::vector<float>, 3> codec_ref;   // x, u, v: compressed states' references
 };
 
 // One site: its parameters x, its gradient g, its optimizer (u, v) and the loaders of the
@@ -48,12 +52,19 @@ struct SiteReplica {
 
 std::vector<sync::Replica> views_of(std::vector<SiteReplica>& sites);
 
+// What travels with the replicas besides x, u and v: the outer optimizer and the compressed
+// states' references and error feedback (either may be absent).
+struct SharedState {
+  sync::OuterNesterov* outer = nullptr;
+  sync::CompressionState* compression = nullptr;  // an inactive one is left out
+};
+
 TrainState capture_state(std::int64_t step, std::uint64_t tokens_seen,
-                         const std::vector<SiteReplica>& sites, const sync::OuterNesterov* outer);
-// Restores every replica of `state` (sites.size() must equal its replica count) and the outer
-// optimizer; returns the state's tokens_seen.
-std::uint64_t restore_state(TrainState state, std::vector<SiteReplica>& sites,
-                            sync::OuterNesterov* outer);
+                         const std::vector<SiteReplica>& sites, SharedState shared);
+// Restores every replica of `state` (sites.size() must equal its replica count), the outer
+// optimizer and the compression state; returns the state's tokens_seen. Throws DataError when
+// the state holds no references for a compressed state (a checkpoint written without codecs).
+std::uint64_t restore_state(TrainState state, std::vector<SiteReplica>& sites, SharedState shared);
 
 // A checkpoint stores one loader position per replica: a site's ranks read the same number of
 // windows per step from equal-sized partitions, so one cursor describes them all (checked:

@@ -129,10 +129,13 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
       model_(model::make_model(cfg.model, {cfg.train.backend, cfg.train.threads, B_,
                                            rank != nullptr ? rank->device : 0})),
       outer_(outer_of(cfg.sync)),
+      compression_(cfg.sync.compression(), model_->layout().total(),
+                   rank != nullptr ? 1 : cfg.sync.workers),
       virtual_averager_(cfg.sync.workers, sync::SumOrder::kRing, R_, cfg.transport.lanes),
       averager_(rank != nullptr ? rank->averager : &virtual_averager_),
       reducer_(rank != nullptr ? rank->site_group : nullptr),
-      engine_(policy_, sync::step_options(cfg.sync, &cfg.clip, outer_ ? &*outer_ : nullptr)),
+      engine_(policy_,
+              sync::step_options(cfg.sync, &cfg.clip, outer_ ? &*outer_ : nullptr, &compression_)),
       evaluator_(cfg, *model_, dataset_),
       poison_(poison_from_environment()),
       live_sites_(cfg.sync.workers),
@@ -173,6 +176,7 @@ void TrainingRun::start_fresh() {
   model::init_params(model_->layout(), cfg_.model, cfg_.train.seed, x0);
   for (auto& s : sites_) s.x = x0;  // every site starts from the same point
   if (outer_) outer_->reset(x0);
+  compression_.reset(x0);
 }
 
 void TrainingRun::resume() {
@@ -219,8 +223,8 @@ void TrainingRun::resume() {
     sites_.push_back(make_site(static_cast<int>(sites_.size())));
   virtual_averager_.resize(static_cast<int>(sites_.size()));
   const std::int64_t step = ck.step;
-  tokens_seen_ = restore_state(from_checkpoint(std::move(ck), sites_[0].loaders.size()), sites_,
-                               outer_ ? &*outer_ : nullptr);
+  tokens_seen_ =
+      restore_state(from_checkpoint(std::move(ck), sites_[0].loaders.size()), sites_, shared());
   result_.start_step = step;
   result_.already_finished = step >= total_;
   if (result_.already_finished)
@@ -334,7 +338,7 @@ TrainResult TrainingRun::run() {
   step_ = result_.start_step;
   // Survivors that have not reached a cross-site step yet can still roll back to the start.
   if (recovery_ && !rejoining)
-    recovery_->keep(capture_state(step_, tokens_seen_, sites_, outer_ ? &*outer_ : nullptr),
+    recovery_->keep(capture_state(step_, tokens_seen_, sites_, shared()),
                     traffic_of(0).total_wire());
   while (step_ < total_) {
     if (stop_requested()) break;
@@ -513,9 +517,8 @@ void TrainingRun::evaluate(std::int64_t step) {
 
 void TrainingRun::save(std::int64_t step) {
   const std::string path = checkpoint_path(checkpoint_dir(cfg_, rank_), step);
-  save_checkpoint(
-      path, to_checkpoint(capture_state(step, tokens_seen_, sites_, outer_ ? &*outer_ : nullptr),
-                          cfg_.hash(), writer()));
+  save_checkpoint(path, to_checkpoint(capture_state(step, tokens_seen_, sites_, shared()),
+                                      cfg_.hash(), writer()));
   result_.last_checkpoint = path;
 }
 

@@ -61,6 +61,8 @@ class TrainingRun {
   StartIntent start_intent() const;
   // The name this process's checkpoints carry: its rank's "site/r", or "in-process".
   std::string writer() const { return networked_ ? rank_->name : "in-process"; }
+  // The outer optimizer and the compressed states, which travel with the replicas.
+  SharedState shared() { return {outer_ ? &*outer_ : nullptr, &compression_}; }
   bool stop_requested();
 
   StepResult take_step(std::int64_t t);                // Alg. 1: gradients, averages, update
@@ -90,6 +92,7 @@ class TrainingRun {
   std::unique_ptr<model::Model> model_;
   std::vector<SiteReplica> sites_;  // in-process: every site; networked: this rank's
   std::optional<sync::OuterNesterov> outer_;
+  sync::CompressionState compression_;  // inactive unless a sync.codec_* is set
   sync::VirtualAverager virtual_averager_;
   sync::Averager* averager_;  // a networked rank's changes when a recovery rebuilds the groups
   sync::SiteReducer reducer_;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <map>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -127,6 +128,27 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
       EXPECT_EQ(0, std::memcmp(a.u.data(), b.u.data(), bytes)) << sites[s] << "/" << r << " u";
       EXPECT_EQ(0, std::memcmp(a.v.data(), b.v.data(), bytes)) << sites[s] << "/" << r << " v";
       EXPECT_EQ(a.optim_t, b.optim_t);
+      if (both_sync.find("codec_x") != std::string::npos) {  // compression took part
+        ASSERT_FALSE(ref.codec_ref[0].empty());
+        EXPECT_NE(ref.codec_ref[0], ref.workers[0].params);  // x moved on after its last mean
+        EXPECT_TRUE(std::any_of(a.codec_feedback[0].begin(), a.codec_feedback[0].end(),
+                                [](float e) { return e != 0.0f; }));
+      }
+      // Compressed states: the shared references whole; the error feedback on the block this
+      // rank encodes (the other ranks of its site keep the rest).
+      for (std::size_t k = 0; k < 3; ++k) {
+        ASSERT_EQ(mine.codec_ref[k].size(), ref.codec_ref[k].size()) << "state " << k;
+        EXPECT_TRUE(mine.codec_ref[k] == ref.codec_ref[k])
+            << sites[s] << "/" << r << " reference " << k;
+        ASSERT_EQ(b.codec_feedback[k].size(), a.codec_feedback[k].size()) << "state " << k;
+        const std::size_t n = a.codec_feedback[k].size();
+        const std::size_t blk = (n + std::size_t(ranks) - 1) / std::size_t(ranks);
+        const std::size_t lo = std::min(n, blk * std::size_t(r)), hi = std::min(n, lo + blk);
+        EXPECT_TRUE(std::equal(a.codec_feedback[k].begin() + std::ptrdiff_t(lo),
+                               a.codec_feedback[k].begin() + std::ptrdiff_t(hi),
+                               b.codec_feedback[k].begin() + std::ptrdiff_t(lo)))
+            << sites[s] << "/" << r << " feedback " << k;
+      }
     }
   EXPECT_EQ(train_field(dir / "launch" / "metrics.jsonl", "val_loss"),
             train_field(dir / "train" / "metrics.jsonl", "val_loss"));
@@ -196,6 +218,29 @@ TEST(Launch, StreamingFragmentsReproduceTheInProcessRunBitForBit) {
 TEST(Launch, TwoSitesOfTwoRanksStreamingFragmentsReproduceTheInProcessRunBitForBit) {
   expect_launch_matches_train("launch2x2_streaming", {"west", "east"}, 2, "",
                               std::string(kStreamingSync) + "fragments_u = 6\nfragments_v = 12\n");
+}
+
+// Compressed averages (sync.codec_*, issue 14): every site's difference from the shared
+// reference, encoded, all-gathered, decoded and summed in site order, with error feedback.
+// x in int8, u in int4, v in int2 (blocks of 32); the launched ranks equal the in-process
+// run bit for bit, references and error feedback included.
+constexpr const char* kCodecSync =
+    "codec_x = \"int8\"\ncodec_u = \"int4\"\ncodec_v = \"int2\"\ncodec_block = 32\n"
+    "error_feedback = true\n";
+TEST(Launch, CompressedAveragesReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x1_codec", {"west", "east", "north"}, 1, "", kCodecSync);
+}
+
+TEST(Launch, TwoSitesOfTwoRanksCompressedAndOverlappedReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch2x2_codec", {"west", "east"}, 2, "overlap = \"step\"\n",
+                              kCodecSync);
+}
+
+// Streaming and compressed at once: fragments of every state folded tau steps late, each
+// fragment its own block of the references and the feedback.
+TEST(Launch, StreamingCompressedFragmentsReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x1_codec_streaming", {"west", "east", "north"}, 1, "",
+                              std::string(kStreamingSync) + kCodecSync);
 }
 
 // Port 1 (tcpmux) is reserved and nothing listens there: connecting is refused at once.

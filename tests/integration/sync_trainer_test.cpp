@@ -135,6 +135,43 @@ TEST_F(SyncTrainer, FragmentsMoveTheSameBytesOverlapExactlyAndStreamingResumesBi
   EXPECT_TRUE(std::isfinite(d.last_val_loss));
 }
 
+// sync.codec_*: compressed averages send fewer bytes, stay within reach of the fp32 run, overlap
+// exactly, and resume bit-exact (references and error feedback are in the checkpoint), also
+// when streaming.
+TEST_F(SyncTrainer, CompressedAveragesSendFewerBytesOverlapExactlyAndResumeBitExact) {
+  const std::string base = "method = \"desloc\"\nkx = 4\nkv = 6\nworkers = 3\n";
+  const std::string codec =
+      base + "codec_x = \"int8\"\ncodec_u = \"int4\"\ncodec_v = \"int8\"\nerror_feedback = true\n";
+  const auto fp32 = job(fresh_dir("c_fp32"), base, 12);
+  const auto blocking = job(fresh_dir("c_blocking"), codec, 12);
+  const auto overlap = job(fresh_dir("c_overlap"), codec + "overlap = \"step\"\n", 12);
+  const auto a = train::run_training(fp32, {.progress = 0});
+  const auto b = train::run_training(blocking, {.progress = 0});
+  const auto c = train::run_training(overlap, {.progress = 0});
+  // Three sites: the all-gather of int8 sends 2 x 1.06 bytes per value, the ring of fp32 2 x
+  // 2/3 x 4; int4 half of that.
+  EXPECT_LT(double(b.bytes_sent_per_worker), 0.45 * double(a.bytes_sent_per_worker));
+  EXPECT_GT(b.bytes_sent_per_worker, 0u);
+  EXPECT_NE(final_state(fp32).workers[0].params, final_state(blocking).workers[0].params);
+  EXPECT_NEAR(a.last_val_loss, b.last_val_loss, 0.02 * a.last_val_loss);
+  test::expect_bitwise_equal(final_state(blocking), final_state(overlap));
+  EXPECT_EQ(b.last_val_loss, c.last_val_loss);
+
+  for (const std::string& mode :
+       {std::string(""),
+        std::string("overlap = \"delayed\"\ndelay = 3\ndelay_v = 5\nfragments = 2\n")}) {
+    auto straight = job(fresh_dir("c_straight"), codec + mode, 14);
+    auto resumed = job(fresh_dir("c_resumed"), codec + mode, 14);
+    straight.train.checkpoint_every = resumed.train.checkpoint_every = 7;
+    const auto d = train::run_training(straight, {.progress = 0});
+    train::run_training(resumed, {.stop_after = 7, .progress = 0});
+    const auto e = train::run_training(resumed, {.resume = true, .progress = 0});
+    test::expect_bitwise_equal(final_state(straight), final_state(resumed));
+    EXPECT_EQ(d.last_val_loss, e.last_val_loss) << mode;
+    EXPECT_FALSE(final_state(straight).codec_ref[1].empty());
+  }
+}
+
 TEST_F(SyncTrainer, OneWorkerIsSingleSiteTrainingBitwise) {
   const auto single = job(fresh_dir("single"), "method = \"none\"\n");
   const auto desloc = job(fresh_dir("desloc_m1"), "method = \"desloc\"\nworkers = 1\nkx = 2\n");

@@ -121,9 +121,14 @@ inline void expect_bitwise_equal(const train::Checkpoint& a, const train::Checkp
     EXPECT_EQ(wa.optim_t, wb.optim_t);
     EXPECT_EQ(wa.loader.epoch, wb.loader.epoch);
     EXPECT_EQ(wa.loader.cursor, wb.loader.cursor);
+    for (std::size_t k = 0; k < 3; ++k)
+      EXPECT_TRUE(wa.codec_feedback[k] == wb.codec_feedback[k])
+          << "error feedback " << k << " of worker " << i << " differs";
   }
   EXPECT_EQ(a.outer_ref, b.outer_ref);
   EXPECT_EQ(a.outer_momentum, b.outer_momentum);
+  for (std::size_t k = 0; k < 3; ++k)
+    EXPECT_TRUE(a.codec_ref[k] == b.codec_ref[k]) << "codec reference " << k << " differs";
 }
 
 inline bool have_prepared_corpus() {

@@ -262,3 +262,61 @@ TEST_F(CheckpointFile, ScanSkipsCorruptPartialAndMisnamedFilesNamingEach) {
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->checkpoint.step, 20);
 }
+
+// Version 4 keeps the compressed states' references and each worker's error feedback; a
+// version 3 file (written before codecs existed) still loads, with none.
+TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
+  auto ck = sample();
+  ck.codec_ref[1].assign(1000, 0.25f);  // u compressed, with feedback
+  ck.codec_ref[2].assign(1000, 2.0f);   // v compressed, without
+  for (std::size_t w = 0; w < ck.workers.size(); ++w)
+    ck.workers[w].codec_feedback[1].assign(1000, -0.5f * float(w + 1));
+  train::save_checkpoint(path("v4.ckpt"), ck);
+  const auto back = train::load_checkpoint(path("v4.ckpt"));
+  EXPECT_EQ(back.codec_ref, ck.codec_ref);
+  for (std::size_t w = 0; w < ck.workers.size(); ++w)
+    EXPECT_EQ(back.workers[w].codec_feedback, ck.workers[w].codec_feedback);
+  EXPECT_EQ(train::validate_checkpoint(path("v4.ckpt")).step, 42);
+
+  // A feedback without its reference is refused at write time.
+  auto bad = ck;
+  bad.workers[0].codec_feedback[0].assign(1000, 1.0f);
+  EXPECT_THROW(train::save_checkpoint(path("bad.ckpt"), bad), Error);
+
+  // Version 3: the same payload without the six codec sizes (all zero without codecs).
+  train::save_checkpoint(path("v3.ckpt"), sample());
+  mutate(path("v3.ckpt"), [](auto& b) {
+    constexpr std::size_t kHeader = 28, kWriter = 64, kCodecHead = 48;
+    b.erase(b.end() - kWriter - kCodecHead, b.end() - kWriter);
+    b[8] = 3;
+    const std::uint64_t payload = b.size() - kHeader;
+    std::memcpy(b.data() + 16, &payload, 8);
+    const std::uint32_t crc = crc32c(std::span<const std::uint8_t>(b.data() + kHeader, payload));
+    std::memcpy(b.data() + 24, &crc, 4);
+  });
+  const auto old = train::load_checkpoint(path("v3.ckpt"));
+  EXPECT_EQ(old.workers[2].params, sample().workers[2].params);
+  EXPECT_EQ(old.outer_momentum, sample().outer_momentum);
+  EXPECT_TRUE(old.codec_ref[0].empty() && old.workers[0].codec_feedback[1].empty());
+  EXPECT_EQ(train::validate_checkpoint(path("v3.ckpt")).step, 42);
+
+  // A CRC-valid version 4 file whose codec sizes do not fit: both readers refuse it alike.
+  mutate(path("v4.ckpt"), [](auto& b) {
+    constexpr std::size_t kHeader = 28;
+    // The sizes sit before the codec data (1000 + 1000 + 3 x 1000 floats) and the writer.
+    const std::size_t sizes_at = b.size() - 64 - 5000 * 4 - 48;
+    const std::uint64_t wrong = 999;
+    std::memcpy(b.data() + sizes_at, &wrong, 8);  // ref_n of x
+    const std::uint32_t crc =
+        crc32c(std::span<const std::uint8_t>(b.data() + kHeader, b.size() - kHeader));
+    std::memcpy(b.data() + 24, &crc, 4);
+  });
+  const std::string from_load = expect_data_error(path("v4.ckpt"));
+  EXPECT_NE(from_load.find("inconsistent"), std::string::npos) << from_load;
+  try {
+    train::validate_checkpoint(path("v4.ckpt"));
+    ADD_FAILURE() << "validate_checkpoint accepted inconsistent codec sizes";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.message(), from_load);
+  }
+}

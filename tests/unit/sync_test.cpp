@@ -594,6 +594,43 @@ TEST(SyncConfig, BadInputNamesTheKey) {
   EXPECT_NE(sync_error("workers = 0\n").find("sync.workers"), std::string::npos);
   EXPECT_NE(sync_error("workers = 2\njoin_step = 10\njoin_workers = 2\n").find("sync.join_workers"),
             std::string::npos);
+  // Codecs (issue 14): unknown names, states the method never averages, feedback without a
+  // codec, blocks that are not whole bytes of int2, and what owns the reference elsewhere.
+  EXPECT_NE(sync_error("method = \"desloc\"\ncodec_x = \"fp8\"\n")
+                .find("job.toml:3:11: sync.codec_x = \"fp8\" is not one of"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"favg\"\ncodec_u = \"int8\"\n")
+                .find("job.toml:3:11: sync.codec_u compresses a state that method = \"favg\" "
+                      "never averages across sites"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"ddp\"\ncodec_x = \"int8\"\n")
+                .find("sync.codec_x compresses a state that method = \"ddp\" never averages"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\nerror_feedback = true\n")
+                .find("job.toml:3:18: sync.error_feedback = true without a codec"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\ncodec_x = \"int2\"\ncodec_block = 30\n")
+                .find("job.toml:4:15: sync.codec_block = 30 must be a multiple of 4"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"favg\"\nouter = \"nesterov\"\ncodec_x = \"bf16\"\n")
+                .find("sync.codec_x with outer = \"nesterov\" is not supported"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"favg_reset\"\ncodec_x = \"int8\"\n")
+                .find("sync.codec_x with method = \"favg_reset\" is not supported"),
+            std::string::npos);
+  EXPECT_NE(sync_error("method = \"desloc\"\nworkers = 2\njoin_step = 10\njoin_workers = 3\n"
+                       "codec_v = \"int4\"\n")
+                .find("job.toml:6:11: sync.codec_v with join_step is not supported"),
+            std::string::npos);
+  const auto ok = train::parse_config(
+      "[sync]\nmethod = \"local_adam\"\ncodec_u = \"int4\"\ncodec_block = 128\n"
+      "error_feedback = true\n",
+      "ok.toml");
+  const sync::CompressionConfig c = ok.sync.compression();
+  EXPECT_EQ(c.of(optim::StateKind::kU), sync::Codec::kInt4);
+  EXPECT_EQ(c.of(optim::StateKind::kX), sync::Codec::kFp32);
+  EXPECT_EQ(c.block, 128u);
+  EXPECT_TRUE(c.error_feedback);
 }
 
 TEST(SyncConfig, ValidDeslocConfig) {

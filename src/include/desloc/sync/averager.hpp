@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "desloc/optim/optimizer.hpp"
+#include "desloc/sync/compression.hpp"
 #include "desloc/sync/payload_guard.hpp"
 
 namespace desloc::sync {
@@ -20,7 +21,9 @@ namespace desloc::sync {
 struct Traffic {
   std::array<std::uint64_t, 4> payload{};  // bytes of state averaged (4 * elements per average)
   // Wide-area bytes sent: for virtual workers what a ring all-reduce sends, 2(M-1)/M *
-  // payload; for a networked rank what its WAN group actually sent for its shard.
+  // payload (a compressed average: what the all-gather of the encoded payloads sends, (M-1)
+  // times a site's encoded bytes, scales included); for a networked rank what its WAN group
+  // actually sent for its shard.
   std::array<std::uint64_t, 4> wire{};
   // Intra-site bytes the sharded averager's all-gather sent (0 with one rank per site).
   std::array<std::uint64_t, 4> site_wire{};
@@ -33,6 +36,7 @@ struct Traffic {
 struct DueAverage {
   optim::StateKind kind = optim::StateKind::kX;
   std::span<const std::span<float>> local;
+  const CodecViews* codec = nullptr;  // a compressed state's views (set_codec), or none
 };
 
 class Averager {
@@ -61,6 +65,14 @@ class Averager {
   void begin_step(std::int64_t t) {
     step_ = t;
     verdicts_ = {};
+  }
+  // Compresses the next average of `kind` (compression.hpp): each site sends its difference
+  // from views.reference, encoded with views.codec, in an all-gather of the encoded shards, and
+  // every site sums the decoded payloads in site order. The views must match the replicas of
+  // that average (same fragment) and stay alive until it completes; it consumes them. The
+  // setting belongs to the thread that runs the average's first half.
+  void set_codec(optim::StateKind kind, CodecViews views) {
+    codec_[static_cast<std::size_t>(kind)] = std::move(views);
   }
   virtual int workers() const = 0;
   // Traffic of worker w (a local replica index), a copy: an average on a communication thread
@@ -104,6 +116,7 @@ class Averager {
   PayloadGuard guard_;
   std::vector<Rejection> rejections_;
   std::array<std::optional<Verdict>, 4> verdicts_;  // by optim::StateKind
+  std::array<std::optional<CodecViews>, 4> codec_;  // by optim::StateKind (set_codec)
 };
 
 // How VirtualAverager sums.
@@ -143,6 +156,9 @@ class VirtualAverager final : public Averager {
   // The guard's verdict on the replicas' payloads (each measured per shard, summed in shard
   // order, as the networked ranks do).
   void judge(optim::StateKind kind, std::span<const std::span<float>> local);
+  // A compressed average (set_codec); left_out[w] marks the replicas the guard rejected.
+  void average_compressed(optim::StateKind kind, std::span<const std::span<float>> local,
+                          const CodecViews& codec, std::span<const char> left_out);
 
   int workers_;
   SumOrder order_;

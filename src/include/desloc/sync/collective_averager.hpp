@@ -16,6 +16,7 @@
 
 #include "desloc/sync/averager.hpp"
 #include "desloc/transport/collective.hpp"
+#include "desloc/transport/ring_order.hpp"
 
 namespace desloc::sync {
 
@@ -52,6 +53,9 @@ class CollectiveAverager final : public Averager {
   // Returns the number of sites averaged. Control bytes are not counted in traffic().
   int guard(optim::StateKind kind, std::span<float> data, std::span<float> shard);
   void check_one_replica(optim::StateKind kind, std::span<const std::span<float>> local) const;
+  // The wide-area half of a compressed average (set_codec): this rank's shard `mine` of data.
+  void across_sites_compressed(optim::StateKind kind, std::span<float> data, std::span<float> shard,
+                               transport::Range mine);
 
   transport::Collective& wan_;
   transport::Collective* site_;
@@ -59,6 +63,8 @@ class CollectiveAverager final : public Averager {
   Traffic traffic_;
   std::vector<float> gathered_;        // R blocks, for the intra-site all-gather
   std::vector<PayloadHealth> health_;  // rows x R, then rows x S: the control exchange
+  std::vector<std::byte> encoded_;     // S encoded shards: a compressed average's all-gather
+  std::vector<float> scratch_;         // a compressed average's differences and decodes
 };
 
 }  // namespace desloc::sync

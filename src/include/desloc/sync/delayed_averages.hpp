@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <exception>
 #include <list>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -43,6 +44,9 @@ class DelayedAverages {
   struct Options {
     bool naive = false;                 // s <- mean(s_t) at the fold ("delayed_naive")
     std::array<std::int64_t, 4> tau{};  // by StateKind; >= 1 for every state averaged
+    // Bound u after every fold of it, also with v's: u or v travels compressed, so the
+    // averaged pair no longer satisfies Jensen's bound by construction.
+    bool always_bound_u = false;
   };
   explicit DelayedAverages(Options opts) : opts_(opts) {}
   ~DelayedAverages() { abandon(); }
@@ -81,6 +85,7 @@ class DelayedAverages {
     std::vector<std::vector<float>> snap;  // each replica's s_t
     std::vector<std::vector<float>> mean;  // its copy, averaged in place
     std::vector<std::span<float>> views;   // of `mean`
+    std::optional<CodecViews> codec;       // a compressed state's
   };
   // Folds p into the replicas after n updates since its snapshot.
   void fold(Pending& p, std::int64_t n, std::span<Replica> replicas);

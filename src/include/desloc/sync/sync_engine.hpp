@@ -21,12 +21,14 @@
 #include <array>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
 
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/averager.hpp"
+#include "desloc/sync/compression.hpp"
 #include "desloc/sync/delayed_averages.hpp"
 #include "desloc/sync/outer_optimizer.hpp"
 #include "desloc/sync/sync_policy.hpp"
@@ -51,15 +53,22 @@ struct StepOptions {
   const optim::ClipConfig* clip = nullptr;  // nullptr = no clipping
   OuterNesterov* outer = nullptr;           // nullptr = plain parameter averaging
   bool reset_step_count = false;            // favg_reset: also restart bias correction
+  // The references and error feedback of compressed states (sync.codec_*); nullptr or
+  // inactive: every average is fp32. Must outlive the engine.
+  CompressionState* compression = nullptr;
   Overlap overlap = Overlap::kNone;
   std::array<std::int64_t, 4> delay{};  // tau by StateKind (kDelayed, kDelayedNaive)
   bool delays() const { return overlap == Overlap::kDelayed || overlap == Overlap::kDelayedNaive; }
 };
 
+// Whether u or v travels compressed: then u is bounded after every average of v (the quantised
+// v can fall below the v that bounded u), and delayed folds of u are always bounded.
+bool compresses_moments(const StepOptions& opts);
+
 // The StepOptions a config describes: its overlap mode and delays (favg_reset's restart of the
 // step count is the caller's).
-StepOptions step_options(const SyncConfig& cfg, const optim::ClipConfig* clip,
-                         OuterNesterov* outer);
+StepOptions step_options(const SyncConfig& cfg, const optim::ClipConfig* clip, OuterNesterov* outer,
+                         CompressionState* compression = nullptr);
 
 // After u is averaged without v (DES-LOC's Ku < Kv): bounds every |u_i| of an AdamW replica by
 // C sqrt(v_i), C = (1 - b1) / sqrt((1 - b2)(1 - b1^2 / b2)), the most a single Adam can reach
@@ -123,11 +132,13 @@ class SyncEngine {
   struct Started {
     optim::StateKind kind;
     std::vector<std::span<float>> views;  // of copies_[kind]
+    std::optional<CodecViews> codec;
   };
   struct DueViews {
     std::vector<std::vector<std::span<float>>> views;  // per due state, its replicas' fragment
     std::vector<DueAverage> due;                       // the same, as the averager takes them
     std::vector<int> fragment, parts;                  // per due state, its fragment of parts
+    std::vector<std::optional<CodecViews>> codec;      // per due state, when compressed
   };
   DueViews due_views(std::span<Replica> replicas) const;
   bool finish_started(std::span<Replica> replicas);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "desloc/core/sync_schedule.hpp"
+#include "desloc/sync/compression.hpp"
 
 namespace desloc::sync {
 
@@ -48,6 +49,13 @@ struct SyncConfig {
   int fragments = 1;
   int fragments_u = 0;  // desloc: u's fragment count (0 = fragments)
   int fragments_v = 0;  // desloc: v's fragment count (0 = fragments)
+  // Codecs of the wide-area averages of x, u and v (compression.hpp): "fp32" sends the state
+  // itself; "bf16", "int8", "int4", "int2" send its difference from the last mean, encoded.
+  std::string codec_x = "fp32";
+  std::string codec_u = "fp32";
+  std::string codec_v = "fp32";
+  int codec_block = static_cast<int>(kDefaultCodecBlock);  // elements per scale
+  bool error_feedback = false;  // keep what quantisation dropped and send it next time
 
   std::int64_t effective_ku() const { return ku > 0 ? ku : 3 * kx; }
   std::int64_t effective_kv() const { return kv > 0 ? kv : 6 * kx; }
@@ -63,6 +71,8 @@ struct SyncConfig {
   }
   // The schedule these settings describe (ku and kv resolved), as the simulator takes it.
   SyncSchedule schedule() const;
+  // The codecs by state (an unknown name reads as fp32: the config loader refuses it first).
+  CompressionConfig compression() const;
 };
 
 class SyncPolicy {

@@ -8,10 +8,14 @@
 //            | workers x { i64 optim_t | u64 loader.epoch | u64 loader.cursor
 //                          | f32[n] x | f32[n] u | f32[n] v }
 //            | u64 outer_n | f32[outer_n] outer_ref | f32[outer_n] outer_momentum
-//            | char[64] writer, NUL-padded (version 3; version 2 files end before it)
+//            | (version 4) u64 ref_n[3] | u64 ef_n[3] | f32[ref_n[k]] for x, u, v
+//                          | workers x f32[ef_n[k]] for x, u, v: the compressed states'
+//                          shared references and error feedback (each n or 0)
+//            | char[64] writer, NUL-padded (version >= 3; version 2 files end before it)
 // Written atomically (temporary file, fsync, rename); a reader rejects any mismatch.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -22,12 +26,14 @@
 namespace desloc::train {
 
 inline constexpr char kCheckpointMagic[8] = {'D', 'S', 'L', 'C', 'C', 'K', 'P', '1'};
-inline constexpr std::uint32_t kCheckpointVersion = 3;  // 3: the writer's name
+// 3: the writer's name; 4: the compressed states' references and error feedback.
+inline constexpr std::uint32_t kCheckpointVersion = 4;
 
 struct WorkerState {
   std::int64_t optim_t = 0;  // the optimizer's step counter (bias correction, ADOPT warm start)
   data::LoaderState loader;
   std::vector<float> params, u, v;
+  std::array<std::vector<float>, 3> codec_feedback;  // x, u, v: error feedback (or empty)
 };
 
 struct Checkpoint {
@@ -36,6 +42,7 @@ struct Checkpoint {
   std::uint64_t tokens_seen = 0;  // per worker
   std::vector<WorkerState> workers;
   std::vector<float> outer_ref, outer_momentum;  // empty unless sync.outer is set
+  std::array<std::vector<float>, 3> codec_ref;   // x, u, v: compressed states' references
   // Who wrote it: a rank's "site/r", or "in-process" for `desloc train` (at most 63 bytes
   // are kept); empty for a version 2 file.
   std::string writer;

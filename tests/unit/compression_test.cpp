@@ -1,0 +1,252 @@
+// Compressed averages (compression.hpp): the in-process averager against hand-computed means,
+// error feedback, the payload guard and v's clamp; the networked averager (UCX loopback,
+// sites x ranks as threads) against the in-process one bit for bit, references and feedback
+// included, with the wire bytes of an all-gather of encoded shards.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "desloc/sync/averager.hpp"
+#include "desloc/sync/collective_averager.hpp"
+#include "desloc/sync/compression.hpp"
+#include "desloc/transport/ring_order.hpp"
+#include "test_support.hpp"
+
+using namespace desloc;
+using namespace std::chrono_literals;
+using optim::StateKind;
+using sync::Codec;
+using sync::CodecViews;
+
+namespace {
+
+std::vector<std::span<float>> spans(std::vector<std::vector<float>>& v) {
+  return {v.begin(), v.end()};
+}
+
+CodecViews views_of(Codec c, std::vector<float>& ref, std::vector<std::vector<float>>* ef,
+                    std::size_t block = 8) {
+  CodecViews v;
+  v.codec = c;
+  v.block = block;
+  v.reference = ref;
+  if (ef != nullptr) v.feedback = spans(*ef);
+  return v;
+}
+
+// A value that needs all of a float's mantissa, spread over magnitudes.
+float messy(int site, std::size_t i) {
+  const auto h = static_cast<std::uint32_t>((i * 2654435761u) ^ (unsigned(site + 1) * 40503u));
+  return std::ldexp(static_cast<float>(h % 100003) - 50001.0f, -int(h % 7) - 14);
+}
+
+}  // namespace
+
+// bf16 carries these differences exactly, so the mean is exact: r + (1 + 2 + 6) / 3 / 4.
+TEST(Compression, AnAverageIsTheReferencePlusTheMeanOfTheDecodedDifferences) {
+  std::vector<float> ref(5, 1.0f);
+  std::vector<std::vector<float>> x = {std::vector<float>(5, 1.25f), std::vector<float>(5, 1.5f),
+                                       std::vector<float>(5, 2.5f)};
+  sync::VirtualAverager avg(3, sync::SumOrder::kRing);
+  avg.set_codec(StateKind::kX, views_of(Codec::kBf16, ref, nullptr));
+  avg.average(StateKind::kX, spans(x));
+  for (const auto& r : x) EXPECT_EQ(r, std::vector<float>(5, 1.75f));
+  EXPECT_EQ(ref, std::vector<float>(5, 1.75f));  // the new shared reference
+  const auto k = static_cast<std::size_t>(StateKind::kX);
+  EXPECT_EQ(avg.traffic(0).payload[k], 5 * sizeof(float));
+  // An all-gather of the encoded shard: each site sends its 10 bytes to the 2 others.
+  EXPECT_EQ(avg.traffic(0).wire[k], 2 * sync::encoded_bytes(Codec::kBf16, 5, 8));
+  // The setting is consumed: the next average is fp32 and leaves the reference alone.
+  x[0].assign(5, 3.0f);
+  avg.average(StateKind::kX, spans(x));
+  EXPECT_EQ(x[1], std::vector<float>(5, (3.0f + 1.75f + 1.75f) / 3.0f));
+  EXPECT_EQ(ref, std::vector<float>(5, 1.75f));
+}
+
+// The feedback holds exactly what the codec dropped, d - decode(encode(d)), and is added to the
+// next payload; the mean is the decoded payloads' mean in site order.
+TEST(Compression, ErrorFeedbackKeepsWhatQuantisationDroppedAndSendsItNextTime) {
+  constexpr std::size_t n = 37;
+  constexpr int M = 2;
+  std::vector<float> ref(n);
+  for (std::size_t i = 0; i < n; ++i) ref[i] = messy(9, i);
+  std::vector<std::vector<float>> ef(M, std::vector<float>(n, 0.0f));
+  for (std::size_t i = 0; i < n; ++i) ef[1][i] = 0.125f * messy(7, i);  // left from before
+  std::vector<std::vector<float>> x(M, std::vector<float>(n));
+  for (int w = 0; w < M; ++w)
+    for (std::size_t i = 0; i < n; ++i) x[std::size_t(w)][i] = ref[i] + messy(w, i);
+
+  // By hand, with the codec's own functions.
+  const std::size_t bytes = sync::encoded_bytes(Codec::kInt2, n, 8);
+  std::vector<float> sum(n, 0.0f), want_ef[M], want_ref = ref;
+  for (int w = 0; w < M; ++w) {
+    std::vector<float> d(n), dec(n);
+    for (std::size_t i = 0; i < n; ++i)
+      d[i] = (x[std::size_t(w)][i] - ref[i]) + ef[std::size_t(w)][i];
+    std::vector<std::byte> enc(bytes);
+    sync::encode(Codec::kInt2, d, enc, 8);
+    sync::decode(Codec::kInt2, enc, dec, 8);
+    want_ef[w].resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      want_ef[w][i] = d[i] - dec[i];
+      sum[i] += dec[i];
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) want_ref[i] = ref[i] + sum[i] / 2.0f;
+
+  sync::VirtualAverager avg(M, sync::SumOrder::kRing);
+  avg.set_codec(StateKind::kU, views_of(Codec::kInt2, ref, &ef));
+  avg.average(StateKind::kU, spans(x));
+  EXPECT_EQ(ref, want_ref);
+  for (int w = 0; w < M; ++w) {
+    EXPECT_EQ(x[std::size_t(w)], want_ref) << "replica " << w;
+    EXPECT_EQ(ef[std::size_t(w)], want_ef[w]) << "replica " << w;
+  }
+  // int2 drops a lot: the feedback is not zero.
+  EXPECT_NE(ef[0], std::vector<float>(n, 0.0f));
+}
+
+// A site whose payload is not finite is left out: the others' mean, and its feedback restarts.
+TEST(Compression, ARejectedSiteIsLeftOutAndItsFeedbackStartsOver) {
+  std::vector<float> ref(8, 0.0f);
+  std::vector<std::vector<float>> ef(3, std::vector<float>(8, 0.5f));
+  std::vector<std::vector<float>> x = {std::vector<float>(8, 1.0f), std::vector<float>(8, 2.0f),
+                                       std::vector<float>(8, 1.0f)};
+  x[1][3] = std::numeric_limits<float>::quiet_NaN();
+  sync::VirtualAverager avg(3, sync::SumOrder::kRing);
+  avg.begin_step(4);
+  avg.set_codec(StateKind::kX, views_of(Codec::kBf16, ref, &ef));
+  avg.average(StateKind::kX, spans(x));
+  ASSERT_EQ(avg.rejections().size(), 1u);
+  EXPECT_EQ(avg.rejections()[0].site, 1);
+  // (1 + 0.5) from each kept site: bf16 carries 1.5 exactly.
+  for (const auto& r : x) EXPECT_EQ(r, std::vector<float>(8, 1.5f));
+  EXPECT_EQ(ef[1], std::vector<float>(8, 0.0f));
+  EXPECT_EQ(ef[0], std::vector<float>(8, 0.0f));  // bf16 dropped nothing of 1.5
+}
+
+// v's mean is clamped at zero: Adam takes its square root. Reference 1, v = 0.4 in a block
+// whose scale 1.1 comes from a larger element: int2 rounds -0.6 / 1.1 to -1, so the decoded
+// mean would be 1 - 1.1 < 0.
+TEST(Compression, TheMeanOfASecondMomentNeverGoesNegative) {
+  for (const bool clamp : {false, true}) {
+    std::vector<float> ref(4, 1.0f);
+    std::vector<std::vector<float>> v = {{0.4f, 2.1f, 1.0f, 1.0f}, {0.4f, 2.1f, 1.0f, 1.0f}};
+    CodecViews c = views_of(Codec::kInt2, ref, nullptr, 4);
+    c.nonnegative = clamp;
+    sync::VirtualAverager avg(2, sync::SumOrder::kRing);
+    avg.set_codec(StateKind::kV, c);
+    avg.average(StateKind::kV, spans(v));
+    if (clamp) {
+      EXPECT_EQ(v[0][0], 0.0f);
+      EXPECT_EQ(ref[0], 0.0f);
+    } else {
+      EXPECT_LT(v[0][0], 0.0f);  // what the clamp prevents
+    }
+    EXPECT_EQ(v[0], v[1]);
+  }
+}
+
+// CompressionState hands out the block of a fragment, for the reference and every replica's
+// feedback; states without a codec have neither.
+TEST(Compression, TheStateHandsOutEachFragmentsBlock) {
+  sync::CompressionConfig cfg;
+  cfg.codec[static_cast<std::size_t>(StateKind::kU)] = Codec::kInt4;
+  cfg.error_feedback = true;
+  sync::CompressionState st(cfg, 10, 2);
+  EXPECT_TRUE(st.active());
+  EXPECT_TRUE(st.reference(StateKind::kX).empty());
+  ASSERT_EQ(st.reference(StateKind::kU).size(), 10u);
+  const CodecViews v = st.views(StateKind::kU, 1, 3);  // block 1 of 3 of 10: [4, 8)
+  EXPECT_EQ(v.codec, Codec::kInt4);
+  EXPECT_EQ(v.reference.data(), st.reference(StateKind::kU).data() + 4);
+  EXPECT_EQ(v.reference.size(), 4u);
+  ASSERT_EQ(v.feedback.size(), 2u);
+  EXPECT_EQ(v.feedback[1].data(), st.feedback(StateKind::kU, 1).data() + 4);
+  std::vector<float> x0(10, 3.0f);
+  st.reset(x0);  // x is not compressed: only u's (zero) reference exists
+  EXPECT_EQ(st.reference(StateKind::kU), std::vector<float>(10, 0.0f));
+  st.resize(3);
+  EXPECT_EQ(st.feedback(StateKind::kU, 2), std::vector<float>(10, 0.0f));
+}
+
+// S sites x R ranks over UCX loopback: each rank encodes its shard, the WAN group all-gathers
+// them, the site all-gathers the means: equal bit for bit to the in-process averager, and the
+// wire carries (S - 1) encoded shards per rank.
+class CompressedAveragerTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(CompressedAveragerTest, EqualsTheInProcessAveragerBitForBit) {
+  const auto [S, R] = GetParam();
+  test_support::Watchdog watchdog(60s);
+  constexpr std::size_t n = 1003;
+  constexpr std::size_t kBlock = 16;
+  std::vector<float> ref0(n);
+  for (std::size_t i = 0; i < n; ++i) ref0[i] = messy(99, i);
+  auto value = [&](int s, std::size_t i) { return ref0[i] + messy(s, i); };
+  // Two rounds, so the second payload carries the first one's feedback.
+  constexpr int kRounds = 2;
+  std::vector<std::vector<float>> expect(static_cast<std::size_t>(S), std::vector<float>(n));
+  std::vector<float> ref = ref0;
+  std::vector<std::vector<float>> ef(static_cast<std::size_t>(S), std::vector<float>(n, 0.0f));
+  sync::VirtualAverager virt(S, sync::SumOrder::kRing, R, 2);
+  for (int round = 0; round < kRounds; ++round) {
+    for (int s = 0; s < S; ++s)
+      for (std::size_t i = 0; i < n; ++i)
+        expect[std::size_t(s)][i] = value(s, i) + (round > 0 ? 0.01f * float(s) : 0.0f);
+    virt.set_codec(StateKind::kU, views_of(Codec::kInt4, ref, &ef, kBlock));
+    virt.average(StateKind::kU, spans(expect));
+  }
+
+  test_support::WorldOptions world;
+  world.collective.deadline = 20s;
+  world.collective.chunk_bytes = 64;
+  world.two_lanes = S >= 3;
+  std::vector<std::vector<float>> got(std::size_t(S * R)), got_ref(got.size()), got_ef(got.size());
+  std::vector<sync::Traffic> traffic(got.size());
+  test_support::run_world(S, R, world, [&](int s, int r, test_support::Groups& g) {
+    const auto me = static_cast<std::size_t>(s * R + r);
+    sync::CollectiveAverager avg(*g.wan, g.site.get(), g.reverse.get());
+    std::vector<float> mine(n), my_ref = ref0;
+    std::vector<std::vector<float>> my_ef(1, std::vector<float>(n, 0.0f));
+    for (int round = 0; round < kRounds; ++round) {
+      for (std::size_t i = 0; i < n; ++i)
+        mine[i] = value(s, i) + (round > 0 ? 0.01f * float(s) : 0.0f);
+      std::span<float> one(mine);
+      avg.begin_step(3 + round);
+      avg.set_codec(StateKind::kU, views_of(Codec::kInt4, my_ref, &my_ef, kBlock));
+      avg.average(StateKind::kU, std::span<const std::span<float>>(&one, 1));
+    }
+    got[me] = mine;
+    got_ref[me] = my_ref;
+    got_ef[me] = my_ef[0];
+    traffic[me] = avg.traffic(0);
+  });
+  const auto k = static_cast<std::size_t>(StateKind::kU);
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < R; ++r) {
+      const auto me = static_cast<std::size_t>(s * R + r);
+      const auto& want = expect[std::size_t(s)];
+      ASSERT_EQ(0, std::memcmp(got[me].data(), want.data(), n * sizeof(float)))
+          << "site " << s << " rank " << r;
+      EXPECT_EQ(0, std::memcmp(got_ref[me].data(), ref.data(), n * sizeof(float)));
+      const transport::Range b = transport::block(n, R, r);  // the feedback this rank keeps
+      EXPECT_EQ(0, std::memcmp(got_ef[me].data() + b.offset, ef[std::size_t(s)].data() + b.offset,
+                               b.count * sizeof(float)))
+          << "site " << s << " rank " << r;
+      EXPECT_EQ(traffic[me].wire[k],
+                kRounds * (S - 1) * sync::encoded_bytes(Codec::kInt4, b.count, kBlock));
+      EXPECT_EQ(traffic[me].payload[k], kRounds * n * sizeof(float));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(SitesByRanks, CompressedAveragerTest,
+                         ::testing::Values(std::make_tuple(2, 1), std::make_tuple(3, 1),
+                                           std::make_tuple(2, 2), std::make_tuple(3, 2)),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "x" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
