@@ -134,8 +134,9 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
 
 namespace desloc::sync {
 
-// Shard by shard, as the networked ranks do: every replica's encoded difference, then their
-// mean in worker (site) order on top of the reference.
+// Shard by shard, as the networked ranks do: every replica's encoded contribution, each
+// segment's ring replayed (segment s from worker s on, each next worker combining), then the
+// combined sums decoded into the mean of every replica.
 void VirtualAverager::average_compressed(optim::StateKind kind,
                                          std::span<const std::span<float>> local,
                                          const CodecViews& codec, std::span<const char> left_out) {
@@ -144,45 +145,56 @@ void VirtualAverager::average_compressed(optim::StateKind kind,
   if (codec.reference.size() != n || (!codec.feedback.empty() && codec.feedback.size() != M))
     throw Error(std::string("virtual averager: the codec views of '") + optim::to_string(kind) +
                 "' do not match its replicas");
-  std::uint64_t encoded = 0;
+  std::uint64_t wire = 0;
   if (M == 1) {  // nothing to average: the state is its own mean
     std::copy(local[0].begin(), local[0].end(), codec.reference.begin());
   } else {
-    std::vector<char> kept(M);
-    for (std::size_t w = 0; w < M; ++w) kept[w] = left_out[w] ? 0 : 1;
-    std::vector<std::byte> bytes;
-    std::vector<std::span<const std::byte>> payloads(M);
+    const int S = static_cast<int>(M);
+    int kept = 0;
+    for (std::size_t w = 0; w < M; ++w) kept += left_out[w] ? 0 : 1;
+    std::vector<std::vector<std::byte>> bytes(M);
+    std::vector<std::byte> combined;
     std::vector<float> scratch, mean;
     for (int r = 0; r < shards_; ++r) {
       const transport::Range b = transport::block(n, shards_, r);
-      const std::size_t E = encoded_bytes(codec.codec, b.count, codec.block);
-      encoded += E;
-      bytes.assign(E * M, std::byte{0});
+      const RingLayout l(codec, b.count, S);
+      auto feedback = [&](std::size_t w) {
+        return codec.feedback.empty() ? std::span<float>()
+                                      : codec.feedback[w].subspan(b.offset, b.count);
+      };
+      const std::span<float> ref = codec.reference.subspan(b.offset, b.count);
       for (std::size_t w = 0; w < M; ++w) {
-        const std::span<std::byte> out = std::span<std::byte>(bytes).subspan(w * E, E);
-        payloads[w] = out;
-        const std::span<float> ef = codec.feedback.empty()
-                                        ? std::span<float>()
-                                        : codec.feedback[w].subspan(b.offset, b.count);
-        if (left_out[w]) {  // its payload is not used; its feedback starts over
-          std::fill(ef.begin(), ef.end(), 0.0f);
-          continue;
+        bytes[w].resize(l.segment_bytes * M);
+        encode_contribution(l, local[w].subspan(b.offset, b.count), ref, feedback(w),
+                            left_out[w] != 0, bytes[w], scratch);
+      }
+      combined.assign(l.segment_bytes * M, std::byte{0});
+      for (int s = 0; s < S; ++s) {
+        const std::size_t at = static_cast<std::size_t>(s) * l.segment_bytes;
+        for (int j = 1; j < S; ++j) {
+          const auto from = static_cast<std::size_t>((s + j - 1) % S);
+          const auto to = static_cast<std::size_t>((s + j) % S);
+          for (std::size_t c = 0; c < l.pieces(s); ++c) {
+            const std::size_t off = at + c * l.piece_bytes;
+            combine_piece(l, s, c, std::span<const std::byte>(bytes[from]).subspan(off),
+                          std::span<std::byte>(bytes[to]).subspan(off), feedback(to), scratch);
+          }
         }
-        compress_shard(codec, local[w].subspan(b.offset, b.count),
-                       codec.reference.subspan(b.offset, b.count), ef, out, scratch);
+        const auto last = static_cast<std::size_t>((s + S - 1) % S);
+        std::copy_n(bytes[last].begin() + static_cast<std::ptrdiff_t>(at), l.segment_bytes,
+                    combined.begin() + static_cast<std::ptrdiff_t>(at));
       }
       mean.resize(b.count);
-      reduce_shard(codec, payloads, kept, codec.reference.subspan(b.offset, b.count), mean,
-                   scratch);
+      finish_mean(l, codec, combined, kept, ref, mean, scratch);
       for (std::size_t w = 0; w < M; ++w)
         std::copy(mean.begin(), mean.end(),
                   local[w].begin() + static_cast<std::ptrdiff_t>(b.offset));
+      // The reduce-scatter and the all-gather each send S - 1 segments.
+      wire += 2 * (M - 1) * l.segment_bytes;
     }
   }
   const auto k = static_cast<std::size_t>(kind);
   const std::uint64_t payload = M > 1 ? n * sizeof(float) : 0;
-  // An all-gather of the encoded shards: each worker sends its own to the M - 1 others.
-  const std::uint64_t wire = M > 1 ? encoded * (M - 1) : 0;
   const std::lock_guard lock(traffic_mu_);
   for (std::size_t w = 0; w < M; ++w) {
     traffic_[w].payload[k] += payload;

@@ -123,9 +123,10 @@ void CollectiveAverager::complete_average(optim::StateKind kind,
   traffic_.payload[k] += data.size() * sizeof(float);
 }
 
-// This rank's shard as the difference from the reference, encoded; an all-gather of every
-// site's encoded shard over the WAN group; their decoded sum in site order, on top of the
-// reference (compression.hpp). A site the guard rejected sends zeros, which nobody decodes.
+// This rank's shard as the difference from the reference, encoded; a ring reduce-scatter of
+// the encoded segments over the WAN group (each rank decoding, adding its own and re-encoding),
+// an all-gather of the sums, and their decoded mean on top of the reference (compression.hpp).
+// A site the guard rejected contributes zeros.
 void CollectiveAverager::across_sites_compressed(optim::StateKind kind, std::span<float> data,
                                                  std::span<float> shard, transport::Range mine) {
   using transport::CollectiveOp;
@@ -135,38 +136,52 @@ void CollectiveAverager::across_sites_compressed(optim::StateKind kind, std::spa
     throw Error("collective averager: the codec views of '" + std::string(optim::to_string(kind)) +
                 "' do not match its replica");
   const int sites = wan_.size();
+  const int me = wan_.rank();
   const int r = site_ != nullptr ? site_->rank() : 0;
-  std::vector<char> kept(static_cast<std::size_t>(sites), 1);
+  int kept = sites;
+  bool rejected = false;
   if (guard_.enabled) {
     if (!verdicts_[k]) {  // no control exchange this step: judge alone
       const DueAverage d{kind, std::span<const std::span<float>>(&data, 1)};
       exchange_control(std::span<const DueAverage>(&d, 1), false);
     }
     const Verdict verdict = *take_verdict(kind);
-    for (const Rejection& rj : verdict.rejected) kept[std::size_t(rj.site)] = 0;
+    kept = verdict.kept;
+    for (const Rejection& rj : verdict.rejected) rejected = rejected || rj.site == me;
   }
-  const std::size_t E = encoded_bytes(codec.codec, shard.size(), codec.block);
-  encoded_.assign(E * static_cast<std::size_t>(sites), std::byte{0});
-  const std::span<std::byte> own =
-      std::span<std::byte>(encoded_).subspan(static_cast<std::size_t>(wan_.rank()) * E, E);
+  const RingLayout l(codec, shard.size(), sites);
   const std::span<float> ef = codec.feedback.empty()
                                   ? std::span<float>()
                                   : codec.feedback[0].subspan(mine.offset, mine.count);
   const std::span<float> ref = codec.reference.subspan(mine.offset, mine.count);
-  if (kept[std::size_t(wan_.rank())])
-    compress_shard(codec, shard, ref, ef, own, scratch_);
-  else
-    std::fill(ef.begin(), ef.end(), 0.0f);  // its feedback starts over
-  const std::uint64_t before = wan_.bytes()[CollectiveOp::kAllGather].sent;
+  const std::size_t seg = l.segment_bytes;
+  encoded_.resize(seg * static_cast<std::size_t>(sites));
+  encode_contribution(l, shard, ref, ef, rejected, encoded_, scratch_);
+
+  const std::uint64_t before =
+      wan_.bytes()[CollectiveOp::kAllReduce].sent + wan_.bytes()[CollectiveOp::kAllGather].sent;
   wan_.set_label({step_, static_cast<std::uint8_t>(kind), static_cast<std::uint32_t>(r)});
-  const std::vector<std::byte> mine_bytes(own.begin(), own.end());
-  wan_.all_gather(mine_bytes, encoded_);
-  std::vector<std::span<const std::byte>> payloads(static_cast<std::size_t>(sites));
-  for (int s = 0; s < sites; ++s)
-    payloads[std::size_t(s)] = std::span<const std::byte>(encoded_).subspan(std::size_t(s) * E, E);
-  reduce_shard(codec, payloads, kept, ref, shard, scratch_);
+  wan_.reduce_scatter_encoded(
+      encoded_, seg, l.piece_bytes,
+      [&](int s, std::size_t c, std::span<const std::byte> received, std::span<std::byte> own) {
+        combine_piece(l, s, c, received, own, ef, scratch_);
+      });
+  // This rank holds segment me + 1's sum; the all-gather puts rank q's at block q.
+  const auto owned = static_cast<std::size_t>((me + 1) % sites);
+  const std::vector<std::byte> sum(
+      encoded_.begin() + static_cast<std::ptrdiff_t>(owned * seg),
+      encoded_.begin() + static_cast<std::ptrdiff_t>((owned + 1) * seg));
+  gathered_bytes_.resize(seg * static_cast<std::size_t>(sites));
+  wan_.all_gather(sum, gathered_bytes_);
+  for (int q = 0; q < sites; ++q) {  // block q is segment q + 1
+    const auto s = static_cast<std::size_t>((q + 1) % sites);
+    std::copy_n(gathered_bytes_.begin() + static_cast<std::ptrdiff_t>(std::size_t(q) * seg), seg,
+                encoded_.begin() + static_cast<std::ptrdiff_t>(s * seg));
+  }
+  finish_mean(l, codec, encoded_, kept, ref, shard, scratch_);
   const std::lock_guard lock(traffic_mu_);
-  traffic_.wire[k] += wan_.bytes()[CollectiveOp::kAllGather].sent - before;
+  traffic_.wire[k] += wan_.bytes()[CollectiveOp::kAllReduce].sent +
+                      wan_.bytes()[CollectiveOp::kAllGather].sent - before;
 }
 
 // The rows of one rank's control message: one PayloadHealth per due state (zero when the guard

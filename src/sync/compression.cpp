@@ -68,53 +68,126 @@ CodecViews CompressionState::views(optim::StateKind k, int fragment, int fragmen
   return v;
 }
 
-void compress_shard(const CodecViews& c, std::span<const float> state,
-                    std::span<const float> reference, std::span<float> feedback,
-                    std::span<std::byte> out, std::vector<float>& scratch) {
-  const std::size_t n = state.size();
-  if (reference.size() != n || (!feedback.empty() && feedback.size() != n))
-    throw Error("compression: a shard of " + std::to_string(n) + " values has a reference of " +
-                std::to_string(reference.size()) + " and feedback of " +
-                std::to_string(feedback.size()));
-  scratch.resize(n);
-  float* d = scratch.data();
-  if (feedback.empty()) {
-    for (std::size_t i = 0; i < n; ++i) d[i] = state[i] - reference[i];
-  } else {
-    for (std::size_t i = 0; i < n; ++i) d[i] = (state[i] - reference[i]) + feedback[i];
+namespace {
+// Values per encoded piece: about 64 Ki, a whole number of codec blocks.
+constexpr std::size_t kPieceTarget = std::size_t(1) << 16;
+}  // namespace
+
+RingLayout::RingLayout(const CodecViews& c, std::size_t m_, int sites_)
+    : codec(c.codec), block(c.block), m(m_), sites(sites_) {
+  piece_elems = (kPieceTarget + block - 1) / block * block;
+  piece_bytes = encoded_bytes(codec, piece_elems, block);
+  segment_bytes = 0;
+  for (int s = 0; s < sites; ++s) {
+    std::size_t bytes = 0;
+    for (std::size_t p = 0; p < pieces(s); ++p) bytes += encoded(s, p);
+    segment_bytes = std::max(segment_bytes, bytes);
   }
-  encode(c.codec, scratch, out, c.block);
-  if (feedback.empty()) return;
-  decode(c.codec, out, feedback, c.block);
-  for (std::size_t i = 0; i < n; ++i) feedback[i] = d[i] - feedback[i];
 }
 
-void reduce_shard(const CodecViews& c, std::span<const std::span<const std::byte>> payloads,
-                  std::span<const char> kept, std::span<float> reference, std::span<float> mean,
-                  std::vector<float>& scratch) {
-  const std::size_t n = mean.size();
-  if (reference.size() != n || kept.size() != payloads.size())
-    throw Error("compression: reducing a shard of " + std::to_string(n) + " values with a " +
-                std::to_string(reference.size()) + "-value reference and " +
-                std::to_string(kept.size()) + " verdicts for " + std::to_string(payloads.size()) +
-                " payloads");
-  scratch.resize(n);
-  std::fill(mean.begin(), mean.end(), 0.0f);
-  int sites = 0;
-  for (std::size_t s = 0; s < payloads.size(); ++s) {
-    if (!kept[s]) continue;
-    ++sites;
-    decode(c.codec, payloads[s], scratch, c.block);
-    for (std::size_t i = 0; i < n; ++i) mean[i] += scratch[i];
+std::size_t RingLayout::pieces(int s) const {
+  const std::size_t n = transport::segment(m, sites, s).count;
+  return (n + piece_elems - 1) / piece_elems;
+}
+
+transport::Range RingLayout::piece(int s, std::size_t c) const {
+  const transport::Range seg = transport::segment(m, sites, s);
+  const std::size_t lo = std::min(seg.count, c * piece_elems);
+  return {seg.offset + lo, std::min(seg.count - lo, piece_elems)};
+}
+
+std::size_t RingLayout::encoded(int s, std::size_t c) const {
+  const std::size_t n = piece(s, c).count;
+  return n == 0 ? 0 : encoded_bytes(codec, n, block);
+}
+
+void encode_contribution(const RingLayout& l, std::span<const float> state,
+                         std::span<const float> reference, std::span<float> feedback, bool zero,
+                         std::span<std::byte> out, std::vector<float>& scratch) {
+  if (state.size() != l.m || reference.size() != l.m ||
+      (!feedback.empty() && feedback.size() != l.m) ||
+      out.size() != l.segment_bytes * static_cast<std::size_t>(l.sites))
+    throw Error("compression: a shard of " + std::to_string(l.m) + " values got a state of " +
+                std::to_string(state.size()) + ", a reference of " +
+                std::to_string(reference.size()) + ", feedback of " +
+                std::to_string(feedback.size()) + " and " + std::to_string(out.size()) +
+                " bytes for its payload");
+  std::fill(out.begin(), out.end(), std::byte{0});
+  if (zero) {  // encoded zeros decode to zeros; what this site dropped before starts over
+    std::fill(feedback.begin(), feedback.end(), 0.0f);
+    return;
   }
-  if (sites == 0) throw Error("compression: every site's payload was left out");
-  const auto m = static_cast<float>(sites);
-  if (c.nonnegative) {
-    for (std::size_t i = 0; i < n; ++i) mean[i] = std::max(0.0f, reference[i] + mean[i] / m);
+  scratch.resize(l.m);
+  float* d = scratch.data();
+  if (feedback.empty()) {
+    for (std::size_t i = 0; i < l.m; ++i) d[i] = state[i] - reference[i];
   } else {
-    for (std::size_t i = 0; i < n; ++i) mean[i] = reference[i] + mean[i] / m;
+    for (std::size_t i = 0; i < l.m; ++i) d[i] = (state[i] - reference[i]) + feedback[i];
   }
-  std::copy(mean.begin(), mean.end(), reference.begin());
+  for (int s = 0; s < l.sites; ++s) {
+    std::size_t at = static_cast<std::size_t>(s) * l.segment_bytes;
+    for (std::size_t c = 0; c < l.pieces(s); ++c) {
+      const transport::Range r = l.piece(s, c);
+      const std::span<std::byte> bytes = out.subspan(at, l.encoded(s, c));
+      encode(l.codec, std::span<const float>(scratch).subspan(r.offset, r.count), bytes, l.block);
+      at += bytes.size();
+      if (feedback.empty()) continue;
+      const std::span<float> e = feedback.subspan(r.offset, r.count);
+      decode(l.codec, bytes, e, l.block);
+      for (std::size_t i = 0; i < r.count; ++i) e[i] = d[r.offset + i] - e[i];
+    }
+  }
+}
+
+void combine_piece(const RingLayout& l, int s, std::size_t c, std::span<const std::byte> received,
+                   std::span<std::byte> own, std::span<float> feedback,
+                   std::vector<float>& scratch) {
+  const transport::Range r = l.piece(s, c);
+  if (r.count == 0) return;  // padding
+  const std::size_t bytes = l.encoded(s, c);
+  if (received.size() < bytes || own.size() < bytes ||
+      (!feedback.empty() && feedback.size() != l.m))
+    throw Error("compression: piece " + std::to_string(c) + " of segment " + std::to_string(s) +
+                " needs " + std::to_string(bytes) + " bytes, got " +
+                std::to_string(received.size()) + " and " + std::to_string(own.size()));
+  scratch.resize(2 * r.count);
+  const std::span<float> sum = std::span<float>(scratch).first(r.count);
+  const std::span<float> mine = std::span<float>(scratch).subspan(r.count, r.count);
+  decode(l.codec, received.first(bytes), sum, l.block);
+  decode(l.codec, own.first(bytes), mine, l.block);
+  for (std::size_t i = 0; i < r.count; ++i) sum[i] = sum[i] + mine[i];
+  encode(l.codec, sum, own.first(bytes), l.block);
+  if (feedback.empty()) return;
+  decode(l.codec, own.first(bytes), mine, l.block);
+  const std::span<float> e = feedback.subspan(r.offset, r.count);
+  for (std::size_t i = 0; i < r.count; ++i) e[i] += sum[i] - mine[i];
+}
+
+void finish_mean(const RingLayout& l, const CodecViews& c, std::span<const std::byte> combined,
+                 int kept, std::span<float> reference, std::span<float> mean,
+                 std::vector<float>& scratch) {
+  if (reference.size() != l.m || mean.size() != l.m ||
+      combined.size() != l.segment_bytes * static_cast<std::size_t>(l.sites))
+    throw Error("compression: finishing a shard of " + std::to_string(l.m) + " values with a " +
+                std::to_string(reference.size()) + "-value reference and " +
+                std::to_string(combined.size()) + " bytes");
+  if (kept < 1) throw Error("compression: every site's payload was left out");
+  const auto k = static_cast<float>(kept);
+  for (int s = 0; s < l.sites; ++s) {
+    std::size_t at = static_cast<std::size_t>(s) * l.segment_bytes;
+    for (std::size_t p = 0; p < l.pieces(s); ++p) {
+      const transport::Range r = l.piece(s, p);
+      scratch.resize(r.count);
+      decode(l.codec, combined.subspan(at, l.encoded(s, p)), scratch, l.block);
+      at += l.encoded(s, p);
+      for (std::size_t i = 0; i < r.count; ++i) {
+        float v = reference[r.offset + i] + scratch[i] / k;
+        if (c.nonnegative) v = std::max(0.0f, v);
+        reference[r.offset + i] = v;
+        mean[r.offset + i] = v;
+      }
+    }
+  }
 }
 
 }  // namespace desloc::sync

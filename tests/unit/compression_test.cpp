@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "desloc/sync/averager.hpp"
@@ -58,8 +59,9 @@ TEST(Compression, AnAverageIsTheReferencePlusTheMeanOfTheDecodedDifferences) {
   EXPECT_EQ(ref, std::vector<float>(5, 1.75f));  // the new shared reference
   const auto k = static_cast<std::size_t>(StateKind::kX);
   EXPECT_EQ(avg.traffic(0).payload[k], 5 * sizeof(float));
-  // An all-gather of the encoded shard: each site sends its 10 bytes to the 2 others.
-  EXPECT_EQ(avg.traffic(0).wire[k], 2 * sync::encoded_bytes(Codec::kBf16, 5, 8));
+  // A ring of encoded segments (2, 2 and 1 values: 4 bytes each, padded): the reduce-scatter
+  // and the all-gather each send 2 of them.
+  EXPECT_EQ(avg.traffic(0).wire[k], 2 * 2 * 4u);
   // The setting is consumed: the next average is fp32 and leaves the reference alone.
   x[0].assign(5, 3.0f);
   avg.average(StateKind::kX, spans(x));
@@ -67,11 +69,14 @@ TEST(Compression, AnAverageIsTheReferencePlusTheMeanOfTheDecodedDifferences) {
   EXPECT_EQ(ref, std::vector<float>(5, 1.75f));
 }
 
-// The feedback holds exactly what the codec dropped, d - decode(encode(d)), and is added to the
-// next payload; the mean is the decoded payloads' mean in site order.
-TEST(Compression, ErrorFeedbackKeepsWhatQuantisationDroppedAndSendsItNextTime) {
-  constexpr std::size_t n = 37;
+// Two sites by hand, with the codec's own functions: each site's difference (with the feedback
+// it kept) encoded; segment 0 starts at site 0 and site 1 decodes it, adds its own decoded
+// segment and re-encodes the sum; segment 1 the other way round. The feedback keeps what each
+// encoding dropped, the site's own and the sum it re-encoded; the mean is the decoded sums.
+TEST(Compression, ErrorFeedbackKeepsWhatEveryEncodingDropped) {
+  constexpr std::size_t n = 37;  // segments [0, 19) and [19, 37)
   constexpr int M = 2;
+  constexpr std::size_t kSplit = 19;
   std::vector<float> ref(n);
   for (std::size_t i = 0; i < n; ++i) ref[i] = messy(9, i);
   std::vector<std::vector<float>> ef(M, std::vector<float>(n, 0.0f));
@@ -80,23 +85,34 @@ TEST(Compression, ErrorFeedbackKeepsWhatQuantisationDroppedAndSendsItNextTime) {
   for (int w = 0; w < M; ++w)
     for (std::size_t i = 0; i < n; ++i) x[std::size_t(w)][i] = ref[i] + messy(w, i);
 
-  // By hand, with the codec's own functions.
-  const std::size_t bytes = sync::encoded_bytes(Codec::kInt2, n, 8);
-  std::vector<float> sum(n, 0.0f), want_ef[M], want_ref = ref;
+  auto round_trip = [](std::span<const float> v, std::span<float> out) {
+    std::vector<std::byte> enc(sync::encoded_bytes(Codec::kInt2, v.size(), 8));
+    sync::encode(Codec::kInt2, v, enc, 8);
+    sync::decode(Codec::kInt2, enc, out, 8);
+  };
+  std::vector<float> d[M], own[M], want_ef[M];
   for (int w = 0; w < M; ++w) {
-    std::vector<float> d(n), dec(n);
+    d[w].resize(n);
+    own[w].resize(n);
     for (std::size_t i = 0; i < n; ++i)
-      d[i] = (x[std::size_t(w)][i] - ref[i]) + ef[std::size_t(w)][i];
-    std::vector<std::byte> enc(bytes);
-    sync::encode(Codec::kInt2, d, enc, 8);
-    sync::decode(Codec::kInt2, enc, dec, 8);
+      d[w][i] = (x[std::size_t(w)][i] - ref[i]) + ef[std::size_t(w)][i];
+    round_trip(std::span<const float>(d[w]).first(kSplit), std::span<float>(own[w]).first(kSplit));
+    round_trip(std::span<const float>(d[w]).subspan(kSplit),
+               std::span<float>(own[w]).subspan(kSplit));
     want_ef[w].resize(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      want_ef[w][i] = d[i] - dec[i];
-      sum[i] += dec[i];
+    for (std::size_t i = 0; i < n; ++i) want_ef[w][i] = d[w][i] - own[w][i];
+  }
+  std::vector<float> want_ref = ref, sum(n), dec(n);
+  for (const auto& [lo, hi, relay] :
+       {std::tuple{std::size_t{0}, kSplit, 1}, std::tuple{kSplit, n, 0}}) {
+    for (std::size_t i = lo; i < hi; ++i) sum[i] = own[1 - relay][i] + own[relay][i];
+    round_trip(std::span<const float>(sum).subspan(lo, hi - lo),
+               std::span<float>(dec).subspan(lo, hi - lo));
+    for (std::size_t i = lo; i < hi; ++i) {
+      want_ef[relay][i] += sum[i] - dec[i];
+      want_ref[i] = ref[i] + dec[i] / 2.0f;
     }
   }
-  for (std::size_t i = 0; i < n; ++i) want_ref[i] = ref[i] + sum[i] / 2.0f;
 
   sync::VirtualAverager avg(M, sync::SumOrder::kRing);
   avg.set_codec(StateKind::kU, views_of(Codec::kInt2, ref, &ef));
@@ -177,12 +193,15 @@ TEST(Compression, TheStateHandsOutEachFragmentsBlock) {
 // S sites x R ranks over UCX loopback: each rank encodes its shard, the WAN group all-gathers
 // them, the site all-gathers the means: equal bit for bit to the in-process averager, and the
 // wire carries (S - 1) encoded shards per rank.
-class CompressedAveragerTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+// 1003 values: one piece per segment. 2 x 65536 + 1 per rank: segments of more than one
+// encoded piece, the shorter ones padded with a piece of nothing.
+class CompressedAveragerTest : public ::testing::TestWithParam<std::tuple<int, int, std::size_t>> {
+};
 
 TEST_P(CompressedAveragerTest, EqualsTheInProcessAveragerBitForBit) {
-  const auto [S, R] = GetParam();
+  const auto [S, R, per_rank] = GetParam();
   test_support::Watchdog watchdog(60s);
-  constexpr std::size_t n = 1003;
+  const std::size_t n = per_rank * static_cast<std::size_t>(R);
   constexpr std::size_t kBlock = 16;
   std::vector<float> ref0(n);
   for (std::size_t i = 0; i < n; ++i) ref0[i] = messy(99, i);
@@ -237,16 +256,20 @@ TEST_P(CompressedAveragerTest, EqualsTheInProcessAveragerBitForBit) {
       EXPECT_EQ(0, std::memcmp(got_ef[me].data() + b.offset, ef[std::size_t(s)].data() + b.offset,
                                b.count * sizeof(float)))
           << "site " << s << " rank " << r;
-      EXPECT_EQ(traffic[me].wire[k],
-                kRounds * (S - 1) * sync::encoded_bytes(Codec::kInt4, b.count, kBlock));
+      // The reduce-scatter and the all-gather of encoded segments: S - 1 each.
+      const sync::RingLayout l(views_of(Codec::kInt4, ref, nullptr, kBlock), b.count, S);
+      EXPECT_EQ(traffic[me].wire[k], kRounds * 2 * (S - 1) * l.segment_bytes);
       EXPECT_EQ(traffic[me].payload[k], kRounds * n * sizeof(float));
     }
 }
 
 INSTANTIATE_TEST_SUITE_P(SitesByRanks, CompressedAveragerTest,
-                         ::testing::Values(std::make_tuple(2, 1), std::make_tuple(3, 1),
-                                           std::make_tuple(2, 2), std::make_tuple(3, 2)),
+                         ::testing::Values(std::make_tuple(2, 1, 1003), std::make_tuple(3, 1, 1003),
+                                           std::make_tuple(2, 2, 1003), std::make_tuple(3, 2, 1003),
+                                           std::make_tuple(2, 1, 131073),
+                                           std::make_tuple(3, 2, 131073)),
                          [](const auto& info) {
                            return std::to_string(std::get<0>(info.param)) + "x" +
-                                  std::to_string(std::get<1>(info.param));
+                                  std::to_string(std::get<1>(info.param)) + "_n" +
+                                  std::to_string(std::get<2>(info.param));
                          });

@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -92,6 +93,8 @@ struct RecvUnit {
   std::byte* dst = nullptr;
   std::size_t bytes = 0;
   bool reduce = false;
+  bool combine = false;  // reduce with the operation's EncodedCombine instead of a float sum
+  int segment = 0;       // with combine: the segment the chunk belongs to
   bool forward = false;
   int guard_send_step = -1;  // wait for our send (guard_send_step, chunk) before posting
 };
@@ -263,6 +266,47 @@ class UcxCollective final : public Collective {
     });
   }
 
+  void reduce_scatter_encoded(std::span<std::byte> segments, std::size_t segment_bytes,
+                              std::size_t piece_bytes, const EncodedCombine& combine) override {
+    if (segments.size() != segment_bytes * static_cast<std::size_t>(size_) || piece_bytes == 0)
+      throw Error("reduce_scatter_encoded: " + std::to_string(segments.size()) + " bytes for " +
+                  std::to_string(size_) + " segments of " + std::to_string(segment_bytes) +
+                  " bytes in pieces of " + std::to_string(piece_bytes));
+    OpState op = begin(CollectiveOp::kAllReduce);
+    op.base = segments.data();
+    guarded(op, [&] {
+      if (size_ == 1 || segment_bytes == 0) return;
+      const int n = size_;
+      const std::size_t pieces = (segment_bytes + piece_bytes - 1) / piece_bytes;
+      check_chunks(op, pieces);
+      auto piece = [&](int seg, std::size_t c) {
+        return std::pair{
+            segments.data() + static_cast<std::size_t>(seg) * segment_bytes + c * piece_bytes,
+            std::min(piece_bytes, segment_bytes - c * piece_bytes)};
+      };
+      // Step g sends segment r - g (at g = 0 this rank's own) and combines segment r - g - 1.
+      std::vector<SendUnit> first;
+      for (std::size_t c = 0; c < pieces; ++c) {
+        const auto [p, bytes] = piece(rank_, c);
+        first.push_back({0, c, p, bytes});
+      }
+      std::vector<RecvUnit> units;
+      for (int g = 0; g < n - 1; ++g)
+        for (std::size_t c = 0; c < pieces; ++c) {
+          RecvUnit u;
+          u.step = g;
+          u.chunk = c;
+          u.segment = mod(rank_ - g - 1, n);
+          std::tie(u.dst, u.bytes) = piece(u.segment, c);
+          u.reduce = true;
+          u.combine = true;
+          u.forward = g + 1 < n - 1;
+          units.push_back(u);
+        }
+      run_ring(op, first, units, &combine);
+    });
+  }
+
   void barrier() override {
     OpState op = begin(CollectiveOp::kBarrier);
     guarded(op, [&] {
@@ -342,7 +386,7 @@ class UcxCollective final : public Collective {
   // receives posted ahead, and as each receive lands (in order) sum or store it, then forward
   // it to the successor at the next step. Finishes when every send has completed.
   void run_ring(const OpState& op, const std::vector<SendUnit>& first,
-                const std::vector<RecvUnit>& units) {
+                const std::vector<RecvUnit>& units, const EncodedCombine* combine = nullptr) {
     if (static_cast<int>(units.size() > 0 ? units.back().step + 2 : 1) > kMaxSteps) {
       throw Error(std::string(op_name(op.op)) + ": too many ring steps for the tag layout");
     }
@@ -352,10 +396,13 @@ class UcxCollective final : public Collective {
 
     const bool any_reduce =
         std::any_of(units.begin(), units.end(), [](const RecvUnit& u) { return u.reduce; });
-    if (any_reduce && !options_.chunk_headers &&
-        scratch_.size() < window_ * chunk_bytes_ / sizeof(float)) {
-      scratch_.resize(window_ * chunk_bytes_ / sizeof(float));
-    }
+    // Scratch slots hold one received chunk each: chunk_bytes_, or the largest piece of an
+    // encoded reduce-scatter.
+    std::size_t slot_bytes = chunk_bytes_;
+    for (const RecvUnit& u : units) slot_bytes = std::max(slot_bytes, u.bytes);
+    const std::size_t slot = (slot_bytes + sizeof(float) - 1) / sizeof(float);  // floats
+    if (any_reduce && !options_.chunk_headers && scratch_.size() < window_ * slot)
+      scratch_.resize(window_ * slot);
     std::vector<Transfer*> recvs(units.size(), nullptr);
     std::size_t posted = 0;
     // A unit whose guard send is still in flight is not posted yet, so that receives for the
@@ -367,8 +414,7 @@ class UcxCollective final : public Collective {
     };
     auto post_one = [&] {
       const RecvUnit& u = units[posted];
-      void* dst = u.reduce ? static_cast<void*>(scratch_.data() +
-                                                (posted % window_) * (chunk_bytes_ / sizeof(float)))
+      void* dst = u.reduce ? static_cast<void*>(scratch_.data() + (posted % window_) * slot)
                            : static_cast<void*>(u.dst);
       recvs[posted] = &post_recv(op, dst, u.bytes, u.step, u.chunk);
       ++posted;
@@ -391,11 +437,16 @@ class UcxCollective final : public Collective {
       }
       // With chunk headers the payload sits verified in the transfer's staging buffer.
       const std::byte* payload = wait_recv(op, *recvs[k], u);
-      if (u.reduce) {
+      if (u.reduce && u.combine) {
+        const auto* src =
+            payload != nullptr
+                ? payload
+                : reinterpret_cast<const std::byte*>(scratch_.data() + (k % window_) * slot);
+        (*combine)(u.segment, u.chunk, {src, u.bytes}, {u.dst, u.bytes});
+      } else if (u.reduce) {
         auto* dst = reinterpret_cast<float*>(u.dst);
-        const float* src = payload != nullptr
-                               ? reinterpret_cast<const float*>(payload)
-                               : scratch_.data() + (k % window_) * (chunk_bytes_ / sizeof(float));
+        const float* src = payload != nullptr ? reinterpret_cast<const float*>(payload)
+                                              : scratch_.data() + (k % window_) * slot;
         const std::size_t count = u.bytes / sizeof(float);
         for (std::size_t i = 0; i < count; ++i) dst[i] += src[i];
       } else if (payload != nullptr && u.bytes != 0) {

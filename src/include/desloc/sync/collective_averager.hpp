@@ -61,10 +61,11 @@ class CollectiveAverager final : public Averager {
   transport::Collective* site_;
   transport::Collective* wan_reverse_;
   Traffic traffic_;
-  std::vector<float> gathered_;        // R blocks, for the intra-site all-gather
-  std::vector<PayloadHealth> health_;  // rows x R, then rows x S: the control exchange
-  std::vector<std::byte> encoded_;     // S encoded shards: a compressed average's all-gather
-  std::vector<float> scratch_;         // a compressed average's differences and decodes
+  std::vector<float> gathered_;            // R blocks, for the intra-site all-gather
+  std::vector<PayloadHealth> health_;      // rows x R, then rows x S: the control exchange
+  std::vector<std::byte> encoded_;         // S encoded segments: a compressed average's ring
+  std::vector<std::byte> gathered_bytes_;  // their sums, all-gathered
+  std::vector<float> scratch_;             // a compressed average's differences and decodes
 };
 
 }  // namespace desloc::sync

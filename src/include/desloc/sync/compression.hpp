@@ -3,13 +3,14 @@
 //
 // Between two averages of a state every site starts from the same value, the last mean: the
 // reference r, bit-identical on every site. A site sends d = s - r (+ e, its error-feedback
-// buffer) encoded with the state's codec; every site decodes every site's payload, sums them
-// in site order and takes
-//     mean = r + (sum of decoded d) / kept,   r <- mean,   s <- mean,
-// and, with error feedback, keeps e <- d - decode(encode(d)), the part quantisation dropped.
+// buffer) encoded with the state's codec; the encoded payloads are summed along a ring (each
+// site decodes, adds and re-encodes; see RingLayout) and every site takes
+//     mean = r + (decoded sum of d) / kept,   r <- mean,   s <- mean,
+// and, with error feedback, keeps e <- what quantisation dropped of its payload and of the
+// sums it re-encoded on the way.
 // The same bytes decode to the same floats everywhere, so the mean (and r) stay identical on
 // every site, and the in-process averager equals the networked one bit for bit: both call
-// compress_shard and reduce_shard below, shard by shard.
+// the functions below, shard by shard, in the same order.
 #pragma once
 
 #include <array>
@@ -21,6 +22,7 @@
 
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/codec.hpp"
+#include "desloc/transport/ring_order.hpp"
 
 namespace desloc::sync {
 
@@ -87,18 +89,55 @@ class CompressionState {
   std::array<std::vector<std::vector<float>>, 4> ef_;  // [kind][replica]
 };
 
-// One site's payload for one shard: d = state - reference (+ feedback), encoded into `out`
-// (encoded_bytes(codec, n, block) bytes). With feedback (not empty), feedback <- d -
-// decode(out). `scratch` is resized as needed.
-void compress_shard(const CodecViews& c, std::span<const float> state,
-                    std::span<const float> reference, std::span<float> feedback,
-                    std::span<std::byte> out, std::vector<float>& scratch);
-// The mean of the kept sites' payloads (`payloads[s]`, in site order; `kept[s]` false for a
-// site the payload guard left out), added to the reference: reference <- reference + sum /
-// kept (at least 0 when c.nonnegative), and `mean` receives it. Sums in float in site order,
-// then divides once.
-void reduce_shard(const CodecViews& c, std::span<const std::span<const std::byte>> payloads,
-                  std::span<const char> kept, std::span<float> reference, std::span<float> mean,
-                  std::vector<float>& scratch);
+// How one shard's compressed average lays out its bytes. It travels as a ring all-reduce of
+// encoded bytes (transport::Collective::reduce_scatter_encoded, then an all-gather): the
+// shard's m values are cut into one segment per site (transport::segment, as the fp32 ring
+// cuts them), each segment into pieces of piece_elems values that are encoded on their own
+// (the unit the transport pipelines), and every segment is padded with zeros to the largest.
+// piece_elems is a multiple of the codec block fixed by the codec alone, so every rank of a
+// job agrees on the layout whatever its link's chunk size.
+struct RingLayout {
+  RingLayout(const CodecViews& c, std::size_t m, int sites);
+  Codec codec;
+  std::size_t block;
+  std::size_t m;
+  int sites;
+  std::size_t piece_elems;
+  std::size_t piece_bytes;    // a whole piece, encoded
+  std::size_t segment_bytes;  // the largest segment, encoded; every segment padded to it
+
+  std::size_t pieces(int s) const;
+  // Elements of piece c of segment s, relative to the shard (count 0 past the segment's end).
+  transport::Range piece(int s, std::size_t c) const;
+  std::size_t encoded(int s, std::size_t c) const;  // bytes of that piece
+};
+
+// The sum of the sites' encoded differences, segment s reduced along the ring from site s:
+//  1. every site encodes d = state - reference (+ feedback), piece by piece, into its S
+//     segments (encode_contribution), keeping feedback <- d - decode(encoded);
+//  2. each next site on segment s's ring decodes what it received, adds its own decoded
+//     piece, and re-encodes the sum in place of its own (combine_piece); what that
+//     re-encoding dropped joins its feedback too, so no quantisation error is lost;
+//  3. the last site's segment is the sum, which an all-gather gives everyone, and
+//     finish_mean turns into reference + sum / kept on every site alike.
+// Two encodings per value on the wire, 2 (S - 1) / S of the encoded bytes per site, and the
+// same float operations in the same order in one process as over the network.
+
+// `out` holds sites * segment_bytes bytes. A site the payload guard rejected (`zero`) sends
+// zeros and its feedback restarts at zero. `feedback` is empty without error feedback.
+void encode_contribution(const RingLayout& l, std::span<const float> state,
+                         std::span<const float> reference, std::span<float> feedback, bool zero,
+                         std::span<std::byte> out, std::vector<float>& scratch);
+// Piece c of segment s (`received` and `own` hold at least its encoded bytes; padding is left
+// alone): own <- encode(decode(received) + decode(own)). `feedback` is the whole shard's (or
+// empty).
+void combine_piece(const RingLayout& l, int s, std::size_t c, std::span<const std::byte> received,
+                   std::span<std::byte> own, std::span<float> feedback,
+                   std::vector<float>& scratch);
+// `combined` holds every segment's sum, segment s at s * segment_bytes: reference <- reference
+// + sum / kept (at least 0 when c.nonnegative), and `mean` receives it (it may be the state).
+void finish_mean(const RingLayout& l, const CodecViews& c, std::span<const std::byte> combined,
+                 int kept, std::span<float> reference, std::span<float> mean,
+                 std::vector<float>& scratch);
 
 }  // namespace desloc::sync

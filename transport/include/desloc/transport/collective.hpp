@@ -119,6 +119,19 @@ class Collective {
   virtual void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) = 0;
   // Copies root's data into every rank's data (same length on every rank).
   virtual void broadcast(std::span<std::byte> data, int root) = 0;
+  // A ring reduce-scatter of encoded bytes (compressed averages, issue 14). `segments` holds
+  // size() segments of segment_bytes each, segment s at s * segment_bytes; each is cut into
+  // pieces of piece_bytes (the last one shorter), the unit of the pipeline. As in
+  // all_reduce_sum, segment k's reduction starts at rank k and passes through every next rank
+  // in ring order: a rank that receives piece c of segment s calls combine(s, c, received,
+  // its own piece), which must leave in its own piece what it forwards. Afterwards rank r's
+  // segment (r + 1) mod size() holds the combination of every rank's; its other segments are
+  // unspecified. Counted as an all-reduce in bytes(). Backends without it throw Error.
+  using EncodedCombine =
+      std::function<void(int segment, std::size_t piece, std::span<const std::byte> received,
+                         std::span<std::byte> own)>;
+  virtual void reduce_scatter_encoded(std::span<std::byte> segments, std::size_t segment_bytes,
+                                      std::size_t piece_bytes, const EncodedCombine& combine);
   // Returns once every rank has entered the barrier.
   virtual void barrier() = 0;
 
