@@ -2,6 +2,8 @@
 // and predict a job on one.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
 
 #include <cmath>
 #include <cstdint>
@@ -17,6 +19,8 @@
 #include "desloc/model/param_layout.hpp"
 #include "desloc/report/svg_chart.hpp"
 #include "desloc/report/topology_svg.hpp"
+#include "desloc/sync/codec.hpp"
+#include "desloc/sync/compression.hpp"
 #include "desloc/topology/planner.hpp"
 #include "desloc/topology/simulator.hpp"
 #include "desloc/train/config.hpp"
@@ -25,6 +29,38 @@
 
 namespace desloc::cli {
 namespace {
+
+// The codecs of a job's [sync], priced for the planner and the simulator: encoded bytes per
+// fp32 byte (scales included), and the codec work of one average on one rank, taken as five
+// passes over its shard (its own encoding, the decode-add-encode of the sums it relays, the
+// final decode) at 3 GB/s per core, about bench_codec's slowest codec here (int2 encode).
+struct CodecPrice {
+  std::array<double, 3> ratio{1.0, 1.0, 1.0};
+  std::array<double, 3> seconds{};
+  std::string keys;  // the config lines, "codec_x = \"int8\"\n..."
+};
+constexpr double kCodecPasses = 5.0;
+constexpr double kCodecBytesPerSecond = 3e9;
+
+CodecPrice price_codecs(const train::JobConfig& cfg, double params) {
+  CodecPrice p;
+  const sync::CompressionConfig c = cfg.sync.compression();
+  if (!c.any()) return p;
+  const auto n = static_cast<std::size_t>(std::max(1.0, params));
+  const std::array<optim::StateKind, 3> kinds = {optim::StateKind::kX, optim::StateKind::kU,
+                                                 optim::StateKind::kV};
+  const std::array<const char*, 3> keys = {"codec_x", "codec_u", "codec_v"};
+  for (std::size_t k = 0; k < 3; ++k) {
+    if (!c.compresses(kinds[k])) continue;
+    p.ratio[k] = double(sync::encoded_bytes(c.of(kinds[k]), n, c.block)) / (4.0 * double(n));
+    p.seconds[k] =
+        kCodecPasses * 4.0 * params / (kCodecBytesPerSecond * double(cfg.job.ranks_per_site));
+    p.keys += fmt::format("{} = \"{}\"\n", keys[k], sync::to_string(c.of(kinds[k])));
+  }
+  p.keys += fmt::format("codec_block = {}\nerror_feedback = {}", c.block,
+                        c.error_feedback ? "true" : "false");
+  return p;
+}
 
 struct PlanOptions {
   std::string topology, config, out, svg_dir;
@@ -54,6 +90,10 @@ int run_plan(const PlanOptions& o) {
   req.fragments = o.fragments;
   req.max_delay = o.max_delay;
   req.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(sites.size()));
+  const CodecPrice codecs = price_codecs(cfg, model::parameter_count(cfg.model));
+  req.wire_ratio = codecs.ratio;
+  req.codec_s = codecs.seconds;
+  req.codec_keys = codecs.keys;
   const auto plan = topology::make_plan(topo, req);
   for (const auto& line : plan.explanation) std::printf("%s\n", line.c_str());
   std::printf("\n%s", plan.config_fragment.c_str());
@@ -138,6 +178,9 @@ int run_simulate(const SimulateOptions& o) {
         fmt::format("{}: train.steps = {} is more than the simulator walks ({}); pass --steps",
                     cfg.source, cfg.train.steps, kMaxSimulatedSteps));
   base.state_bytes = 4.0 * params;
+  const CodecPrice codecs = price_codecs(cfg, params);
+  base.wire_ratio = codecs.ratio;
+  base.codec_s = codecs.seconds;
   base.overlap = o.overlap;
   base.overlap_step = cfg.sync.overlap == "step";
   base.delay = cfg.sync.effective_delays();
@@ -169,6 +212,15 @@ int run_simulate(const SimulateOptions& o) {
             : std::string()))
           .c_str(),
       o.jitter);
+  if (!codecs.keys.empty()) {
+    std::string line = codecs.keys;
+    std::replace(line.begin(), line.end(), '\n', ' ');
+    std::printf(
+        "codecs on every method's averages of x, u and v: %s (x %.3fx, u %.3fx, v %.3fx of fp32 "
+        "on the wire, %.3f s of codec work per average of a state)\n",
+        line.c_str(), codecs.ratio[0], codecs.ratio[1], codecs.ratio[2],
+        std::max({codecs.seconds[0], codecs.seconds[1], codecs.seconds[2]}));
+  }
   std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s\n", "method", "ms/step", "total", "comm s",
               "wait s", "syncs", "MB/site", "vs none");
   double none_total = 0;

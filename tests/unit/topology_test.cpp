@@ -457,3 +457,43 @@ TEST(Planner, AbsurdLinksAndTargetsAreRefusedAtOnce) {
   req.steps = 100000;
   EXPECT_NO_THROW(make_plan(fast, req));
 }
+
+// Compressed averages (sync.codec_*): the simulator sends each state's encoded bytes and adds
+// its codec time; the planner prices the weighted mean of x's, u's and v's and so finds a
+// shorter period, and repeats the codec keys in its config fragment.
+TEST(Planner, CodecsShrinkTheAveragesAndThePeriod) {
+  const Topology t = parse_topology(topology_toml("ABC", 100, triangle, 0.0), "tri.toml");
+  SimJob job;
+  job.state_bytes = 3e6;
+  job.steps = 96;
+  job.schedule = {SyncMethod::kDesloc, 16, 48, 96, 0, 0, 0};
+  const auto fp32 = simulate(t, job);
+  job.wire_ratio = {0.25, 0.5, 1.0};
+  job.codec_s = {0.01, 0.02, 0.0};
+  const auto coded = simulate(t, job);
+  const double per_state = 3e6 * 4.0 / 3.0;  // a ring sends 2(n-1)/n of the payload
+  EXPECT_NEAR(fp32.bytes_per_site, per_state * (6 + 2 + 1), 1e-3);
+  EXPECT_NEAR(coded.bytes_per_site, per_state * (6 * 0.25 + 2 * 0.5 + 1 * 1.0), 1e-3);
+  const std::vector<std::string> ring = {"A", "B", "C"};
+  const double expect = 9.6 + 6 * (ring_seconds(t, ring, 0.75e6) + 0.01) +
+                        2 * (ring_seconds(t, ring, 1.5e6) + 0.02) + ring_seconds(t, ring, 3e6);
+  EXPECT_NEAR(coded.total_s, expect, 1e-9);
+
+  PlanRequest req;
+  req.state_bytes = 3.3e6;
+  req.steps = 100000;
+  const Plan plain = make_plan(t, req);
+  req.wire_ratio = {0.25, 0.25, 0.25};
+  req.codec_keys = "codec_x = \"int8\"\ncodec_u = \"int8\"\ncodec_v = \"int8\"";
+  const Plan coded_plan = make_plan(t, req);
+  // No latency: a quarter of the bytes is a quarter of the time, and of the period (rounded).
+  EXPECT_NEAR(double(coded_plan.kx), double(plain.kx) / 4.0, 1.0);
+  EXPECT_NE(coded_plan.config_fragment.find("codec_u = \"int8\""), std::string::npos);
+  bool said = false;
+  for (const auto& line : coded_plan.explanation) said = said || line.starts_with("codecs: ");
+  EXPECT_TRUE(said);
+  // Codec time counts like wire time.
+  req.codec_s = {10 * coded_plan.chosen.seconds, 10 * coded_plan.chosen.seconds,
+                 10 * coded_plan.chosen.seconds};
+  EXPECT_GT(make_plan(t, req).kx, 5 * coded_plan.kx);
+}

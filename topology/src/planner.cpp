@@ -32,8 +32,9 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
   // Each batch starts with a control exchange that blocks (as simulate prices it): at least P
   // of them per x window.
   const double exchange = exchange_seconds(t, ring.order);
-  auto seconds = [&](int parts) {
-    return ring_seconds(t, ring.order, req.state_bytes / parts, ring.lanes);
+  auto seconds = [&](int parts, std::size_t k = 0) {  // one fragment's average of state k
+    return ring_seconds(t, ring.order, req.state_bytes * req.wire_ratio[k] / parts, ring.lanes) +
+           req.codec_s[k] / parts;
   };
   for (std::int64_t kx = std::max<std::int64_t>(lowest, 2); kx <= highest; ++kx) {
     std::optional<Streaming> best;
@@ -68,7 +69,7 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
         const SyncSchedule sched{SyncMethod::kDesloc, kx,        a * kx, b * kx, 0, pl.pu, pl.pv, p,
                                  pl.parts_u,          pl.parts_v};
         c.fragment_s = seconds(p);
-        const double su = seconds(sched.parts_u()), sv = seconds(sched.parts_v());
+        const double su = seconds(sched.parts_u(), 1), sv = seconds(sched.parts_v(), 2);
         for (std::int64_t step = 1; step <= b * kx; ++step) {
           const SyncDecision d = sched.at(step);
           c.batch_s =
@@ -85,6 +86,8 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
         job.schedule = sched;
         job.steps = 2 * b * kx + kx;
         job.state_bytes = req.state_bytes;
+        job.wire_ratio = req.wire_ratio;
+        job.codec_s = req.codec_s;
         job.ring = ring.order;
         job.lanes = ring.lanes;
         job.delay = {c.tau, c.tau, c.tau};
@@ -161,6 +164,11 @@ double bottleneck(const Topology& t, const std::vector<std::string>& order, int 
   return b;
 }
 
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
 std::string mbit(double bytes_per_s) { return fmt::format("{:.0f} Mbit/s", bytes_per_s * 8 / 1e6); }
 
 }  // namespace
@@ -175,7 +183,25 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   Plan plan;
   const auto names = t.site_names();
   for (const auto& s : t.sites) plan.step_s = std::max(plan.step_s, s.step_s);
-  const double P = req.state_bytes;
+
+  // Ku and Kv. Rule: Ku = 3 Kx (the paper's default). Kv / Ku = the ratio of the moments'
+  // half-lives tau = ln 0.5 / ln beta, rounded and clamped to [2, 8]: v remembers longer than
+  // u by that factor, so it can be averaged that much less often. beta1 = 0.9, beta2 = 0.95
+  // give tau 6.6 and 13.5 steps, ratio 2: Kv = 6 Kx, the paper's default again.
+  const double tau1 = half_life(req.beta1), tau2 = half_life(req.beta2);
+  const std::int64_t a = 3;
+  const auto b = a * std::clamp<std::int64_t>(std::llround(tau2 / tau1), 2, 8);
+
+  // Codecs: one "state average" below is the mean of x's, u's and v's weighted by how often
+  // each comes (1, 1 / a, 1 / b per x window): encoded bytes on the ring plus codec time.
+  const double weights = 1.0 + 1.0 / double(a) + 1.0 / double(b);
+  const double ratio =
+      (req.wire_ratio[0] + req.wire_ratio[1] / double(a) + req.wire_ratio[2] / double(b)) / weights;
+  const double codec_s =
+      names.size() > 1
+          ? (req.codec_s[0] + req.codec_s[1] / double(a) + req.codec_s[2] / double(b)) / weights
+          : 0.0;
+  const double P = req.state_bytes * ratio;
 
   // Rings: the first site fixed (rotations are the same ring), every order of the rest.
   // Sites beyond 9 would make (n-1)! too large; then the order is improved greedily.
@@ -220,15 +246,7 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
       plan.candidates.push_back({"star", {root}, 1, star_seconds(t, root, P), b});
     }
   }
-  const double sync = plan.chosen.seconds;
-
-  // Ku and Kv. Rule: Ku = 3 Kx (the paper's default). Kv / Ku = the ratio of the moments'
-  // half-lives tau = ln 0.5 / ln beta, rounded and clamped to [2, 8]: v remembers longer than
-  // u by that factor, so it can be averaged that much less often. beta1 = 0.9, beta2 = 0.95
-  // give tau 6.6 and 13.5 steps, ratio 2: Kv = 6 Kx, the paper's default again.
-  const double tau1 = half_life(req.beta1), tau2 = half_life(req.beta2);
-  const std::int64_t a = 3;
-  const auto b = a * std::clamp<std::int64_t>(std::llround(tau2 / tau1), 2, 8);
+  const double sync = plan.chosen.seconds + codec_s;
 
   // The smallest Kx within target. overhead() falls as Kx grows like 1 / Kx: start from the
   // closed form and correct it by a step or two. A target that needs Kx beyond train.steps
@@ -356,6 +374,12 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
                   req.delayed   ? " (delayed averages, sync.overlap = \"delayed\")"
                   : req.overlap ? " (syncs overlapped with compute)"
                                 : " (blocking syncs)"));
+  if (ratio != 1.0 || codec_s > 0)
+    e.push_back(fmt::format(
+        "codecs: {}; on the wire {:.3f}x of fp32 (x {:.3f}x, u {:.3f}x, v {:.3f}x, weighted 1, "
+        "1/{}, 1/{}), plus {:.3f} s of codec work per average",
+        req.codec_keys.empty() ? std::string("as given") : one_line(req.codec_keys), ratio,
+        req.wire_ratio[0], req.wire_ratio[1], req.wire_ratio[2], a, b, codec_s));
   for (const auto& c : plan.candidates)
     e.push_back(fmt::format("candidate {}: {:.3f} s per all-reduce, slowest link {}", c.describe(),
                             c.seconds, mbit(c.bottleneck_bps)));
@@ -432,7 +456,7 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   for (const auto& s : plan.chosen.order) quoted.push_back("\"" + s + "\"");
   plan.config_fragment = fmt::format(
       "# from `desloc plan`: {}, predicted overhead {:.2f}%\n[sync]\nmethod = \"desloc\"\n"
-      "kx = {}\nku = {}\nkv = {}\nphase_x = 0\nphase_u = {}\nphase_v = {}\n{}\n[job]\n"
+      "kx = {}\nku = {}\nkv = {}\nphase_x = 0\nphase_u = {}\nphase_v = {}\n{}{}\n[job]\n"
       "sites = [{}]  # the ring order\n\n[transport]\nlanes = {}\n",
       plan.chosen.describe(), 100 * plan.overhead, plan.kx, plan.ku, plan.kv, plan.phase_u,
       plan.phase_v,
@@ -443,7 +467,8 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
                                                            plan.fragments_u, plan.fragments_v)
                                              : "")
           : "",
-      fmt::join(quoted, ", "), plan.chosen.lanes);
+      req.codec_keys.empty() ? "" : req.codec_keys + "\n", fmt::join(quoted, ", "),
+      plan.chosen.lanes);
   return plan;
 }
 

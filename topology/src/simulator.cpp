@@ -34,8 +34,9 @@ SimResult simulate(const Topology& t, const SimJob& job) {
                                     std::max(1, plan.parts_v())};
   std::array<double, 3> sync{}, per_state_bytes{};
   for (std::size_t k = 0; k < 3; ++k) {
-    const double bytes = job.state_bytes / double(parts[k]);
-    sync[k] = ring_seconds(t, ring, bytes, job.lanes);
+    const double bytes = job.state_bytes * job.wire_ratio[k] / double(parts[k]);
+    sync[k] =
+        ring_seconds(t, ring, bytes, job.lanes) + (n > 1 ? job.codec_s[k] / double(parts[k]) : 0.0);
     per_state_bytes[k] = n > 1 ? bytes * 2.0 * double(n - 1) / double(n) : 0.0;
   }
   // The gradient (DDP) travels whole.

@@ -27,6 +27,7 @@
 // fragments.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -50,6 +51,13 @@ struct PlanRequest {
   // this trades a longer period for a shorter delay.
   std::int64_t max_delay = 0;
   int lanes = 1;  // transport.lanes, already reduced by effective_lanes()
+  // Compressed averages (sync.codec_*), by state x, u, v: wire bytes per fp32 byte, and the
+  // seconds of codec work one site spends on one average of the whole state. The planner
+  // prices a state's average as its encoded bytes over the ring plus that time; Kx, Ku and Kv
+  // keep their ratios, so the three are weighted 1, Kx / Ku and Kx / Kv.
+  std::array<double, 3> wire_ratio{1.0, 1.0, 1.0};
+  std::array<double, 3> codec_s{};
+  std::string codec_keys;  // the [sync] codec lines the config fragment repeats
 };
 
 struct Schedule {

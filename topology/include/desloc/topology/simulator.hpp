@@ -35,9 +35,13 @@ struct SimJob {
   std::int64_t steps = 1000;
   double state_bytes = 0;         // one state buffer (4 x parameters)
   std::vector<std::string> ring;  // WAN ring order; empty = the topology's site order
-  int lanes = 1;                  // 2 = also the reversed ring (3+ sites)
-  bool overlap = false;           // the unbounded what-if
-  bool overlap_step = false;      // sync.overlap = "step"
+  // Compressed averages, by state x, u, v (PlanRequest's): wire bytes per fp32 byte, and the
+  // codec's seconds per average of the whole state, added to that average's time.
+  std::array<double, 3> wire_ratio{1.0, 1.0, 1.0};
+  std::array<double, 3> codec_s{};
+  int lanes = 1;              // 2 = also the reversed ring (3+ sites)
+  bool overlap = false;       // the unbounded what-if
+  bool overlap_step = false;  // sync.overlap = "step"
   // sync.overlap = "delayed": tau of x, u and v (all 0 = not delayed).
   std::array<std::int64_t, 3> delay{};
   bool delayed() const { return delay[0] > 0; }
