@@ -38,6 +38,7 @@ overhead=0.05
 delay=1
 fragments=1
 max_delay=0
+codec=''
 pin=0
 bed=e2e$$
 bed=${bed:0:8}
@@ -47,7 +48,7 @@ usage() {
 usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--links A-B=1gbit,...] [--steps N] [--kx K]
        [--target NATS] [--methods none,ddp,local_adam,desloc] [--results DIR] [--quick]
        [--rtt T] [--tcp-buffer BYTES] [--budget SECONDS] [--plan] [--target-overhead F]
-       [--delay TAU] [--fragments P] [--max-delay N] [--pin] [--starved]
+       [--delay TAU] [--fragments P] [--max-delay N] [--codec NAME] [--pin] [--starved]
 
 Runs as root (network namespaces). Defaults: 3 sites on 100 Mbit links, 300 steps of the
 quickstart model (B = 8 per site, one rank per site), Kx = $kx, target validation loss
@@ -68,6 +69,8 @@ $target nats. Method none is the compute-only reference (no communication at all
              (default $fragments): streaming DES-LOC with desloc-delayed
   --max-delay  with --plan: \`desloc plan --delayed --max-delay N\` for NAME-delayed methods
              (the largest delay the plan may use; default $max_delay = any)
+  --codec    sync.codec_x, codec_u and codec_v of the DES-LOC methods (bf16, int8, int4,
+             int2; with error feedback), also in the config \`desloc plan\` prices
   --pin      pin site i's worker to CPU i mod nproc (taskset), so that a site's compute and
              its communication thread share one core, as they would on a dedicated host
   --budget   train every method for about SECONDS of step time (evaluation excluded) instead
@@ -108,6 +111,7 @@ while [[ $# -gt 0 ]]; do
     --delay) delay=$2; shift 2 ;;
     --fragments) fragments=$2; shift 2 ;;
     --max-delay) max_delay=$2; shift 2 ;;
+    --codec) codec=$2; shift 2 ;;
     --pin) pin=1; shift ;;
     --starved) rate=5mbit; rtt=40ms; budget=240; plan=1; target=3.0
       methods=none,ddp,local_adam,desloc,desloc-delayed; shift ;;
@@ -169,6 +173,10 @@ write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file,
     local_adam*|favg*) period="kx = ${la_kx:-$kx}" ;;
   esac
   [[ -z $lanes ]] || lanes_line="lanes = $lanes"
+  if [[ -n $codec && $name == desloc ]]; then
+    overlap+=$'\n'"codec_x = \"$codec\""$'\n'"codec_u = \"$codec\""$'\n'"codec_v = \"$codec\""
+    overlap+=$'\n'"error_feedback = true"
+  fi
   cat >"$2" <<EOF
 # bench_e2e_netbed: the quickstart model, $1, ${#site_list[@]} sites on $rate links.
 [model]

@@ -13,10 +13,13 @@
 // --fragments A,B,... with --delays: streaming instead: at each Kx, DES-LOC blocking and
 // delayed averages of P fragments (sync.fragments = P <= Kx) for each tau, against whole
 // delayed averages at the same tau.
+// --codecs: the bytes-against-loss table of compressed averages instead (issue 14): DDP, Local
+// Adam and DES-LOC fp32 against DES-LOC with bf16, int8, int4 (without and with error
+// feedback) and int2 with error feedback on x, u and v, and the sites training alone.
 //
 //   bench_lm_sync [--data data/brown] [--out-dir bench_out/lm_sync] [--steps 3072]
 //                 [--kx 16,256] [--workers 4] [--threads 2] [--delays 1,4,8]
-//                 [--fragments 2,4,16]
+//                 [--fragments 2,4,16] [--codecs] [--codec-block 64]
 #include <fmt/format.h>
 
 #include <cmath>
@@ -50,6 +53,8 @@ struct Options {
   int threads = 2;
   std::vector<std::int64_t> delays;     // the delayed-average study when not empty
   std::vector<std::int64_t> fragments;  // with delays: the streaming study
+  bool codecs = false;                  // the codec study
+  int codec_block = 64;
 };
 
 struct Method {
@@ -59,6 +64,8 @@ struct Method {
   std::string overlap = "none";
   std::int64_t delay = 0;
   int fragments = 1;
+  std::string codec = "fp32";  // of x, u and v
+  bool error_feedback = false;
 };
 
 struct Outcome {
@@ -72,7 +79,7 @@ Options parse(int argc, char** argv) {
   Options o;
   bench::Flags(
       "bench_lm_sync [--data DIR] [--out-dir DIR] [--steps N] [--kx A,B] [--workers M] [--threads "
-      "T] [--delays A,B] [--fragments A,B]")
+      "T] [--delays A,B] [--fragments A,B] [--codecs] [--codec-block N]")
       .add("--data", o.data)
       .add("--out-dir", o.out_dir)
       .add("--steps", o.steps)
@@ -81,6 +88,8 @@ Options parse(int argc, char** argv) {
       .add("--threads", o.threads)
       .add("--delays", o.delays)
       .add("--fragments", o.fragments)
+      .add("--codecs", o.codecs)
+      .add("--codec-block", o.codec_block)
       .parse(argc, argv);
   if (!o.fragments.empty() && o.delays.empty())
     throw desloc::ConfigError("bench_lm_sync: --fragments needs --delays (the streaming study)");
@@ -89,23 +98,31 @@ Options parse(int argc, char** argv) {
 
 // Wire bytes per worker that the schedule must produce: one ring all-reduce per due state (of
 // its fragment, with sync.fragments), 2(M-1)/M of the payload each (rounded per average as the
-// averager counts it).
+// averager counts it); a compressed state's ring sends 2(M-1) encoded segments of its fragment
+// (sync::RingLayout).
 std::uint64_t expected_bytes(const sync::SyncConfig& s, std::int64_t steps,
                              std::uint64_t model_floats) {
   const sync::SyncPolicy p(s);
+  const sync::CompressionConfig codecs = s.compression();
   const auto M = static_cast<std::uint64_t>(s.workers);
-  auto wire = [&](int fragment, int fragments) -> std::uint64_t {
-    const std::uint64_t bytes =
-        transport::block(model_floats, fragments, fragment).count * sizeof(float);
-    return M > 1 ? bytes * 2 * (M - 1) / M : 0;
+  auto wire = [&](optim::StateKind kind, int fragment, int fragments) -> std::uint64_t {
+    const std::uint64_t floats = transport::block(model_floats, fragments, fragment).count;
+    if (M <= 1) return 0;
+    if (kind != optim::StateKind::kGrad && codecs.compresses(kind)) {
+      sync::CodecViews c;
+      c.codec = codecs.of(kind);
+      c.block = codecs.block;
+      return 2 * (M - 1) * sync::RingLayout(c, floats, static_cast<int>(M)).segment_bytes;
+    }
+    return floats * sizeof(float) * 2 * (M - 1) / M;
   };
   std::uint64_t n = 0;
   for (std::int64_t t = 1; t <= steps; ++t) {
     const auto d = p.at(t);
-    if (d.grad) n += wire(0, 1);
-    if (d.x) n += wire(d.frag_x, d.parts_x);
-    if (d.u) n += wire(d.frag_u, d.parts_u);
-    if (d.v) n += wire(d.frag_v, d.parts_v);
+    if (d.grad) n += wire(optim::StateKind::kGrad, 0, 1);
+    if (d.x) n += wire(optim::StateKind::kX, d.frag_x, d.parts_x);
+    if (d.u) n += wire(optim::StateKind::kU, d.frag_u, d.parts_u);
+    if (d.v) n += wire(optim::StateKind::kV, d.frag_v, d.parts_v);
   }
   return n;
 }
@@ -122,6 +139,11 @@ std::vector<Outcome> train_all(const Options& o, const std::vector<Method>& meth
     cfg.sync.overlap = m.overlap;
     cfg.sync.delay = m.delay;
     cfg.sync.fragments = m.fragments;
+    if (m.codec != "fp32") {
+      cfg.sync.codec_x = cfg.sync.codec_u = cfg.sync.codec_v = m.codec;
+      cfg.sync.codec_block = o.codec_block;
+      cfg.sync.error_feedback = m.error_feedback;
+    }
     cfg.train.out_dir = (fs::path(o.out_dir) / m.label).string();
     fs::remove_all(cfg.train.out_dir);
     std::printf("  training %-18s ... ", m.label.c_str());
@@ -246,8 +268,110 @@ int run_streaming(const Options& o) {
   return 0;
 }
 
+// Compressed averages against fp32 DES-LOC at the same Kx, DDP, Local Adam and the sites alone.
+int run_codecs(const Options& o) {
+  struct Variant {
+    const char* codec;
+    bool ef;
+  };
+  const std::vector<Variant> variants = {
+      {"bf16", false}, {"int8", false}, {"int4", false}, {"int4", true}, {"int2", true}};
+  auto label = [](std::int64_t k, const Variant& v) {
+    return fmt::format("desloc_k{}_{}{}", k, v.codec, v.ef ? "_ef" : "");
+  };
+  std::vector<Method> methods = {{"none", "none", 1}, {"ddp", "ddp", 1}};
+  for (std::int64_t k : o.kx) {
+    methods.push_back({fmt::format("local_adam_k{}", k), "local_adam", k});
+    methods.push_back({fmt::format("desloc_k{}", k), "desloc", k});
+    for (const Variant& v : variants) {
+      Method m{label(k, v), "desloc", k};
+      m.codec = v.codec;
+      m.error_feedback = v.ef;
+      methods.push_back(m);
+    }
+  }
+  std::printf(
+      "bench_lm_sync --codecs: M = %d virtual workers, %lld steps, %d thread(s); DES-LOC Ku = "
+      "3Kx, Kv = 6Kx; codecs on x, u and v, block %d; a compressed average is a ring of the "
+      "encoded differences from the last mean\n",
+      o.workers, static_cast<long long>(o.steps), o.threads, o.codec_block);
+  const std::vector<Outcome> outcomes = train_all(o, methods);
+  const double ddp_bytes = double(find(outcomes, "ddp").result.bytes_sent_per_worker);
+  std::printf("%-22s %9s %10s %13s %9s %10s\n", "method", "val loss", "vs fp32", "bytes/worker",
+              "vs fp32", "DDP/this");
+  std::printf("%s\n", std::string(78, '-').c_str());
+  auto row = [&](const Outcome& oc, const Outcome* fp32) {
+    const double bytes = double(oc.result.bytes_sent_per_worker);
+    const double loss = oc.result.last_val_loss;
+    std::printf(
+        "%-22s %9.4f %10s %13s %9s %10s\n", oc.m.label.c_str(), loss,
+        fp32 != nullptr ? fmt::format("{:+.2f}%", 100.0 * (loss - fp32->result.last_val_loss) /
+                                                      fp32->result.last_val_loss)
+                              .c_str()
+                        : "-",
+        bench::human_bytes(bytes).c_str(),
+        fp32 != nullptr
+            ? fmt::format("{:.3f}x", bytes / double(fp32->result.bytes_sent_per_worker)).c_str()
+            : "-",
+        bytes > 0 ? fmt::format("{:.0f}x", ddp_bytes / bytes).c_str() : "-");
+  };
+  row(find(outcomes, "none"), nullptr);
+  row(find(outcomes, "ddp"), nullptr);
+  for (std::int64_t k : o.kx) {
+    const Outcome& fp32 = find(outcomes, fmt::format("desloc_k{}", k));
+    row(find(outcomes, fmt::format("local_adam_k{}", k)), &fp32);
+    row(fp32, &fp32);
+    for (const Variant& v : variants) row(find(outcomes, label(k, v)), &fp32);
+  }
+  // The issue's targets, each judged at every Kx.
+  std::printf("\n");
+  bool all_ok = true;
+  for (std::int64_t k : o.kx) {
+    const Outcome& fp32 = find(outcomes, fmt::format("desloc_k{}", k));
+    auto judge = [&](const std::string& name, double max_loss, double max_bytes) {
+      const Outcome& oc = find(outcomes, name);
+      const double dl =
+          (oc.result.last_val_loss - fp32.result.last_val_loss) / fp32.result.last_val_loss;
+      const double br =
+          double(oc.result.bytes_sent_per_worker) / double(fp32.result.bytes_sent_per_worker);
+      const bool ok = dl <= max_loss && br <= max_bytes;
+      all_ok = all_ok && ok;
+      std::printf(
+          "Kx = %-4lld %-22s loss %+.2f%% (target <= %+.1f%%), bytes %.3fx (target <= "
+          "%.2fx) -> %s\n",
+          static_cast<long long>(k), name.c_str(), 100.0 * dl, 100.0 * max_loss, br, max_bytes,
+          ok ? "met" : "NOT met");
+    };
+    judge(label(k, {"int8", false}), 0.005, 0.27);
+    judge(label(k, {"int4", false}), 0.01, 0.14);
+    // >= 500x fewer bytes than DDP within 1% of fp32 DES-LOC at this Kx.
+    std::string best = "none";
+    double best_ratio = 0.0;
+    for (const Variant& v : variants) {
+      const Outcome& oc = find(outcomes, label(k, v));
+      const double dl =
+          (oc.result.last_val_loss - fp32.result.last_val_loss) / fp32.result.last_val_loss;
+      const double ratio = ddp_bytes / double(oc.result.bytes_sent_per_worker);
+      if (dl <= 0.01 && ratio > best_ratio) {
+        best_ratio = ratio;
+        best = oc.m.label;
+      }
+    }
+    std::printf(
+        "Kx = %-4lld fewest bytes within 1%% of fp32: %s, %.0fx fewer than DDP (target "
+        ">= 500x) -> %s\n",
+        static_cast<long long>(k), best.c_str(), best_ratio,
+        best_ratio >= 500.0 ? "met" : "NOT met");
+  }
+  write_html(
+      o, outcomes,
+      fmt::format("Compressed DES-LOC averages: M = {} workers, {} steps", o.workers, o.steps));
+  return all_ok ? 0 : 3;
+}
+
 int run(const Options& o) {
   bench::ensure_brown(o.data);
+  if (o.codecs) return run_codecs(o);
   if (!o.fragments.empty()) return run_streaming(o);
   if (!o.delays.empty()) return run_delays(o);
   std::vector<Method> methods = {{"ddp", "ddp", 1}};

@@ -47,6 +47,11 @@ class Flags {
       }
     });
   }
+  // A switch without a value, e.g. --codecs.
+  Flags& add(const char* name, bool& v) {
+    switches_[name] = &v;
+    return *this;
+  }
   // Throws ConfigError for an unknown flag or a missing value; --help prints the usage and exits.
   void parse(int argc, char** argv) const {
     for (int i = 1; i < argc; ++i) {
@@ -54,6 +59,10 @@ class Flags {
       if (a == "--help" || a == "-h") {
         std::puts(usage_.c_str());
         std::exit(0);
+      }
+      if (const auto sw = switches_.find(a); sw != switches_.end()) {
+        *sw->second = true;
+        continue;
       }
       const auto it = setters_.find(a);
       if (it == setters_.end()) throw ConfigError("unknown option '" + a + "'\n" + usage_);
@@ -69,6 +78,7 @@ class Flags {
   }
   std::string usage_;
   std::map<std::string, std::function<void(const char*)>> setters_;
+  std::map<std::string, bool*> switches_;
 };
 
 // The same small GPT for every method: 2 layers, d_model 64, context 64, byte-level, AdamW

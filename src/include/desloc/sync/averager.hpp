@@ -61,10 +61,12 @@ class Averager {
                                 std::span<const std::span<float>> /*local*/) {}
   // The 1-based step whose averages follow; networked averagers label their chunks with it,
   // and the payload guard's reports carry it.
-  // Verdicts of an earlier step's control exchange that were never used are dropped.
+  // Verdicts of an earlier step's control exchange that were never used are dropped, and so
+  // are codec views an abandoned average never consumed.
   void begin_step(std::int64_t t) {
     step_ = t;
     verdicts_ = {};
+    codec_ = {};
   }
   // Compresses the next average of `kind` (compression.hpp): each site sends its difference
   // from views.reference, encoded with views.codec, in an all-gather of the encoded shards, and
