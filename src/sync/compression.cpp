@@ -9,10 +9,6 @@
 
 namespace desloc::sync {
 
-bool CompressionConfig::any() const {
-  return std::any_of(codec.begin(), codec.end(), [](Codec c) { return c != Codec::kFp32; });
-}
-
 CompressionState::CompressionState(CompressionConfig cfg, std::size_t n, int replicas)
     : cfg_(cfg), n_(n) {
   for (const optim::StateKind k :

@@ -160,6 +160,14 @@ void checkpoint_seeds(const fs::path& dir) {
   ck.outer_ref = {0.5f, -1.0f, 2.0f};
   ck.outer_momentum = {0.0f, 0.1f, -0.1f};
   desloc::train::save_checkpoint((dir / "two_workers_outer.ckpt").string(), ck);
+  // Compressed states (version 4): u's reference and both workers' feedback, v's reference.
+  desloc::train::Checkpoint coded = ck;
+  coded.outer_ref.clear();
+  coded.outer_momentum.clear();
+  coded.codec_ref[1] = {0.005f, 0.01f, -0.02f};
+  coded.codec_ref[2] = {1e-4f, 1e-4f, 2e-4f};
+  for (auto& w : coded.workers) w.codec_feedback[1] = {1e-3f, -2e-3f, 0.0f};
+  desloc::train::save_checkpoint((dir / "two_workers_codec.ckpt").string(), coded);
   ck.workers.resize(1);
   ck.outer_ref.clear();
   ck.outer_momentum.clear();

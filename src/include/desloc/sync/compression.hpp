@@ -34,7 +34,11 @@ struct CompressionConfig {
 
   Codec of(optim::StateKind k) const { return codec[static_cast<std::size_t>(k)]; }
   bool compresses(optim::StateKind k) const { return of(k) != Codec::kFp32; }
-  bool any() const;
+  bool any() const {
+    for (const Codec c : codec)
+      if (c != Codec::kFp32) return true;
+    return false;
+  }
 };
 
 // What one compressed average works on, for the replicas the averager is given: the
