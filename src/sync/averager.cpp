@@ -130,10 +130,6 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
   }
 }
 
-}  // namespace desloc::sync
-
-namespace desloc::sync {
-
 // Shard by shard, as the networked ranks do: every replica's encoded contribution, each
 // segment's ring replayed (segment s from worker s on, each next worker combining), then the
 // combined sums decoded into the mean of every replica.

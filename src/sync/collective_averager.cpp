@@ -138,17 +138,7 @@ void CollectiveAverager::across_sites_compressed(optim::StateKind kind, std::spa
   const int sites = wan_.size();
   const int me = wan_.rank();
   const int r = site_ != nullptr ? site_->rank() : 0;
-  int kept = sites;
-  bool rejected = false;
-  if (guard_.enabled) {
-    if (!verdicts_[k]) {  // no control exchange this step: judge alone
-      const DueAverage d{kind, std::span<const std::span<float>>(&data, 1)};
-      exchange_control(std::span<const DueAverage>(&d, 1), false);
-    }
-    const Verdict verdict = *take_verdict(kind);
-    kept = verdict.kept;
-    for (const Rejection& rj : verdict.rejected) rejected = rejected || rj.site == me;
-  }
+  const Decision decision = decide(kind, data);
   const RingLayout l(codec, shard.size(), sites);
   const std::span<float> ef = codec.feedback.empty()
                                   ? std::span<float>()
@@ -156,7 +146,7 @@ void CollectiveAverager::across_sites_compressed(optim::StateKind kind, std::spa
   const std::span<float> ref = codec.reference.subspan(mine.offset, mine.count);
   const std::size_t seg = l.segment_bytes;
   encoded_.resize(seg * static_cast<std::size_t>(sites));
-  encode_contribution(l, shard, ref, ef, rejected, encoded_, scratch_);
+  encode_contribution(l, shard, ref, ef, decision.rejected, encoded_, scratch_);
 
   const std::uint64_t before =
       wan_.bytes()[CollectiveOp::kAllReduce].sent + wan_.bytes()[CollectiveOp::kAllGather].sent;
@@ -168,17 +158,14 @@ void CollectiveAverager::across_sites_compressed(optim::StateKind kind, std::spa
       });
   // This rank holds segment me + 1's sum; the all-gather puts rank q's at block q.
   const auto owned = static_cast<std::size_t>((me + 1) % sites);
-  const std::vector<std::byte> sum(
-      encoded_.begin() + static_cast<std::ptrdiff_t>(owned * seg),
-      encoded_.begin() + static_cast<std::ptrdiff_t>((owned + 1) * seg));
   gathered_bytes_.resize(seg * static_cast<std::size_t>(sites));
-  wan_.all_gather(sum, gathered_bytes_);
+  wan_.all_gather(std::span<const std::byte>(encoded_).subspan(owned * seg, seg), gathered_bytes_);
   for (int q = 0; q < sites; ++q) {  // block q is segment q + 1
     const auto s = static_cast<std::size_t>((q + 1) % sites);
     std::copy_n(gathered_bytes_.begin() + static_cast<std::ptrdiff_t>(std::size_t(q) * seg), seg,
                 encoded_.begin() + static_cast<std::ptrdiff_t>(s * seg));
   }
-  finish_mean(l, codec, encoded_, kept, ref, shard, scratch_);
+  finish_mean(l, codec, encoded_, decision.kept, ref, shard, scratch_);
   const std::lock_guard lock(traffic_mu_);
   traffic_.wire[k] += wan_.bytes()[CollectiveOp::kAllReduce].sent +
                       wan_.bytes()[CollectiveOp::kAllGather].sent - before;
@@ -241,19 +228,25 @@ void CollectiveAverager::check_one_replica(optim::StateKind kind,
                 "'; a networked rank holds exactly one");
 }
 
-int CollectiveAverager::guard(optim::StateKind kind, std::span<float> data,
-                              std::span<float> shard) {
-  const int sites = wan_.size();
-  if (!guard_.enabled) return sites;
+CollectiveAverager::Decision CollectiveAverager::decide(optim::StateKind kind,
+                                                        std::span<float> data) {
+  if (!guard_.enabled) return {wan_.size(), false};
   if (!verdicts_[static_cast<std::size_t>(kind)]) {  // no control exchange this step: judge alone
-    const std::span<float> view = data;
-    const DueAverage d{kind, std::span<const std::span<float>>(&view, 1)};
+    const DueAverage d{kind, std::span<const std::span<float>>(&data, 1)};
     exchange_control(std::span<const DueAverage>(&d, 1), false);
   }
   const Verdict verdict = *take_verdict(kind);
+  Decision out{verdict.kept, false};
   for (const Rejection& rj : verdict.rejected)
-    if (rj.site == wan_.rank()) std::fill(shard.begin(), shard.end(), 0.0f);
-  return verdict.kept;
+    out.rejected = out.rejected || rj.site == wan_.rank();
+  return out;
+}
+
+int CollectiveAverager::guard(optim::StateKind kind, std::span<float> data,
+                              std::span<float> shard) {
+  const Decision d = decide(kind, data);
+  if (d.rejected) std::fill(shard.begin(), shard.end(), 0.0f);
+  return d.kept;
 }
 
 Traffic CollectiveAverager::traffic(int w) const {

@@ -191,8 +191,9 @@ SyncEngine::DueViews SyncEngine::due_views(std::span<Replica> replicas) const {
     d.due.push_back({kind, {}});
     d.fragment.push_back(f.index);
     d.parts.push_back(f.parts);
-    const bool compressed = opts_.compression != nullptr && kind != StateKind::kGrad &&
-                            opts_.compression->config().compresses(kind);
+    // The gradient's codec is always fp32 (CompressionConfig has none for it).
+    const bool compressed =
+        opts_.compression != nullptr && opts_.compression->config().compresses(kind);
     d.codec.push_back(compressed ? std::optional(opts_.compression->views(kind, f.index, f.parts))
                                  : std::nullopt);
   }

@@ -194,13 +194,12 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
 
   // Codecs: one "state average" below is the mean of x's, u's and v's weighted by how often
   // each comes (1, 1 / a, 1 / b per x window): encoded bytes on the ring plus codec time.
-  const double weights = 1.0 + 1.0 / double(a) + 1.0 / double(b);
-  const double ratio =
-      (req.wire_ratio[0] + req.wire_ratio[1] / double(a) + req.wire_ratio[2] / double(b)) / weights;
-  const double codec_s =
-      names.size() > 1
-          ? (req.codec_s[0] + req.codec_s[1] / double(a) + req.codec_s[2] / double(b)) / weights
-          : 0.0;
+  const auto weighted = [&](const std::array<double, 3>& per_state) {
+    return (per_state[0] + per_state[1] / double(a) + per_state[2] / double(b)) /
+           (1.0 + 1.0 / double(a) + 1.0 / double(b));
+  };
+  const double ratio = weighted(req.wire_ratio);
+  const double codec_s = names.size() > 1 ? weighted(req.codec_s) : 0.0;
   const double P = req.state_bytes * ratio;
 
   // Rings: the first site fixed (rotations are the same ring), every order of the rest.

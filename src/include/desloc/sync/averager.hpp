@@ -21,9 +21,9 @@ namespace desloc::sync {
 struct Traffic {
   std::array<std::uint64_t, 4> payload{};  // bytes of state averaged (4 * elements per average)
   // Wide-area bytes sent: for virtual workers what a ring all-reduce sends, 2(M-1)/M *
-  // payload (a compressed average: what the all-gather of the encoded payloads sends, (M-1)
-  // times a site's encoded bytes, scales included); for a networked rank what its WAN group
-  // actually sent for its shard.
+  // payload (a compressed average: what its ring of encoded segments sends, 2(M-1) segments,
+  // scales and padding included); for a networked rank what its WAN group actually sent for
+  // its shard.
   std::array<std::uint64_t, 4> wire{};
   // Intra-site bytes the sharded averager's all-gather sent (0 with one rank per site).
   std::array<std::uint64_t, 4> site_wire{};
@@ -69,8 +69,8 @@ class Averager {
     codec_ = {};
   }
   // Compresses the next average of `kind` (compression.hpp): each site sends its difference
-  // from views.reference, encoded with views.codec, in an all-gather of the encoded shards, and
-  // every site sums the decoded payloads in site order. The views must match the replicas of
+  // from views.reference, encoded with views.codec, and the encoded segments are summed along
+  // the ring (decoded, added, re-encoded) and all-gathered. The views must match the replicas of
   // that average (same fragment) and stay alive until it completes; it consumes them. The
   // setting belongs to the thread that runs the average's first half.
   void set_codec(optim::StateKind kind, CodecViews views) {

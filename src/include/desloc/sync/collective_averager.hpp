@@ -48,9 +48,16 @@ class CollectiveAverager final : public Averager {
   Traffic traffic(int w) const override;
 
  private:
-  // The payload guard's decision for this rank's shard of `data` (zeroed when this site is
-  // rejected): the control exchange's verdict, or an exchange of its own when there was none.
-  // Returns the number of sites averaged. Control bytes are not counted in traffic().
+  // The payload guard's decision on this site's `data`: the control exchange's verdict, or an
+  // exchange of its own when there was none (all sites kept when the guard is off). Control
+  // bytes are not counted in traffic().
+  struct Decision {
+    int kept = 0;           // sites averaged
+    bool rejected = false;  // this site is left out
+  };
+  Decision decide(optim::StateKind kind, std::span<float> data);
+  // decide(), with this rank's shard of `data` zeroed when this site is rejected; returns the
+  // number of sites averaged.
   int guard(optim::StateKind kind, std::span<float> data, std::span<float> shard);
   void check_one_replica(optim::StateKind kind, std::span<const std::span<float>> local) const;
   // The wide-area half of a compressed average (set_codec): this rank's shard `mine` of data.
