@@ -71,13 +71,18 @@ void validate(const std::vector<float>& x) {
     const std::size_t block = sync::kDefaultCodecBlock;
     for (std::size_t b = 0; b * block < x.size(); ++b) {
       const std::size_t lo = b * block, hi = std::min(x.size(), lo + block);
-      float amax = 0;
-      for (std::size_t i = lo; i < hi; ++i) amax = std::max(amax, std::abs(x[i]));
+      double amax = 0, squares = 0;
       for (std::size_t i = lo; i < hi; ++i) {
-        const float bound = c == Codec::kFp32 ? 0.0f
-                            : c == Codec::kBf16
-                                ? std::abs(x[i]) * std::ldexp(1.0f, -8)
-                                : 0.5f * amax / float(sync::codec_qmax(c)) * 1.00001f;
+        amax = std::max(amax, double(std::abs(x[i])));
+        squares += double(x[i]) * double(x[i]);
+      }
+      const double rms = std::sqrt(squares / double(hi - lo));
+      for (std::size_t i = lo; i < hi; ++i) {
+        const double bound = c == Codec::kFp32   ? 0.0
+                             : c == Codec::kBf16 ? std::abs(x[i]) * std::ldexp(1.0, -8)
+                             : c == Codec::kInt2  // +-s/2, +-3s/2 at s = RMS; clipped past 2s
+                                 ? std::max(0.5 * rms, std::abs(x[i]) - 1.5 * rms) * 1.00001
+                                 : 0.5 * amax / sync::codec_qmax(c) * 1.00001;
         if (!(std::abs(y[i] - x[i]) <= bound))
           throw bench::BenchError("validation failed: " + std::string(sync::to_string(c)) +
                                   " decodes element " + std::to_string(i) + " with error " +

@@ -77,8 +77,76 @@ struct Quantiser {
   }
 };
 
+// int2's scale: the block's root mean square, NaN when the block holds a non-finite value.
+float block_rms(const float* x, std::size_t n) {
+  std::uint32_t amax = 0;
+  float sum = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) {
+    amax = std::max(amax, std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu);
+    sum += x[i] * x[i];
+  }
+  if (amax >= 0x7f800000u) return std::numeric_limits<float>::quiet_NaN();
+  return std::sqrt(sum / static_cast<float>(n));
+}
+
+// int2's level of x / s: 0, 1, 2, 3 for (-inf, -1], (-1, 0), [0, 1), [1, inf), decoded as
+// (q - 1.5) s; branch-free, so it vectorises. Symmetric: -x gets 3 - q (x != 0).
+struct Quartiles {
+  float inv;
+  std::uint8_t operator()(float x) const {
+    const float t = x * inv;
+    return static_cast<std::uint8_t>(1 + int(t >= 0.0f) + int(t >= 1.0f) - int(t <= -1.0f));
+  }
+};
+
+void encode_int2(std::span<const float> src, std::span<std::byte> dst, std::size_t block) {
+  const std::size_t nb = blocks(src.size(), block);
+  auto* q = reinterpret_cast<std::uint8_t*>(dst.data() + nb * sizeof(float));
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::size_t lo = b * block, n = std::min(block, src.size() - lo);
+    const float* x = src.data() + lo;
+    const float s = block_rms(x, n);
+    std::memcpy(dst.data() + b * sizeof(float), &s, sizeof(float));
+    const Quartiles quant{s > 0.0f ? 1.0f / s : 0.0f};
+    std::uint8_t* out = q + lo / 4;
+    std::size_t i = 0;
+    for (; i + 3 < n; i += 4)
+      out[i / 4] = static_cast<std::uint8_t>(quant(x[i]) | quant(x[i + 1]) << 2 |
+                                             quant(x[i + 2]) << 4 | quant(x[i + 3]) << 6);
+    if (i < n) {
+      std::uint8_t last = 0;
+      for (std::size_t k = 0; i + k < n; ++k)
+        last |= static_cast<std::uint8_t>(quant(x[i + k]) << (2 * k));
+      out[i / 4] = last;
+    }
+  }
+}
+
+void decode_int2(std::span<const std::byte> src, std::span<float> dst, std::size_t block) {
+  const std::size_t nb = blocks(dst.size(), block);
+  const auto* q = reinterpret_cast<const std::uint8_t*>(src.data() + nb * sizeof(float));
+  for (std::size_t b = 0; b < nb; ++b) {
+    float s;
+    std::memcpy(&s, src.data() + b * sizeof(float), sizeof(float));
+    const std::size_t lo = b * block, n = std::min(block, dst.size() - lo);
+    float* x = dst.data() + lo;
+    const std::uint8_t* in = q + lo / 4;
+    auto value = [s](int v) { return (static_cast<float>(v) - 1.5f) * s; };
+    std::size_t i = 0;
+    for (; i + 3 < n; i += 4) {
+      const int v = in[i / 4];
+      x[i] = value(v & 3);
+      x[i + 1] = value((v >> 2) & 3);
+      x[i + 2] = value((v >> 4) & 3);
+      x[i + 3] = value(v >> 6);
+    }
+    for (std::size_t k = 0; i + k < n; ++k) x[i + k] = value((in[i / 4] >> (2 * k)) & 3);
+  }
+}
+
 void encode_blocks(Codec c, std::span<const float> src, std::span<std::byte> dst,
                    std::size_t block) {
+  if (c == Codec::kInt2) return encode_int2(src, dst, block);
   const int qmax = codec_qmax(c);
   const std::size_t nb = blocks(src.size(), block), pb = per_byte(c);
   auto* scales = dst.data();
@@ -94,28 +162,18 @@ void encode_blocks(Codec c, std::span<const float> src, std::span<std::byte> dst
     std::uint8_t* out = q + lo / pb;  // blocks start on a multiple of 4 elements
     if (pb == 1) {
       for (std::size_t i = 0; i < n; ++i) out[i] = quant(x[i]);
-    } else if (pb == 2) {
+    } else {  // int4
       std::size_t i = 0;
       for (; i + 1 < n; i += 2)
         out[i / 2] = static_cast<std::uint8_t>(quant(x[i]) | quant(x[i + 1]) << 4);
       if (i < n) out[i / 2] = quant(x[i]);
-    } else {
-      std::size_t i = 0;
-      for (; i + 3 < n; i += 4)
-        out[i / 4] = static_cast<std::uint8_t>(quant(x[i]) | quant(x[i + 1]) << 2 |
-                                               quant(x[i + 2]) << 4 | quant(x[i + 3]) << 6);
-      if (i < n) {
-        std::uint8_t last = 0;
-        for (std::size_t k = 0; i + k < n; ++k)
-          last |= static_cast<std::uint8_t>(quant(x[i + k]) << (2 * k));
-        out[i / 4] = last;
-      }
     }
   }
 }
 
 void decode_blocks(Codec c, std::span<const std::byte> src, std::span<float> dst,
                    std::size_t block) {
+  if (c == Codec::kInt2) return decode_int2(src, dst, block);
   const int qmax = codec_qmax(c);
   const std::size_t nb = blocks(dst.size(), block), pb = per_byte(c);
   const auto* q = reinterpret_cast<const std::uint8_t*>(src.data() + nb * sizeof(float));
@@ -128,23 +186,13 @@ void decode_blocks(Codec c, std::span<const std::byte> src, std::span<float> dst
     auto value = [&](int v) { return static_cast<float>(v - qmax) * s; };
     if (pb == 1) {
       for (std::size_t i = 0; i < n; ++i) x[i] = value(in[i]);
-    } else if (pb == 2) {
+    } else {  // int4
       std::size_t i = 0;
       for (; i + 1 < n; i += 2) {
         x[i] = value(in[i / 2] & 0xf);
         x[i + 1] = value(in[i / 2] >> 4);
       }
       if (i < n) x[i] = value(in[i / 2] & 0xf);
-    } else {
-      std::size_t i = 0;
-      for (; i + 3 < n; i += 4) {
-        const int v = in[i / 4];
-        x[i] = value(v & 3);
-        x[i + 1] = value((v >> 2) & 3);
-        x[i + 2] = value((v >> 4) & 3);
-        x[i + 3] = value(v >> 6);
-      }
-      for (std::size_t k = 0; i + k < n; ++k) x[i + k] = value((in[i / 4] >> (2 * k)) & 3);
     }
   }
 }
@@ -165,9 +213,7 @@ int codec_qmax(Codec c) {
       return 127;
     case Codec::kInt4:
       return 7;
-    case Codec::kInt2:
-      return 1;
-    default:
+    default:  // fp32, bf16; int2 scales by the block's RMS
       return 0;
   }
 }

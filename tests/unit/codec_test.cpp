@@ -49,7 +49,8 @@ TEST(Codec, SizesCountScalesAndPackedIntegers) {
 }
 
 // fp32 is exact; bf16 keeps 8 significant bits (relative error <= 2^-8, rounded to nearest);
-// the block codecs err by at most half a step of their block's scale, max|x| / q_max.
+// int8 and int4 err by at most half a step of their block's scale, max|x| / q_max; int2 by
+// half its step (the block's RMS) inside +-2 RMS, and by the clip beyond.
 TEST(Codec, RoundTripErrorsStayWithinTheQuantisationStep) {
   for (const std::size_t n :
        {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{1000}, std::size_t{4099}}) {
@@ -62,16 +63,33 @@ TEST(Codec, RoundTripErrorsStayWithinTheQuantisationStep) {
       for (const std::size_t block : {std::size_t{4}, std::size_t{64}, std::size_t{256}}) {
         const std::vector<float> y = roundtrip(c, x, block);
         for (std::size_t b = 0; b * block < n; ++b) {
-          float amax = 0;
-          for (std::size_t i = b * block; i < std::min(n, (b + 1) * block); ++i)
-            amax = std::max(amax, std::abs(x[i]));
-          const float step = amax / float(sync::codec_qmax(c));
-          for (std::size_t i = b * block; i < std::min(n, (b + 1) * block); ++i)
-            ASSERT_LE(std::abs(y[i] - x[i]), 0.5f * step * (1 + 1e-5f) + 1e-30f)
+          const std::size_t lo = b * block, hi = std::min(n, (b + 1) * block);
+          double amax = 0, squares = 0;
+          for (std::size_t i = lo; i < hi; ++i) {
+            amax = std::max(amax, double(std::abs(x[i])));
+            squares += double(x[i]) * double(x[i]);
+          }
+          // int2: levels +-s/2, +-3s/2 at s = RMS, so half a step inside +-2s, clipped beyond.
+          const double rms = std::sqrt(squares / double(hi - lo));
+          for (std::size_t i = lo; i < hi; ++i) {
+            const double bound = c == Codec::kInt2 ? std::max(0.5 * rms, std::abs(x[i]) - 1.5 * rms)
+                                                   : 0.5 * amax / sync::codec_qmax(c);
+            ASSERT_LE(std::abs(y[i] - x[i]), bound * (1 + 1e-5) + 1e-30)
                 << sync::to_string(c) << " block " << block << " i " << i;
+          }
         }
       }
   }
+}
+
+// int2 places four levels at +-s/2 and +-3s/2 of the block's RMS s: {3, 1, -1, -1} has
+// s = sqrt(3), so 3 / s > 1 takes the outer level and +-1 / s in (-1, 1) the inner ones.
+TEST(Codec, Int2HasFourLevelsAtTheBlocksRms) {
+  const std::vector<float> x = {3.0f, 1.0f, -1.0f, -1.0f};
+  const float s = std::sqrt(3.0f);
+  EXPECT_EQ(roundtrip(Codec::kInt2, x, 4),
+            (std::vector<float>{1.5f * s, 0.5f * s, -0.5f * s, -0.5f * s}));
+  EXPECT_EQ(roundtrip(Codec::kInt2, std::vector<float>(8, 0.0f), 4), std::vector<float>(8, 0.0f));
 }
 
 // Integers on the grid survive exactly (a block's max sets the scale), zeros stay zero, and
