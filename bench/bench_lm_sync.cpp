@@ -22,6 +22,7 @@
 //                 [--fragments 2,4,16] [--codecs] [--codec-block 64]
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -55,6 +56,9 @@ struct Options {
   std::vector<std::int64_t> fragments;  // with delays: the streaming study
   bool codecs = false;                  // the codec study
   int codec_block = 64;
+  // The codec study's variants: CODEC[/VCODEC][+ef] (VCODEC: v's codec, e.g. sqrt-int4).
+  std::string codec_set = "bf16,int8,int4,int4+ef,int2+ef";
+  bool baselines = true;  // the codec study also trains none, DDP and Local Adam
 };
 
 struct Method {
@@ -65,6 +69,7 @@ struct Method {
   std::int64_t delay = 0;
   int fragments = 1;
   std::string codec = "fp32";  // of x, u and v
+  std::string codec_v;         // of v, when not codec
   bool error_feedback = false;
 };
 
@@ -77,9 +82,11 @@ struct Outcome {
 
 Options parse(int argc, char** argv) {
   Options o;
+  bool no_baselines = false;
   bench::Flags(
       "bench_lm_sync [--data DIR] [--out-dir DIR] [--steps N] [--kx A,B] [--workers M] [--threads "
-      "T] [--delays A,B] [--fragments A,B] [--codecs] [--codec-block N]")
+      "T] [--delays A,B] [--fragments A,B] [--codecs] [--codec-block N] [--codec-set LIST] "
+      "[--no-baselines]")
       .add("--data", o.data)
       .add("--out-dir", o.out_dir)
       .add("--steps", o.steps)
@@ -90,7 +97,10 @@ Options parse(int argc, char** argv) {
       .add("--fragments", o.fragments)
       .add("--codecs", o.codecs)
       .add("--codec-block", o.codec_block)
+      .add("--codec-set", o.codec_set)
+      .add("--no-baselines", no_baselines)
       .parse(argc, argv);
+  o.baselines = !no_baselines;
   if (!o.fragments.empty() && o.delays.empty())
     throw desloc::ConfigError("bench_lm_sync: --fragments needs --delays (the streaming study)");
   return o;
@@ -109,7 +119,7 @@ std::uint64_t expected_bytes(const sync::SyncConfig& s, std::int64_t steps,
     const std::uint64_t floats = transport::block(model_floats, fragments, fragment).count;
     if (M <= 1) return 0;
     if (kind != optim::StateKind::kGrad && codecs.compresses(kind)) {
-      sync::CodecViews c;
+      sync::CodecViews c;  // the layout depends on the codec and its block only
       c.codec = codecs.of(kind);
       c.block = codecs.block;
       return 2 * (M - 1) * sync::RingLayout(c, floats, static_cast<int>(M)).segment_bytes;
@@ -141,6 +151,7 @@ std::vector<Outcome> train_all(const Options& o, const std::vector<Method>& meth
     cfg.sync.fragments = m.fragments;
     if (m.codec != "fp32") {
       cfg.sync.codec_x = cfg.sync.codec_u = cfg.sync.codec_v = m.codec;
+      if (!m.codec_v.empty()) cfg.sync.codec_v = m.codec_v;
       cfg.sync.codec_block = o.codec_block;
       cfg.sync.error_feedback = m.error_feedback;
     }
@@ -268,43 +279,78 @@ int run_streaming(const Options& o) {
   return 0;
 }
 
+// One variant of the codec study: "int4", "int4+ef", "int4/sqrt-int4+ef".
+struct Variant {
+  std::string codec, codec_v;
+  bool ef = false;
+  std::string spelling;
+};
+
+std::vector<Variant> parse_variants(const std::string& list) {
+  std::vector<Variant> out;
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    Variant v;
+    v.spelling = list.substr(at, comma - at);
+    std::string body = v.spelling;
+    if (body.ends_with("+ef")) {
+      v.ef = true;
+      body.resize(body.size() - 3);
+    }
+    const std::size_t slash = body.find('/');
+    v.codec = body.substr(0, slash);
+    if (slash != std::string::npos) v.codec_v = body.substr(slash + 1);
+    if (v.codec.empty() || !sync::parse_codec(v.codec) || v.codec == "fp32")
+      throw ConfigError("bench_lm_sync: --codec-set item '" + v.spelling +
+                        "' is not CODEC[/VCODEC][+ef] with CODEC bf16, int8, int4 or int2");
+    out.push_back(std::move(v));
+    at = comma + 1;
+  }
+  return out;
+}
+
 // Compressed averages against fp32 DES-LOC at the same Kx, DDP, Local Adam and the sites alone.
 int run_codecs(const Options& o) {
-  struct Variant {
-    const char* codec;
-    bool ef;
-  };
-  const std::vector<Variant> variants = {
-      {"bf16", false}, {"int8", false}, {"int4", false}, {"int4", true}, {"int2", true}};
+  const std::vector<Variant> variants = parse_variants(o.codec_set);
   auto label = [](std::int64_t k, const Variant& v) {
-    return fmt::format("desloc_k{}_{}{}", k, v.codec, v.ef ? "_ef" : "");
+    std::string name = v.codec + (v.codec_v.empty() ? "" : "_v" + v.codec_v) + (v.ef ? "_ef" : "");
+    return fmt::format("desloc_k{}_{}", k, name);
   };
-  std::vector<Method> methods = {{"none", "none", 1}, {"ddp", "ddp", 1}};
+  std::vector<Method> methods;
+  if (o.baselines) methods = {{"none", "none", 1}, {"ddp", "ddp", 1}};
   for (std::int64_t k : o.kx) {
-    methods.push_back({fmt::format("local_adam_k{}", k), "local_adam", k});
+    if (o.baselines) methods.push_back({fmt::format("local_adam_k{}", k), "local_adam", k});
     methods.push_back({fmt::format("desloc_k{}", k), "desloc", k});
     for (const Variant& v : variants) {
       Method m{label(k, v), "desloc", k};
       m.codec = v.codec;
+      m.codec_v = v.codec_v;
       m.error_feedback = v.ef;
       methods.push_back(m);
     }
   }
   std::printf(
       "bench_lm_sync --codecs: M = %d virtual workers, %lld steps, %d thread(s); DES-LOC Ku = "
-      "3Kx, Kv = 6Kx; codecs on x, u and v, block %d; a compressed average is a ring of the "
-      "encoded differences from the last mean\n",
+      "3Kx, Kv = 6Kx; codecs on x, u and v (a /VCODEC: v's own), block %d; a compressed average "
+      "is a ring of the encoded differences from the last mean\n",
       o.workers, static_cast<long long>(o.steps), o.threads, o.codec_block);
   const std::vector<Outcome> outcomes = train_all(o, methods);
-  const double ddp_bytes = double(find(outcomes, "ddp").result.bytes_sent_per_worker);
-  std::printf("%-22s %9s %10s %13s %9s %10s\n", "method", "val loss", "vs fp32", "bytes/worker",
+  // DDP's bytes: its run's, or (without the baselines) its schedule's closed form.
+  train::JobConfig ddp_cfg = bench::small_lm_job(o.data, o.steps, 1, o.threads, o.workers);
+  ddp_cfg.sync.method = SyncMethod::kDdp;
+  const double ddp_bytes = o.baselines
+                               ? double(find(outcomes, "ddp").result.bytes_sent_per_worker)
+                               : double(expected_bytes(ddp_cfg.sync, o.steps,
+                                                       model::ParamLayout(ddp_cfg.model).total()));
+  std::printf("%-30s %9s %10s %13s %9s %10s\n", "method", "val loss", "vs fp32", "bytes/worker",
               "vs fp32", "DDP/this");
-  std::printf("%s\n", std::string(78, '-').c_str());
+  std::printf("%s\n", std::string(86, '-').c_str());
   auto row = [&](const Outcome& oc, const Outcome* fp32) {
     const double bytes = double(oc.result.bytes_sent_per_worker);
     const double loss = oc.result.last_val_loss;
     std::printf(
-        "%-22s %9.4f %10s %13s %9s %10s\n", oc.m.label.c_str(), loss,
+        "%-30s %9.4f %10s %13s %9s %10s\n", oc.m.label.c_str(), loss,
         fp32 != nullptr ? fmt::format("{:+.2f}%", 100.0 * (loss - fp32->result.last_val_loss) /
                                                       fp32->result.last_val_loss)
                               .c_str()
@@ -315,21 +361,27 @@ int run_codecs(const Options& o) {
             : "-",
         bytes > 0 ? fmt::format("{:.0f}x", ddp_bytes / bytes).c_str() : "-");
   };
-  row(find(outcomes, "none"), nullptr);
-  row(find(outcomes, "ddp"), nullptr);
+  if (o.baselines) {
+    row(find(outcomes, "none"), nullptr);
+    row(find(outcomes, "ddp"), nullptr);
+  }
   for (std::int64_t k : o.kx) {
     const Outcome& fp32 = find(outcomes, fmt::format("desloc_k{}", k));
-    row(find(outcomes, fmt::format("local_adam_k{}", k)), &fp32);
+    if (o.baselines) row(find(outcomes, fmt::format("local_adam_k{}", k)), &fp32);
     row(fp32, &fp32);
     for (const Variant& v : variants) row(find(outcomes, label(k, v)), &fp32);
   }
-  // The targets, each judged at every Kx.
+  // The targets, each judged at every Kx where the set holds the codec.
   std::printf("\n");
   bool all_ok = true;
   for (std::int64_t k : o.kx) {
     const Outcome& fp32 = find(outcomes, fmt::format("desloc_k{}", k));
-    auto judge = [&](const std::string& name, double max_loss, double max_bytes) {
-      const Outcome& oc = find(outcomes, name);
+    auto judge = [&](const Variant& v, double max_loss, double max_bytes) {
+      const std::string name = label(k, v);
+      const auto it = std::find_if(outcomes.begin(), outcomes.end(),
+                                   [&](const Outcome& oc) { return oc.m.label == name; });
+      if (it == outcomes.end()) return;
+      const Outcome& oc = *it;
       const double dl =
           (oc.result.last_val_loss - fp32.result.last_val_loss) / fp32.result.last_val_loss;
       const double br =
@@ -337,13 +389,13 @@ int run_codecs(const Options& o) {
       const bool ok = dl <= max_loss && br <= max_bytes;
       all_ok = all_ok && ok;
       std::printf(
-          "Kx = %-4lld %-22s loss %+.2f%% (target <= %+.1f%%), bytes %.3fx (target <= "
+          "Kx = %-4lld %-30s loss %+.2f%% (target <= %+.1f%%), bytes %.3fx (target <= "
           "%.2fx) -> %s\n",
           static_cast<long long>(k), name.c_str(), 100.0 * dl, 100.0 * max_loss, br, max_bytes,
           ok ? "met" : "NOT met");
     };
-    judge(label(k, {"int8", false}), 0.005, 0.27);
-    judge(label(k, {"int4", false}), 0.01, 0.14);
+    judge({"int8", "", false, "int8"}, 0.005, 0.27);
+    judge({"int4", "", false, "int4"}, 0.01, 0.14);
     // >= 500x fewer bytes than DDP within 1% of fp32 DES-LOC at this Kx.
     std::string best = "none";
     double best_ratio = 0.0;

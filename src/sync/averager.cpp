@@ -52,14 +52,26 @@ void VirtualAverager::check_replicas(optim::StateKind kind,
                   "' differ in length");
 }
 
-void VirtualAverager::judge(optim::StateKind kind, std::span<const std::span<float>> local) {
+void VirtualAverager::judge(optim::StateKind kind, std::span<const std::span<float>> local,
+                            const CodecViews* codec) {
   const std::size_t M = local.size();
   const std::size_t n = local.empty() ? 0 : local[0].size();
+  const bool decoded = codec != nullptr && !codec->reference.empty();
   std::vector<PayloadHealth> health(M);
+  std::vector<float> scratch;
   for (std::size_t w = 0; w < M; ++w)
     for (int r = 0; r < shards_; ++r) {
       const transport::Range b = transport::block(n, shards_, r);
-      health[w] += measure_payload(local[w].subspan(b.offset, b.count));
+      const std::span<const float> shard = local[w].subspan(b.offset, b.count);
+      if (!decoded) {
+        health[w] += measure_payload(shard);
+        continue;
+      }
+      const std::span<const float> fb = codec->feedback.empty()
+                                            ? std::span<const float>()
+                                            : codec->feedback[w].subspan(b.offset, b.count);
+      health[w] += measure_decoded(RingLayout(*codec, b.count, static_cast<int>(M)), shard,
+                                   codec->reference.subspan(b.offset, b.count), fb, scratch);
     }
   hold_verdict(kind, judge_payloads(health, n, guard_, step_, kind), static_cast<int>(M),
                /*log=*/true);
@@ -68,7 +80,7 @@ void VirtualAverager::judge(optim::StateKind kind, std::span<const std::span<flo
 bool VirtualAverager::exchange_control(std::span<const DueAverage> due, bool stop) {
   for (const DueAverage& d : due) {
     check_replicas(d.kind, d.local);
-    if (d.local.size() > 1 && guard_.enabled) judge(d.kind, d.local);
+    if (d.local.size() > 1 && guard_.enabled) judge(d.kind, d.local, d.codec);
   }
   return stop;
 }
@@ -81,7 +93,8 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
   std::vector<char> left_out(M, 0);
   std::size_t kept = M;
   if (M > 1 && guard_.enabled) {
-    if (!verdicts_[static_cast<std::size_t>(kind)]) judge(kind, local);
+    const std::optional<CodecViews>& codec = codec_[static_cast<std::size_t>(kind)];
+    if (!verdicts_[static_cast<std::size_t>(kind)]) judge(kind, local, codec ? &*codec : nullptr);
     const Verdict verdict = *take_verdict(kind);
     kept = static_cast<std::size_t>(verdict.kept);
     for (const Rejection& r : verdict.rejected) left_out[static_cast<std::size_t>(r.site)] = 1;
@@ -143,7 +156,7 @@ void VirtualAverager::average_compressed(optim::StateKind kind,
                 "' do not match its replicas");
   std::uint64_t wire = 0;
   if (M == 1) {  // nothing to average: the state is its own mean
-    std::copy(local[0].begin(), local[0].end(), codec.reference.begin());
+    set_reference(codec, local[0], codec.reference);
   } else {
     const int S = static_cast<int>(M);
     int kept = 0;

@@ -89,8 +89,7 @@ void CollectiveAverager::complete_average(optim::StateKind kind,
   std::swap(codec, codec_[k]);
   // A compressed state's reference becomes the mean (with one site: the state itself).
   const auto keep_reference = [&] {
-    if (codec && !codec->reference.empty())
-      std::copy(data.begin(), data.end(), codec->reference.begin());
+    if (codec && !codec->reference.empty()) set_reference(*codec, data, codec->reference);
   };
   if (wan_.size() == 1) {
     keep_reference();
@@ -181,11 +180,25 @@ bool CollectiveAverager::exchange_control(std::span<const DueAverage> due, bool 
   std::vector<PayloadHealth> mine(rows);
   const int ranks = site_ != nullptr ? site_->size() : 1;
   const int r = site_ != nullptr ? site_->rank() : 0;
+  // Its own scratch: an average started earlier may still use scratch_ on the communication
+  // thread.
+  std::vector<float> scratch;
   if (guard_.enabled)
     for (std::size_t k = 0; k < due.size(); ++k) {
       const std::span<float> data = due[k].local[0];
       const transport::Range b = transport::block(data.size(), ranks, r);
-      mine[k] = measure_payload(data.subspan(b.offset, b.count));
+      const std::span<const float> shard = data.subspan(b.offset, b.count);
+      const CodecViews* codec = due[k].codec;
+      if (codec == nullptr || codec->reference.empty()) {
+        mine[k] = measure_payload(shard);
+        continue;
+      }
+      // A compressed state: what this rank's shard sends, decoded.
+      const std::span<const float> fb = codec->feedback.empty()
+                                            ? std::span<const float>()
+                                            : codec->feedback[0].subspan(b.offset, b.count);
+      mine[k] = measure_decoded(RingLayout(*codec, b.count, sites), shard,
+                                codec->reference.subspan(b.offset, b.count), fb, scratch);
     }
   mine.back().nonfinite = stop ? 1.0 : 0.0;
   const transport::OpLabel label{step_, transport::kLabelControl, static_cast<std::uint32_t>(r)};
@@ -232,7 +245,9 @@ CollectiveAverager::Decision CollectiveAverager::decide(optim::StateKind kind,
                                                         std::span<float> data) {
   if (!guard_.enabled) return {wan_.size(), false};
   if (!verdicts_[static_cast<std::size_t>(kind)]) {  // no control exchange this step: judge alone
-    const DueAverage d{kind, std::span<const std::span<float>>(&data, 1)};
+    const std::optional<CodecViews>& codec = codec_[static_cast<std::size_t>(kind)];
+    const DueAverage d{kind, std::span<const std::span<float>>(&data, 1),
+                       codec ? &*codec : nullptr};
     exchange_control(std::span<const DueAverage>(&d, 1), false);
   }
   const Verdict verdict = *take_verdict(kind);

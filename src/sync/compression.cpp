@@ -3,6 +3,7 @@
 #include "desloc/sync/compression.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "desloc/core/error.hpp"
 #include "desloc/transport/ring_order.hpp"
@@ -56,6 +57,7 @@ CodecViews CompressionState::views(optim::StateKind k, int fragment, int fragmen
   v.codec = cfg_.of(k);
   v.block = cfg_.block;
   v.nonnegative = k == optim::StateKind::kV;
+  v.sqrt_domain = k == optim::StateKind::kV && cfg_.sqrt_v;
   std::vector<float>& ref = ref_[idx(k)];
   if (ref.empty()) return v;
   const transport::Range b = transport::block(ref.size(), fragments, fragment);
@@ -67,10 +69,23 @@ CodecViews CompressionState::views(optim::StateKind k, int fragment, int fragmen
 namespace {
 // Values per encoded piece: about 64 Ki, a whole number of codec blocks.
 constexpr std::size_t kPieceTarget = std::size_t(1) << 16;
+
+// What a site sends before encoding: state - reference (+ feedback), of sqrt(state) in the
+// sqrt domain.
+void difference(const RingLayout& l, std::span<const float> state, std::span<const float> reference,
+                std::span<const float> feedback, float* d) {
+  if (l.sqrt_domain) {
+    for (std::size_t i = 0; i < l.m; ++i) d[i] = std::sqrt(std::max(0.0f, state[i])) - reference[i];
+  } else {
+    for (std::size_t i = 0; i < l.m; ++i) d[i] = state[i] - reference[i];
+  }
+  if (!feedback.empty())
+    for (std::size_t i = 0; i < l.m; ++i) d[i] += feedback[i];
+}
 }  // namespace
 
 RingLayout::RingLayout(const CodecViews& c, std::size_t m_, int sites_)
-    : codec(c.codec), block(c.block), m(m_), sites(sites_) {
+    : codec(c.codec), block(c.block), sqrt_domain(c.sqrt_domain), m(m_), sites(sites_) {
   piece_elems = (kPieceTarget + block - 1) / block * block;
   piece_bytes = encoded_bytes(codec, piece_elems, block);
   segment_bytes = 0;
@@ -115,11 +130,7 @@ void encode_contribution(const RingLayout& l, std::span<const float> state,
   }
   scratch.resize(l.m);
   float* d = scratch.data();
-  if (feedback.empty()) {
-    for (std::size_t i = 0; i < l.m; ++i) d[i] = state[i] - reference[i];
-  } else {
-    for (std::size_t i = 0; i < l.m; ++i) d[i] = (state[i] - reference[i]) + feedback[i];
-  }
+  difference(l, state, reference, feedback, d);
   for (int s = 0; s < l.sites; ++s) {
     std::size_t at = static_cast<std::size_t>(s) * l.segment_bytes;
     for (std::size_t c = 0; c < l.pieces(s); ++c) {
@@ -176,6 +187,15 @@ void finish_mean(const RingLayout& l, const CodecViews& c, std::span<const std::
       scratch.resize(r.count);
       decode(l.codec, combined.subspan(at, l.encoded(s, p)), scratch, l.block);
       at += l.encoded(s, p);
+      if (c.sqrt_domain) {
+        for (std::size_t i = 0; i < r.count; ++i) {
+          const float root = std::max(0.0f, reference[r.offset + i] + scratch[i] / k);
+          const float v = root * root;
+          reference[r.offset + i] = std::sqrt(v);
+          mean[r.offset + i] = v;
+        }
+        continue;
+      }
       for (std::size_t i = 0; i < r.count; ++i) {
         float v = reference[r.offset + i] + scratch[i] / k;
         if (c.nonnegative) v = std::max(0.0f, v);
@@ -184,6 +204,45 @@ void finish_mean(const RingLayout& l, const CodecViews& c, std::span<const std::
       }
     }
   }
+}
+
+PayloadHealth measure_decoded(const RingLayout& l, std::span<const float> state,
+                              std::span<const float> reference, std::span<const float> feedback,
+                              std::vector<float>& scratch) {
+  if (state.size() != l.m || reference.size() != l.m ||
+      (!feedback.empty() && feedback.size() != l.m))
+    throw Error("compression: judging a shard of " + std::to_string(l.m) +
+                " values with a state of " + std::to_string(state.size()) + ", a reference of " +
+                std::to_string(reference.size()) + " and feedback of " +
+                std::to_string(feedback.size()));
+  scratch.resize(2 * l.m);
+  float* d = scratch.data();
+  float* sent = scratch.data() + l.m;
+  difference(l, state, reference, feedback, d);
+  std::vector<std::byte> bytes(l.piece_bytes);
+  for (int s = 0; s < l.sites; ++s)
+    for (std::size_t c = 0; c < l.pieces(s); ++c) {
+      const transport::Range r = l.piece(s, c);
+      const std::span<std::byte> enc = std::span<std::byte>(bytes).first(l.encoded(s, c));
+      encode(l.codec, std::span<const float>(d + r.offset, r.count), enc, l.block);
+      decode(l.codec, enc, std::span<float>(sent + r.offset, r.count), l.block);
+    }
+  for (std::size_t i = 0; i < l.m; ++i) {
+    const float v = reference[i] + sent[i];
+    sent[i] = l.sqrt_domain ? v * v : v;
+  }
+  return measure_payload(std::span<const float>(sent, l.m));
+}
+
+void set_reference(const CodecViews& c, std::span<const float> mean, std::span<float> reference) {
+  if (reference.size() != mean.size())
+    throw Error("compression: a reference of " + std::to_string(reference.size()) +
+                " values for a mean of " + std::to_string(mean.size()));
+  if (!c.sqrt_domain) {
+    std::copy(mean.begin(), mean.end(), reference.begin());
+    return;
+  }
+  for (std::size_t i = 0; i < mean.size(); ++i) reference[i] = std::sqrt(std::max(0.0f, mean[i]));
 }
 
 }  // namespace desloc::sync

@@ -25,8 +25,12 @@ CompressionConfig SyncConfig::compression() const {
       parse_codec(codec_x).value_or(Codec::kFp32);
   c.codec[static_cast<std::size_t>(optim::StateKind::kU)] =
       parse_codec(codec_u).value_or(Codec::kFp32);
+  constexpr std::string_view kSqrt = "sqrt-";
+  c.sqrt_v = std::string_view(codec_v).starts_with(kSqrt);
   c.codec[static_cast<std::size_t>(optim::StateKind::kV)] =
-      parse_codec(codec_v).value_or(Codec::kFp32);
+      parse_codec(c.sqrt_v ? std::string_view(codec_v).substr(kSqrt.size()) : codec_v)
+          .value_or(Codec::kFp32);
+  if (c.codec[static_cast<std::size_t>(optim::StateKind::kV)] == Codec::kFp32) c.sqrt_v = false;
   c.block = static_cast<std::size_t>(codec_block);
   c.error_feedback = error_feedback;
   return c;

@@ -281,9 +281,17 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
                    "\"int8\", \"int4\", \"int2\" (its difference from the last mean, with one "
                    "float scale per codec_block values for the integers)"},
         std::tuple{"codec_u", &s.codec_u, "codec of the first-moment average (as codec_x)"},
-        std::tuple{"codec_v", &s.codec_v, "codec of the second-moment average (as codec_x)"}}) {
+        std::tuple{"codec_v", &s.codec_v,
+                   "codec of the second-moment average (as codec_x), or \"sqrt-bf16\", "
+                   "\"sqrt-int8\", \"sqrt-int4\", \"sqrt-int2\": that codec on sqrt(v), "
+                   "the mean being the square of the sites' mean sqrt(v)"}}) {
     b.comment_next();
-    b.string(key, *value, doc, {"fp32", "bf16", "int8", "int4", "int2"});
+    if (std::string_view(key) == "codec_v")
+      b.string(key, *value, doc,
+               {"fp32", "bf16", "int8", "int4", "int2", "sqrt-bf16", "sqrt-int8", "sqrt-int4",
+                "sqrt-int2"});
+    else
+      b.string(key, *value, doc, {"fp32", "bf16", "int8", "int4", "int2"});
   }
   b.comment_next();
   b.integer("codec_block", s.codec_block,

@@ -4,16 +4,19 @@
 // included, with the wire bytes of an all-gather of encoded shards.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "desloc/sync/averager.hpp"
 #include "desloc/sync/collective_averager.hpp"
 #include "desloc/sync/compression.hpp"
+#include "desloc/sync/sync_policy.hpp"
 #include "desloc/transport/ring_order.hpp"
 #include "test_support.hpp"
 
@@ -145,14 +148,47 @@ TEST(Compression, ARejectedSiteIsLeftOutAndItsFeedbackStartsOver) {
   EXPECT_EQ(ef[0], std::vector<float>(8, 0.0f));  // bf16 dropped nothing of 1.5
 }
 
-// v's mean is clamped at zero: Adam takes its square root. Reference 1, v = 0.4 in a block
-// whose scale 1.1 comes from a larger element: int2 rounds -0.6 / 1.1 to -1, so the decoded
-// mean would be 1 - 1.1 < 0.
+// The guard judges what a compressed payload carries once decoded, feedback included: a NaN
+// poisons its whole codec block (8 of 16 values), and a site whose state looks like the others'
+// but whose feedback is huge sends a payload 1000x theirs, and is left out for it.
+TEST(Compression, ThePayloadGuardJudgesTheDecodedPayloads) {
+  {
+    std::vector<float> ref(16, 0.0f);
+    std::vector<std::vector<float>> x(2, std::vector<float>(16, 1.0f));  // segments of 8
+    x[1][3] = std::numeric_limits<float>::quiet_NaN();
+    sync::VirtualAverager avg(2, sync::SumOrder::kRing);
+    avg.set_codec(StateKind::kX, views_of(Codec::kInt8, ref, nullptr, 8));
+    avg.average(StateKind::kX, spans(x));
+    ASSERT_EQ(avg.rejections().size(), 1u);
+    EXPECT_EQ(avg.rejections()[0].reason, "8 of 16 values non-finite (NaN or Inf)");
+  }
+  constexpr std::size_t n = 2048;  // long enough for the norm test
+  std::vector<float> ref(n, 0.0f);
+  std::vector<std::vector<float>> x(4, std::vector<float>(n, 1.0f));
+  std::vector<std::vector<float>> ef(4, std::vector<float>(n, 0.0f));
+  ef[2].assign(n, 1000.0f);
+  sync::VirtualAverager avg(4, sync::SumOrder::kRing);
+  avg.set_codec(StateKind::kX, views_of(Codec::kInt8, ref, &ef, 64));
+  avg.average(StateKind::kX, spans(x));
+  ASSERT_EQ(avg.rejections().size(), 1u);
+  EXPECT_EQ(avg.rejections()[0].site, 2);
+  EXPECT_NE(avg.rejections()[0].reason.find("the median"), std::string::npos);
+  for (const auto& r : x) EXPECT_EQ(r, std::vector<float>(n, 1.0f));
+  // Without the codec the same states are all alike: nobody is left out.
+  std::vector<std::vector<float>> plain(4, std::vector<float>(n, 1.0f));
+  sync::VirtualAverager fp32(4, sync::SumOrder::kRing);
+  fp32.average(StateKind::kX, spans(plain));
+  EXPECT_TRUE(fp32.rejections().empty());
+}
+
+// v's mean is clamped at zero: Adam takes its square root. Reference 0.6, v = 0 in a block
+// whose scale 7 / 7 = 1 comes from a larger element: int4 rounds -0.6 to -1, so the decoded
+// mean would be 0.6 - 1 < 0.
 TEST(Compression, TheMeanOfASecondMomentNeverGoesNegative) {
   for (const bool clamp : {false, true}) {
-    std::vector<float> ref(4, 1.0f);
-    std::vector<std::vector<float>> v = {{0.4f, 2.1f, 1.0f, 1.0f}, {0.4f, 2.1f, 1.0f, 1.0f}};
-    CodecViews c = views_of(Codec::kInt2, ref, nullptr, 4);
+    std::vector<float> ref(4, 0.6f);
+    std::vector<std::vector<float>> v = {{0.0f, 7.6f, 0.6f, 0.6f}, {0.0f, 7.6f, 0.6f, 0.6f}};
+    CodecViews c = views_of(Codec::kInt4, ref, nullptr, 4);
     c.nonnegative = clamp;
     sync::VirtualAverager avg(2, sync::SumOrder::kRing);
     avg.set_codec(StateKind::kV, c);
@@ -165,6 +201,35 @@ TEST(Compression, TheMeanOfASecondMomentNeverGoesNegative) {
     }
     EXPECT_EQ(v[0], v[1]);
   }
+}
+
+// In the sqrt domain the sites send sqrt(v) - r and the mean is the square of their mean
+// root: v = 1, 4, 9 from a reference of 1 (bf16 carries 0, 1, 2 exactly) gives (1 + 1)^2 = 4
+// and the new reference sqrt(4) = 2. A v of 0 in the other lane stays 0.
+TEST(Compression, TheSqrtDomainAveragesTheSquareRoots) {
+  std::vector<float> ref = {1.0f, 0.0f};
+  std::vector<std::vector<float>> v = {{1.0f, 0.0f}, {4.0f, 0.0f}, {9.0f, 0.0f}};
+  CodecViews c = views_of(Codec::kBf16, ref, nullptr, 4);
+  c.nonnegative = c.sqrt_domain = true;
+  sync::VirtualAverager avg(3, sync::SumOrder::kRing);
+  avg.set_codec(StateKind::kV, c);
+  avg.average(StateKind::kV, spans(v));
+  for (const auto& r : v) EXPECT_EQ(r, (std::vector<float>{4.0f, 0.0f}));
+  EXPECT_EQ(ref, (std::vector<float>{2.0f, 0.0f}));
+  // One site: its own state is the mean, and the reference its square root.
+  std::vector<std::vector<float>> one = {{6.25f, 0.0f}};
+  sync::VirtualAverager alone(1, sync::SumOrder::kRing);
+  alone.set_codec(StateKind::kV, c);
+  alone.average(StateKind::kV, spans(one));
+  EXPECT_EQ(ref, (std::vector<float>{2.5f, 0.0f}));
+  // The config's spelling.
+  sync::SyncConfig s;
+  s.codec_v = "sqrt-int4";
+  EXPECT_TRUE(s.compression().sqrt_v);
+  EXPECT_EQ(s.compression().of(StateKind::kV), Codec::kInt4);
+  EXPECT_TRUE(sync::CompressionState(s.compression(), 4, 1).views(StateKind::kV, 0, 1).sqrt_domain);
+  EXPECT_FALSE(
+      sync::CompressionState(s.compression(), 4, 1).views(StateKind::kU, 0, 1).sqrt_domain);
 }
 
 // CompressionState hands out the block of a fragment, for the reference and every replica's
@@ -203,63 +268,99 @@ TEST_P(CompressedAveragerTest, EqualsTheInProcessAveragerBitForBit) {
   test_support::Watchdog watchdog(60s);
   const std::size_t n = per_rank * static_cast<std::size_t>(R);
   constexpr std::size_t kBlock = 16;
-  std::vector<float> ref0(n);
-  for (std::size_t i = 0; i < n; ++i) ref0[i] = messy(99, i);
-  auto value = [&](int s, std::size_t i) { return ref0[i] + messy(s, i); };
+  // u in int4, and v in int8 on its square root (its reference is sqrt of a positive mean).
+  std::vector<float> ref0(n), vref0(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    ref0[i] = messy(99, i);
+    vref0[i] = std::sqrt(std::abs(messy(98, i)));
+  }
+  auto value = [&](int s, std::size_t i, int round) {
+    return ref0[i] + messy(s, i) + (round > 0 ? 0.01f * float(s) : 0.0f);
+  };
+  auto second = [&](int s, std::size_t i, int round) {
+    return vref0[i] * vref0[i] + std::abs(messy(s + 7, i)) * float(round + 1);
+  };
+  auto u_views = [&](std::vector<float>& r, std::vector<std::vector<float>>* e) {
+    return views_of(Codec::kInt4, r, e, kBlock);
+  };
+  auto v_views = [&](std::vector<float>& r, std::vector<std::vector<float>>* e) {
+    CodecViews c = views_of(Codec::kInt8, r, e, kBlock);
+    c.nonnegative = c.sqrt_domain = true;
+    return c;
+  };
   // Two rounds, so the second payload carries the first one's feedback.
   constexpr int kRounds = 2;
-  std::vector<std::vector<float>> expect(static_cast<std::size_t>(S), std::vector<float>(n));
-  std::vector<float> ref = ref0;
-  std::vector<std::vector<float>> ef(static_cast<std::size_t>(S), std::vector<float>(n, 0.0f));
+  const auto Ss = static_cast<std::size_t>(S);
+  std::vector<std::vector<float>> expect(Ss, std::vector<float>(n)), vexpect = expect;
+  std::vector<float> ref = ref0, vref = vref0;
+  std::vector<std::vector<float>> ef(Ss, std::vector<float>(n, 0.0f)), vef = ef;
   sync::VirtualAverager virt(S, sync::SumOrder::kRing, R, 2);
   for (int round = 0; round < kRounds; ++round) {
     for (int s = 0; s < S; ++s)
-      for (std::size_t i = 0; i < n; ++i)
-        expect[std::size_t(s)][i] = value(s, i) + (round > 0 ? 0.01f * float(s) : 0.0f);
-    virt.set_codec(StateKind::kU, views_of(Codec::kInt4, ref, &ef, kBlock));
+      for (std::size_t i = 0; i < n; ++i) {
+        expect[std::size_t(s)][i] = value(s, i, round);
+        vexpect[std::size_t(s)][i] = second(s, i, round);
+      }
+    virt.set_codec(StateKind::kU, u_views(ref, &ef));
     virt.average(StateKind::kU, spans(expect));
+    virt.set_codec(StateKind::kV, v_views(vref, &vef));
+    virt.average(StateKind::kV, spans(vexpect));
   }
 
   test_support::WorldOptions world;
   world.collective.deadline = 20s;
   world.collective.chunk_bytes = 64;
   world.two_lanes = S >= 3;
-  std::vector<std::vector<float>> got(std::size_t(S * R)), got_ref(got.size()), got_ef(got.size());
+  struct Got {
+    std::vector<float> state, ref, ef;
+  };
+  std::vector<std::array<Got, 2>> got(std::size_t(S * R));  // u, v
   std::vector<sync::Traffic> traffic(got.size());
   test_support::run_world(S, R, world, [&](int s, int r, test_support::Groups& g) {
     const auto me = static_cast<std::size_t>(s * R + r);
     sync::CollectiveAverager avg(*g.wan, g.site.get(), g.reverse.get());
-    std::vector<float> mine(n), my_ref = ref0;
-    std::vector<std::vector<float>> my_ef(1, std::vector<float>(n, 0.0f));
+    std::vector<float> mine(n), my_ref = ref0, vmine(n), my_vref = vref0;
+    std::vector<std::vector<float>> my_ef(1, std::vector<float>(n, 0.0f)), my_vef = my_ef;
     for (int round = 0; round < kRounds; ++round) {
-      for (std::size_t i = 0; i < n; ++i)
-        mine[i] = value(s, i) + (round > 0 ? 0.01f * float(s) : 0.0f);
-      std::span<float> one(mine);
+      for (std::size_t i = 0; i < n; ++i) {
+        mine[i] = value(s, i, round);
+        vmine[i] = second(s, i, round);
+      }
+      std::span<float> one(mine), vone(vmine);
       avg.begin_step(3 + round);
-      avg.set_codec(StateKind::kU, views_of(Codec::kInt4, my_ref, &my_ef, kBlock));
+      avg.set_codec(StateKind::kU, u_views(my_ref, &my_ef));
       avg.average(StateKind::kU, std::span<const std::span<float>>(&one, 1));
+      avg.set_codec(StateKind::kV, v_views(my_vref, &my_vef));
+      avg.average(StateKind::kV, std::span<const std::span<float>>(&vone, 1));
     }
-    got[me] = mine;
-    got_ref[me] = my_ref;
-    got_ef[me] = my_ef[0];
+    got[me][0] = {mine, my_ref, my_ef[0]};
+    got[me][1] = {vmine, my_vref, my_vef[0]};
     traffic[me] = avg.traffic(0);
   });
-  const auto k = static_cast<std::size_t>(StateKind::kU);
   for (int s = 0; s < S; ++s)
     for (int r = 0; r < R; ++r) {
       const auto me = static_cast<std::size_t>(s * R + r);
-      const auto& want = expect[std::size_t(s)];
-      ASSERT_EQ(0, std::memcmp(got[me].data(), want.data(), n * sizeof(float)))
-          << "site " << s << " rank " << r;
-      EXPECT_EQ(0, std::memcmp(got_ref[me].data(), ref.data(), n * sizeof(float)));
       const transport::Range b = transport::block(n, R, r);  // the feedback this rank keeps
-      EXPECT_EQ(0, std::memcmp(got_ef[me].data() + b.offset, ef[std::size_t(s)].data() + b.offset,
-                               b.count * sizeof(float)))
-          << "site " << s << " rank " << r;
-      // The reduce-scatter and the all-gather of encoded segments: S - 1 each.
-      const sync::RingLayout l(views_of(Codec::kInt4, ref, nullptr, kBlock), b.count, S);
-      EXPECT_EQ(traffic[me].wire[k], kRounds * 2 * (S - 1) * l.segment_bytes);
-      EXPECT_EQ(traffic[me].payload[k], kRounds * n * sizeof(float));
+      for (const StateKind kind : {StateKind::kU, StateKind::kV}) {
+        const bool u = kind == StateKind::kU;
+        const Got& have = got[me][u ? 0 : 1];
+        const auto& want = (u ? expect : vexpect)[std::size_t(s)];
+        const auto& want_ref = u ? ref : vref;
+        const auto& want_ef = (u ? ef : vef)[std::size_t(s)];
+        const std::string where = "site " + std::to_string(s) + " rank " + std::to_string(r) + " " +
+                                  std::string(optim::to_string(kind));
+        ASSERT_EQ(0, std::memcmp(have.state.data(), want.data(), n * sizeof(float))) << where;
+        EXPECT_EQ(0, std::memcmp(have.ref.data(), want_ref.data(), n * sizeof(float))) << where;
+        EXPECT_EQ(0, std::memcmp(have.ef.data() + b.offset, want_ef.data() + b.offset,
+                                 b.count * sizeof(float)))
+            << where;
+        // The reduce-scatter and the all-gather of encoded segments: S - 1 each.
+        std::vector<float> none;
+        const sync::RingLayout l(u ? u_views(none, nullptr) : v_views(none, nullptr), b.count, S);
+        const auto k = static_cast<std::size_t>(kind);
+        EXPECT_EQ(traffic[me].wire[k], kRounds * 2 * (S - 1) * l.segment_bytes) << where;
+        EXPECT_EQ(traffic[me].payload[k], kRounds * n * sizeof(float)) << where;
+      }
     }
 }
 

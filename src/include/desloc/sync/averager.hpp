@@ -157,7 +157,9 @@ class VirtualAverager final : public Averager {
   void check_replicas(optim::StateKind kind, std::span<const std::span<float>> local) const;
   // The guard's verdict on the replicas' payloads (each measured per shard, summed in shard
   // order, as the networked ranks do).
-  void judge(optim::StateKind kind, std::span<const std::span<float>> local);
+  // A compressed state (`codec`) is judged by what its payloads carry once decoded.
+  void judge(optim::StateKind kind, std::span<const std::span<float>> local,
+             const CodecViews* codec);
   // A compressed average (set_codec); left_out[w] marks the replicas the guard rejected.
   void average_compressed(optim::StateKind kind, std::span<const std::span<float>> local,
                           const CodecViews& codec, std::span<const char> left_out);

@@ -22,6 +22,7 @@
 
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/codec.hpp"
+#include "desloc/sync/payload_guard.hpp"
 #include "desloc/transport/ring_order.hpp"
 
 namespace desloc::sync {
@@ -31,6 +32,8 @@ struct CompressionConfig {
   std::array<Codec, 4> codec{Codec::kFp32, Codec::kFp32, Codec::kFp32, Codec::kFp32};
   std::size_t block = kDefaultCodecBlock;
   bool error_feedback = false;
+  // codec_v = "sqrt-<codec>": v travels as sqrt(v) (its reference is sqrt of the last mean).
+  bool sqrt_v = false;
 
   Codec of(optim::StateKind k) const { return codec[static_cast<std::size_t>(k)]; }
   bool compresses(optim::StateKind k) const { return of(k) != Codec::kFp32; }
@@ -50,6 +53,12 @@ struct CodecViews {
   // The mean is clamped at zero (v: a quantised difference can overshoot a small positive
   // value, and Adam takes its square root).
   bool nonnegative = false;
+  // The state travels as its square root (codec_v = "sqrt-..."): the reference holds sqrt of
+  // the last mean, the sites' differences and feedback are of sqrt(state), and the mean is
+  // the square of reference + sum / kept, the mean of the sites' sqrt(v) squared. Adam divides
+  // by sqrt(v): a fixed error in sqrt(v) costs every element the same relative step, where a
+  // fixed error in v lands on the small values of a block.
+  bool sqrt_domain = false;
   std::span<float> reference;
   std::vector<std::span<float>> feedback;  // per replica, or empty
 };
@@ -104,6 +113,7 @@ struct RingLayout {
   RingLayout(const CodecViews& c, std::size_t m, int sites);
   Codec codec;
   std::size_t block;
+  bool sqrt_domain;
   std::size_t m;
   int sites;
   std::size_t piece_elems;
@@ -140,8 +150,23 @@ void combine_piece(const RingLayout& l, int s, std::size_t c, std::span<const st
                    std::vector<float>& scratch);
 // `combined` holds every segment's sum, segment s at s * segment_bytes: reference <- reference
 // + sum / kept (at least 0 when c.nonnegative), and `mean` receives it (it may be the state).
+// In the sqrt domain, r = max(0, reference + sum / kept), mean = r * r and reference <-
+// sqrt(mean), so that the reference is always what set_reference makes of the mean.
 void finish_mean(const RingLayout& l, const CodecViews& c, std::span<const std::byte> combined,
                  int kept, std::span<float> reference, std::span<float> mean,
                  std::vector<float>& scratch);
+
+// The payload guard's figures of what a site's shard sends, decoded: reference + decode(encode(
+// state - reference + feedback)), squared in the sqrt domain, piece by piece as
+// encode_contribution encodes it (the feedback untouched). A non-finite value poisons its
+// codec block, so the whole block counts as non-finite.
+PayloadHealth measure_decoded(const RingLayout& l, std::span<const float> state,
+                              std::span<const float> reference, std::span<const float> feedback,
+                              std::vector<float>& scratch);
+
+// reference <- the reference a mean makes: the mean itself, or in the sqrt domain its square
+// root. Where a whole mean is known but only part of it came through finish_mean (one site;
+// a site's ranks sharing their shards), every rank takes the reference from the mean alike.
+void set_reference(const CodecViews& c, std::span<const float> mean, std::span<float> reference);
 
 }  // namespace desloc::sync
