@@ -177,6 +177,29 @@ TEST(Cli, PlanPrintsReasonsAndAFragmentAndNamesBadTopologies) {
     EXPECT_EQ(dcheck.exit_code, 0) << dcheck.output << "\n" << delayed;
   }
 
+  // --codecs auto: fp32, int8 and int4 each planned, the shortest Kx kept; on a 1 Mbit link
+  // the bytes dominate, so int4 wins, and its fragment names every codec.
+  std::string slow = topo;
+  for (std::size_t at; (at = slow.find("bandwidth_mbit = 100")) != std::string::npos;)
+    slow.replace(at, 20, "bandwidth_mbit = 1");
+  write_text(dir / "slow.toml", slow);
+  const fs::path auto_out = dir / "auto.toml";
+  const auto a = run_command(cli() + " plan --codecs auto --target-overhead 0.5 --topology " +
+                             (dir / "slow.toml").string() + " --config " +
+                             (dir / "job.toml").string() + " --out " + auto_out.string());
+  EXPECT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_NE(a.output.find("codecs (--codecs auto"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("chose int4"), std::string::npos) << a.output;
+  std::ifstream auto_fragment(auto_out);
+  const std::string chosen{std::istreambuf_iterator<char>(auto_fragment), {}};
+  EXPECT_NE(chosen.find("codec_x = \"int4\"\ncodec_u = \"int4\"\ncodec_v = \"int4\""),
+            std::string::npos)
+      << chosen;
+  write_text(dir / "planned_auto.toml", tiny_job_toml(dir / "out") + chosen);
+  const auto acheck =
+      run_command(cli() + " config --check " + (dir / "planned_auto.toml").string());
+  EXPECT_EQ(acheck.exit_code, 0) << acheck.output << "\n" << chosen;
+
   // A NaN bandwidth is refused with the file, line and key.
   std::string bad = topo;
   bad.replace(bad.find("bandwidth_mbit = 100"), 20, "bandwidth_mbit = nan");
