@@ -8,17 +8,25 @@
 // run: the physical limit of a pass over the data. Last, the block-size study: for int8, int4
 // and int2, the relative RMS error and the bytes per float at blocks of 16 to 1024, on
 // Gaussian values and on heavy-tailed ones whose scale varies by orders of magnitude from
-// block to block (like the rows of different tensors).
+// block to block (like the rows of different tensors). Then, with --ring, the codec work of one
+// whole compressed average: the in-process averager replays the ring of encoded segments of S
+// sites (every site's encoding, each hop's decode-add-encode, the final decode; the same
+// functions a networked rank runs), timed per site against the price the planner and the
+// simulator assume (sync::codec_seconds_priced) and against memcpy passes.
 //
-//   bench_codec [--mib 64] [--repeats 10]
+//   bench_codec [--mib 64] [--repeats 10] [--ring] [--sites 3]
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "desloc/sync/averager.hpp"
 #include "desloc/sync/codec.hpp"
+#include "desloc/sync/compression.hpp"
 #include "harness.hpp"
 #include "lm_bench_common.hpp"
 
@@ -93,13 +101,89 @@ void validate(const std::vector<float>& x) {
   }
 }
 
+// One compressed average of x's length over `sites` in-process sites, per codec: validated
+// (every site holds the same mean, within the codec's error of the exact one), then timed.
+// Returns false when the measured codec work exceeds the planner's price.
+bool ring_study(const std::vector<float>& x, int sites, int repeats, double copy_gbs) {
+  const std::size_t n = x.size();
+  const auto S = static_cast<std::size_t>(sites);
+  std::vector<std::vector<float>> base(S, x), state(S);
+  std::vector<double> exact(n, 0.0);
+  for (std::size_t s = 0; s < S; ++s) {
+    const std::vector<float> noise = gaussian(n, 100 + unsigned(s));
+    for (std::size_t i = 0; i < n; ++i) {
+      base[s][i] += 0.01f * noise[i];
+      exact[i] += double(base[s][i]) / double(S);
+    }
+  }
+  std::vector<std::span<float>> views(S);
+  auto restore = [&] {
+    for (std::size_t s = 0; s < S; ++s) {
+      state[s].resize(n);
+      std::memcpy(state[s].data(), base[s].data(), n * sizeof(float));
+      views[s] = state[s];
+    }
+  };
+  const bench::Stats copy = bench::summarize(bench::time_ms(restore, 1, repeats));
+  const double priced = sync::codec_seconds_priced(double(n));
+  std::printf(
+      "\nring codec work: one average of %zu floats over %d sites in one process (every site's "
+      "encoding, each hop's decode-add-encode, the final decode), per site, less the %.1f ms of "
+      "restoring the states; the planner's price: %.1f ms (%g passes at %.0f GB/s)\n",
+      n, sites, copy.median, 1e3 * priced, sync::kCodecPassesPerAverage,
+      sync::kCodecBytesPerSecond / 1e9);
+  bench::Table table({"codec", "ms per site", "vs priced", "fp32 passes (memcpy)", "max error"});
+  bool within = true;
+  for (const Codec c : {Codec::kBf16, Codec::kInt8, Codec::kInt4, Codec::kInt2}) {
+    std::vector<float> ref = x;
+    sync::CodecViews v;
+    v.codec = c;
+    v.reference = ref;
+    sync::VirtualAverager avg(sites, sync::SumOrder::kRing);
+    auto once = [&] {
+      restore();
+      std::copy(x.begin(), x.end(), ref.begin());
+      avg.set_codec(optim::StateKind::kU, v);
+      avg.average(optim::StateKind::kU, views);
+    };
+    once();  // validate: one mean everywhere, near the exact one
+    double err = 0, mag = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      err = std::max(err, std::abs(double(state[0][i]) - exact[i]));
+      mag = std::max(mag, std::abs(exact[i] - double(x[i])));
+    }
+    for (std::size_t s = 1; s < S; ++s)
+      if (std::memcmp(state[s].data(), state[0].data(), n * sizeof(float)) != 0)
+        throw bench::BenchError("validation failed: the sites' means differ (" +
+                                std::string(sync::to_string(c)) + ")");
+    if (!(err <= mag))  // an error as large as the update itself means a broken ring
+      throw bench::BenchError("validation failed: " + std::string(sync::to_string(c)) +
+                              " mean off by " + std::to_string(err) + ", the update is " +
+                              std::to_string(mag));
+    const bench::Stats t = bench::summarize(bench::time_ms(once, 1, repeats));
+    const double per_site = std::max(0.0, t.median - copy.median) / double(sites);
+    const double pass_ms = 1e3 * double(n) * 4.0 / (copy_gbs * 1e9);
+    within = within && per_site <= 1e3 * priced;
+    table.add({std::string(sync::to_string(c)), bench::fmt(per_site, 1),
+               bench::fmt(per_site / (1e3 * priced)) + "x", bench::fmt(per_site / pass_ms, 1),
+               bench::fmt_sci(err / mag, 2) + " of the update"});
+  }
+  table.print();
+  return within;
+}
+
 int run(int argc, char** argv) {
   std::int64_t mib = 64;
   int repeats = 10;
-  bench::Flags("bench_codec [--mib N] [--repeats R]")
+  bool ring = false;
+  int sites = 3;
+  bench::Flags("bench_codec [--mib N] [--repeats R] [--ring] [--sites S]")
       .add("--mib", mib)
       .add("--repeats", repeats)
+      .add("--ring", ring)
+      .add("--sites", sites)
       .parse(argc, argv);
+  if (sites < 2) throw bench::BenchError("--sites must be at least 2");
   const std::size_t n = static_cast<std::size_t>(mib) * (1u << 20) / sizeof(float);
   const std::vector<float> x = gaussian(n, 1);
   validate(gaussian(1 << 16, 2));
@@ -148,7 +232,8 @@ int run(int argc, char** argv) {
                  bench::fmt_sci(rel_rms_error(c, g, block), 2),
                  bench::fmt_sci(rel_rms_error(c, h, block), 2)});
   study.print();
-  return all_fast ? 0 : 3;
+  const bool priced_ok = !ring || ring_study(x, sites, repeats, copy_rate.median);
+  return all_fast && priced_ok ? 0 : 3;
 }
 }  // namespace
 

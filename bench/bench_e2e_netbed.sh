@@ -70,7 +70,8 @@ $target nats. Method none is the compute-only reference (no communication at all
   --max-delay  with --plan: \`desloc plan --delayed --max-delay N\` for NAME-delayed methods
              (the largest delay the plan may use; default $max_delay = any)
   --codec    sync.codec_x, codec_u and codec_v of the DES-LOC methods (bf16, int8, int4,
-             int2; with error feedback), also in the config \`desloc plan\` prices
+             int2; with error feedback), also in the config \`desloc plan\` prices;
+             CODEC/VCODEC gives v its own (e.g. int2/sqrt-int2)
   --pin      pin site i's worker to CPU i mod nproc (taskset), so that a site's compute and
              its communication thread share one core, as they would on a dedicated host
   --budget   train every method for about SECONDS of step time (evaluation excluded) instead
@@ -174,7 +175,8 @@ write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file,
   esac
   [[ -z $lanes ]] || lanes_line="lanes = $lanes"
   if [[ -n $codec && $name == desloc ]]; then
-    overlap+=$'\n'"codec_x = \"$codec\""$'\n'"codec_u = \"$codec\""$'\n'"codec_v = \"$codec\""
+    local xu=${codec%%/*} v=${codec#*/}
+    overlap+=$'\n'"codec_x = \"$xu\""$'\n'"codec_u = \"$xu\""$'\n'"codec_v = \"$v\""
     overlap+=$'\n'"error_feedback = true"
   fi
   cat >"$2" <<EOF

@@ -55,7 +55,7 @@ struct Options {
   std::vector<std::int64_t> delays;     // the delayed-average study when not empty
   std::vector<std::int64_t> fragments;  // with delays: the streaming study
   bool codecs = false;                  // the codec study
-  int codec_block = 64;
+  int codec_block = 128;
   // The codec study's variants: CODEC[/VCODEC][+ef] (VCODEC: v's codec, e.g. sqrt-int4).
   std::string codec_set = "bf16,int8,int4,int4+ef,int2+ef";
   bool baselines = true;  // the codec study also trains none, DDP and Local Adam

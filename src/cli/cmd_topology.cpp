@@ -32,16 +32,13 @@ namespace desloc::cli {
 namespace {
 
 // The codecs of a job's [sync], priced for the planner and the simulator: encoded bytes per
-// fp32 byte (scales included), and the codec work of one average on one rank, taken as five
-// passes over its shard (its own encoding, the decode-add-encode of the sums it relays, the
-// final decode) at 3 GB/s per core, about bench_codec's slowest codec here (int2 encode).
+// fp32 byte (scales included), and the codec work of one average on one rank
+// (sync::codec_seconds_priced of its shard).
 struct CodecPrice {
   std::array<double, 3> ratio{1.0, 1.0, 1.0};
   std::array<double, 3> seconds{};
   std::string keys;  // the config lines, "codec_x = \"int8\"\n..."
 };
-constexpr double kCodecPasses = 5.0;
-constexpr double kCodecBytesPerSecond = 3e9;
 
 // `spell_fp32`: an all-fp32 job still names its codecs (a choice among codecs overrides the
 // config's).
@@ -60,8 +57,7 @@ CodecPrice price_codecs(const train::JobConfig& cfg, double params, bool spell_f
   for (std::size_t k = 0; k < 3; ++k) {
     if (!c.compresses(kinds[k])) continue;
     p.ratio[k] = double(sync::encoded_bytes(c.of(kinds[k]), n, c.block)) / (4.0 * double(n));
-    p.seconds[k] =
-        kCodecPasses * 4.0 * params / (kCodecBytesPerSecond * double(cfg.job.ranks_per_site));
+    p.seconds[k] = sync::codec_seconds_priced(params / double(cfg.job.ranks_per_site));
     const bool root = kinds[k] == optim::StateKind::kV && c.sqrt_v;
     p.keys += fmt::format("{} = \"{}{}\"\n", keys[k], root ? "sqrt-" : "",
                           sync::to_string(c.of(kinds[k])));

@@ -41,10 +41,11 @@ TEST(Codec, NamesParseBothWays) {
 TEST(Codec, SizesCountScalesAndPackedIntegers) {
   EXPECT_EQ(sync::encoded_bytes(Codec::kFp32, 1000), 4000u);
   EXPECT_EQ(sync::encoded_bytes(Codec::kBf16, 1000), 2000u);
-  // 16 blocks of 64 (the last of 40): 16 float scales, then the integers.
-  EXPECT_EQ(sync::encoded_bytes(Codec::kInt8, 1000), 16u * 4 + 1000);
-  EXPECT_EQ(sync::encoded_bytes(Codec::kInt4, 1000), 16u * 4 + 500);
-  EXPECT_EQ(sync::encoded_bytes(Codec::kInt2, 1001), 16u * 4 + 251);
+  // 8 blocks of the default 128 (the last of 104): 8 float scales, then the integers.
+  EXPECT_EQ(sync::encoded_bytes(Codec::kInt8, 1000), 8u * 4 + 1000);
+  EXPECT_EQ(sync::encoded_bytes(Codec::kInt4, 1000), 8u * 4 + 500);
+  EXPECT_EQ(sync::encoded_bytes(Codec::kInt2, 1001), 8u * 4 + 251);
+  EXPECT_EQ(sync::encoded_bytes(Codec::kInt8, 1000, 64), 16u * 4 + 1000);
   EXPECT_EQ(sync::encoded_bytes(Codec::kInt8, 0), 0u);
 }
 

@@ -102,6 +102,16 @@ class CompressionState {
   std::array<std::vector<std::vector<float>>, 4> ef_;  // [kind][replica]
 };
 
+// What the planner and the simulator assume one compressed average costs a site in codec work:
+// five passes over its shard (its own encoding, the decode-add-encode of the sums it relays,
+// the final decode) at 3 GB/s of fp32 per core, about bench_codec's slowest codec here.
+// bench_codec --ring measures the in-process ring's codec work against this price.
+inline constexpr double kCodecPassesPerAverage = 5.0;
+inline constexpr double kCodecBytesPerSecond = 3e9;
+inline double codec_seconds_priced(double shard_floats) {
+  return kCodecPassesPerAverage * 4.0 * shard_floats / kCodecBytesPerSecond;
+}
+
 // How one shard's compressed average lays out its bytes. It travels as a ring all-reduce of
 // encoded bytes (transport::Collective::reduce_scatter_encoded, then an all-gather): the
 // shard's m values are cut into one segment per site (transport::segment, as the fp32 ring
