@@ -143,11 +143,16 @@ void DelayedAverages::fold_pending(std::int64_t t, bool drain, std::span<Replica
       if (kind == optim::StateKind::kV) v_fragments.emplace_back(p.fragment, p.fragments);
     }
   }
-  // u folded without the v of the same elements: bound it.
-  const bool bound = std::any_of(u_fragments.begin(), u_fragments.end(), [&](const auto& f) {
-    return opts_.always_bound_u ||
-           std::find(v_fragments.begin(), v_fragments.end(), f) == v_fragments.end();
-  });
+  // u folded without the v of the same elements: bound it. With compressed moments
+  // (always_bound_u) also after any fold of v: a quantised mean can pull v below the v that
+  // bounded u, as after a blocking compressed average of v (SyncEngine::average). Without
+  // this, int2 with delayed averages diverged on the e2e bed (docs/sync.md).
+  const bool bound =
+      (opts_.always_bound_u && !v_fragments.empty()) ||
+      std::any_of(u_fragments.begin(), u_fragments.end(), [&](const auto& f) {
+        return opts_.always_bound_u ||
+               std::find(v_fragments.begin(), v_fragments.end(), f) == v_fragments.end();
+      });
   if (bound) bound_momentum(replicas);
   pending_.remove_if([](const Pending& p) { return p.folded; });
 }
