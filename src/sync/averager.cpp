@@ -58,7 +58,6 @@ void VirtualAverager::judge(optim::StateKind kind, std::span<const std::span<flo
   const std::size_t n = local.empty() ? 0 : local[0].size();
   const bool decoded = codec != nullptr && !codec->reference.empty();
   std::vector<PayloadHealth> health(M);
-  std::vector<float> scratch;
   for (std::size_t w = 0; w < M; ++w)
     for (int r = 0; r < shards_; ++r) {
       const transport::Range b = transport::block(n, shards_, r);
@@ -71,7 +70,7 @@ void VirtualAverager::judge(optim::StateKind kind, std::span<const std::span<flo
                                             ? std::span<const float>()
                                             : codec->feedback[w].subspan(b.offset, b.count);
       health[w] += measure_decoded(RingLayout(*codec, b.count, static_cast<int>(M)), shard,
-                                   codec->reference.subspan(b.offset, b.count), fb, scratch);
+                                   codec->reference.subspan(b.offset, b.count), fb, scratch_);
     }
   hold_verdict(kind, judge_payloads(health, n, guard_, step_, kind), static_cast<int>(M),
                /*log=*/true);
@@ -161,9 +160,11 @@ void VirtualAverager::average_compressed(optim::StateKind kind,
     const int S = static_cast<int>(M);
     int kept = 0;
     for (std::size_t w = 0; w < M; ++w) kept += left_out[w] ? 0 : 1;
-    std::vector<std::vector<std::byte>> bytes(M);
-    std::vector<std::byte> combined;
-    std::vector<float> scratch, mean;
+    std::vector<std::vector<std::byte>>& bytes = encoded_;
+    std::vector<std::byte>& combined = combined_;
+    std::vector<float>& scratch = scratch_;
+    std::vector<float>& mean = mean_;
+    bytes.resize(M);
     for (int r = 0; r < shards_; ++r) {
       const transport::Range b = transport::block(n, shards_, r);
       const RingLayout l(codec, b.count, S);

@@ -180,9 +180,9 @@ bool CollectiveAverager::exchange_control(std::span<const DueAverage> due, bool 
   std::vector<PayloadHealth> mine(rows);
   const int ranks = site_ != nullptr ? site_->size() : 1;
   const int r = site_ != nullptr ? site_->rank() : 0;
-  // Its own scratch: an average started earlier may still use scratch_ on the communication
-  // thread.
-  std::vector<float> scratch;
+  // Its own scratch, kept per thread: an average started earlier may still use scratch_ on the
+  // communication thread, and a fresh buffer of a large shard costs page faults every time.
+  thread_local std::vector<float> scratch;
   if (guard_.enabled)
     for (std::size_t k = 0; k < due.size(); ++k) {
       const std::span<float> data = due[k].local[0];

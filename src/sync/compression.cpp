@@ -215,15 +215,17 @@ PayloadHealth measure_decoded(const RingLayout& l, std::span<const float> state,
                 " values with a state of " + std::to_string(state.size()) + ", a reference of " +
                 std::to_string(reference.size()) + " and feedback of " +
                 std::to_string(feedback.size()));
-  scratch.resize(2 * l.m);
+  // The differences, the decoded values and one encoded piece, in one buffer the caller keeps.
+  scratch.resize(2 * l.m + (l.piece_bytes + sizeof(float) - 1) / sizeof(float));
   float* d = scratch.data();
   float* sent = scratch.data() + l.m;
+  const std::span<std::byte> bytes =
+      std::as_writable_bytes(std::span<float>(scratch).subspan(2 * l.m));
   difference(l, state, reference, feedback, d);
-  std::vector<std::byte> bytes(l.piece_bytes);
   for (int s = 0; s < l.sites; ++s)
     for (std::size_t c = 0; c < l.pieces(s); ++c) {
       const transport::Range r = l.piece(s, c);
-      const std::span<std::byte> enc = std::span<std::byte>(bytes).first(l.encoded(s, c));
+      const std::span<std::byte> enc = bytes.first(l.encoded(s, c));
       encode(l.codec, std::span<const float>(d + r.offset, r.count), enc, l.block);
       decode(l.codec, enc, std::span<float>(sent + r.offset, r.count), l.block);
     }

@@ -169,6 +169,11 @@ class VirtualAverager final : public Averager {
   int shards_;
   int lanes_;
   std::vector<Traffic> traffic_;
+  // A compressed average's buffers, kept between averages: fresh ones of a large state's size
+  // cost page faults that made the ring's codec work 4.5x its price (bench_codec --ring).
+  std::vector<std::vector<std::byte>> encoded_;
+  std::vector<std::byte> combined_;
+  std::vector<float> scratch_, mean_;
 };
 
 }  // namespace desloc::sync
