@@ -122,26 +122,36 @@ void encode_int2(std::span<const float> src, std::span<std::byte> dst, std::size
   }
 }
 
-void decode_int2(std::span<const std::byte> src, std::span<float> dst, std::size_t block) {
+// Calls fn(scale, out, packed, n) for each block of an encoded buffer: its float scale, where
+// its n decoded values go, and its packed integers (pb per byte).
+template <class Fn>
+void for_each_encoded_block(std::span<const std::byte> src, std::span<float> dst, std::size_t block,
+                            std::size_t pb, Fn&& fn) {
   const std::size_t nb = blocks(dst.size(), block);
   const auto* q = reinterpret_cast<const std::uint8_t*>(src.data() + nb * sizeof(float));
   for (std::size_t b = 0; b < nb; ++b) {
     float s;
     std::memcpy(&s, src.data() + b * sizeof(float), sizeof(float));
-    const std::size_t lo = b * block, n = std::min(block, dst.size() - lo);
-    float* x = dst.data() + lo;
-    const std::uint8_t* in = q + lo / 4;
-    auto value = [s](int v) { return (static_cast<float>(v) - 1.5f) * s; };
-    std::size_t i = 0;
-    for (; i + 3 < n; i += 4) {
-      const int v = in[i / 4];
-      x[i] = value(v & 3);
-      x[i + 1] = value((v >> 2) & 3);
-      x[i + 2] = value((v >> 4) & 3);
-      x[i + 3] = value(v >> 6);
-    }
-    for (std::size_t k = 0; i + k < n; ++k) x[i + k] = value((in[i / 4] >> (2 * k)) & 3);
+    const std::size_t lo = b * block;
+    fn(s, dst.data() + lo, q + lo / pb, std::min(block, dst.size() - lo));
   }
+}
+
+void decode_int2(std::span<const std::byte> src, std::span<float> dst, std::size_t block) {
+  for_each_encoded_block(src, dst, block, 4,
+                         [](float s, float* x, const std::uint8_t* in, std::size_t n) {
+                           auto value = [s](int v) { return (static_cast<float>(v) - 1.5f) * s; };
+                           std::size_t i = 0;
+                           for (; i + 3 < n; i += 4) {
+                             const int v = in[i / 4];
+                             x[i] = value(v & 3);
+                             x[i + 1] = value((v >> 2) & 3);
+                             x[i + 2] = value((v >> 4) & 3);
+                             x[i + 3] = value(v >> 6);
+                           }
+                           for (std::size_t k = 0; i + k < n; ++k)
+                             x[i + k] = value((in[i / 4] >> (2 * k)) & 3);
+                         });
 }
 
 void encode_blocks(Codec c, std::span<const float> src, std::span<std::byte> dst,
@@ -175,26 +185,21 @@ void decode_blocks(Codec c, std::span<const std::byte> src, std::span<float> dst
                    std::size_t block) {
   if (c == Codec::kInt2) return decode_int2(src, dst, block);
   const int qmax = codec_qmax(c);
-  const std::size_t nb = blocks(dst.size(), block), pb = per_byte(c);
-  const auto* q = reinterpret_cast<const std::uint8_t*>(src.data() + nb * sizeof(float));
-  for (std::size_t b = 0; b < nb; ++b) {
-    float s;
-    std::memcpy(&s, src.data() + b * sizeof(float), sizeof(float));
-    const std::size_t lo = b * block, n = std::min(block, dst.size() - lo);
-    float* x = dst.data() + lo;
-    const std::uint8_t* in = q + lo / pb;
-    auto value = [&](int v) { return static_cast<float>(v - qmax) * s; };
-    if (pb == 1) {
-      for (std::size_t i = 0; i < n; ++i) x[i] = value(in[i]);
-    } else {  // int4
-      std::size_t i = 0;
-      for (; i + 1 < n; i += 2) {
-        x[i] = value(in[i / 2] & 0xf);
-        x[i + 1] = value(in[i / 2] >> 4);
-      }
-      if (i < n) x[i] = value(in[i / 2] & 0xf);
-    }
-  }
+  const std::size_t pb = per_byte(c);
+  for_each_encoded_block(src, dst, block, pb,
+                         [&](float s, float* x, const std::uint8_t* in, std::size_t n) {
+                           auto value = [&](int v) { return static_cast<float>(v - qmax) * s; };
+                           if (pb == 1) {
+                             for (std::size_t i = 0; i < n; ++i) x[i] = value(in[i]);
+                           } else {  // int4
+                             std::size_t i = 0;
+                             for (; i + 1 < n; i += 2) {
+                               x[i] = value(in[i / 2] & 0xf);
+                               x[i + 1] = value(in[i / 2] >> 4);
+                             }
+                             if (i < n) x[i] = value(in[i / 2] & 0xf);
+                           }
+                         });
 }
 
 }  // namespace
