@@ -656,6 +656,11 @@ TEST(SyncConfig, BadInputNamesTheKey) {
   EXPECT_NE(sync_error("method = \"desloc\"\nerror_feedback = true\n")
                 .find("job.toml:3:18: sync.error_feedback = true without a codec"),
             std::string::npos);
+  // The sqrt domain is v's alone; codec_v accepts it.
+  EXPECT_NE(sync_error("method = \"desloc\"\ncodec_u = \"sqrt-int4\"\n")
+                .find("job.toml:3:11: sync.codec_u = \"sqrt-int4\" is not one of"),
+            std::string::npos);
+  EXPECT_EQ(sync_error("method = \"desloc\"\ncodec_v = \"sqrt-int4\"\n"), "<no error>");
   EXPECT_NE(sync_error("method = \"desloc\"\ncodec_x = \"int2\"\ncodec_block = 30\n")
                 .find("job.toml:4:15: sync.codec_block = 30 must be a multiple of 4"),
             std::string::npos);
