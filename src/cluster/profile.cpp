@@ -197,13 +197,14 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
 
   // Gather every site's row (step time, its largest TCP buffers, its outgoing links) at every
   // rank 0.
-  constexpr std::size_t kHead = 3;
+  constexpr std::size_t kHead = 4;
   const std::size_t row = kHead + 4 * static_cast<std::size_t>(S);
   std::vector<double> mine(row), all(row * static_cast<std::size_t>(S));
   const topology::TcpBuffers buffers = topology::read_tcp_buffers();
   mine[0] = step_s;
   mine[1] = buffers.send_max;
   mine[2] = buffers.receive_max;
+  mine[3] = buffers.slow_start_after_idle;
   for (int k = 0; k < S; ++k) {
     const auto& r = out[std::size_t(k)];
     std::copy_n(
@@ -226,7 +227,7 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
     for (int s = 0; s < S; ++s) {
       const double* r = all.data() + row * std::size_t(s);
       topo.sites.push_back({ss.sites[std::size_t(s)], r[0]});
-      site_buffers[ss.sites[std::size_t(s)]] = {r[1], r[2]};
+      site_buffers[ss.sites[std::size_t(s)]] = {r[1], r[2], static_cast<int>(r[3])};
       for (int k = 0; k < S; ++k) {
         if (k == s) continue;
         const double* l = r + kHead + 4 * k;
@@ -245,6 +246,8 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
       std::printf("%-8s largest TCP buffers: send %.1f MiB, receive %.1f MiB\n", site.c_str(),
                   b.send_max / (1 << 20), b.receive_max / (1 << 20));
     for (const std::string& w : topology::window_warnings(topo, site_buffers))
+      log::warn("profile: {}", w);
+    for (const std::string& w : topology::slow_start_warnings(topo, site_buffers))
       log::warn("profile: {}", w);
     const std::string text = topology::to_toml(topo);
     write_file_atomic(out_path, {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});

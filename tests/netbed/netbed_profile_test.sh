@@ -125,6 +125,10 @@ sed 's/^\[train\]$/[train]\nsteps = 1000000/' "$tmp/job.toml" >"$tmp/plan_job.to
   >"$tmp/plan.txt" || { cat "$tmp/plan.txt" >&2; fail "plan refused the profiled topology"; }
 grep -q "schedule: ring" "$tmp/plan.txt" || fail "plan printed no schedule"
 note "profile within bounds; plan accepted it"
+# The bed keeps Linux's tcp_slow_start_after_idle = 1, and its links have 10-60 ms round trips.
+grep -q "site A: net.ipv4.tcp_slow_start_after_idle = 1 with round trips up to" "$tmp/A.log" ||
+  fail "the profile did not warn of slow start after idle: $(grep -i warn "$tmp/A.log")"
+note "profile warned of slow start after idle"
 
 # A long fat link with Linux's default buffers (send 4 MiB): 1 Gbit x 40 ms is 5 MB.
 "$netbed" down --name "$bed" >/dev/null 2>&1

@@ -73,4 +73,20 @@ TEST(TcpWindow, BuffersComeFromUcxWhenItFixesThemAndFromTheKernelOtherwise) {
 }
 
 }  // namespace
+// A site that restarts slow start after idle is named when one of its links has a long round
+// trip; a short one, a setting of 0 or an unknown one is not.
+TEST(TcpWindow, SlowStartAfterIdleIsNamedOnLongRoundTrips) {
+  TcpBuffers on{4 * kMiB, 4 * kMiB, 1}, off{4 * kMiB, 4 * kMiB, 0}, unknown{4 * kMiB, 4 * kMiB};
+  const auto w = slow_start_warnings(two_sites(100, 75), {{"A", on}, {"B", off}});
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("site A: net.ipv4.tcp_slow_start_after_idle = 1 with round trips up to "
+                      "150.0 ms"),
+            std::string::npos)
+      << w[0];
+  EXPECT_TRUE(slow_start_warnings(two_sites(100, 2), {{"A", on}, {"B", on}}).empty());  // 4 ms
+  EXPECT_TRUE(slow_start_warnings(two_sites(100, 75), {{"A", unknown}, {"B", off}}).empty());
+  // B has A -> B's 150 ms round trip too, though its own outgoing link is short.
+  EXPECT_EQ(slow_start_warnings(two_sites(100, 75), {{"A", off}, {"B", on}}).size(), 1u);
+}
+
 }  // namespace desloc::topology

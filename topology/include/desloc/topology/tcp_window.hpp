@@ -17,10 +17,13 @@ namespace desloc::topology {
 struct TcpBuffers {
   double send_max = 0;     // net.ipv4.tcp_wmem's largest, or UCX_TCP_SNDBUF when it is a size
   double receive_max = 0;  // net.ipv4.tcp_rmem's largest, or UCX_TCP_RCVBUF when it is a size
+  // net.ipv4.tcp_slow_start_after_idle: 1 (Linux's default), 0, or -1 when unknown.
+  int slow_start_after_idle = -1;
 };
 
 // Reads this process's network namespace (/proc/sys/net/ipv4/tcp_wmem, tcp_rmem) and UCX's
 // environment (UCX_TCP_SNDBUF / UCX_TCP_RCVBUF: "auto" leaves Linux's autotuning in charge).
+// Also reads net.ipv4.tcp_slow_start_after_idle.
 TcpBuffers read_tcp_buffers();
 
 // A link's window in flight reaches this share of the smaller buffer of its two ends before it
@@ -33,5 +36,18 @@ inline constexpr double kWindowShare = 0.6;
 // link's. Sites missing from `buffers`, or with unknown buffers, are not judged.
 std::vector<std::string> window_warnings(const Topology& topo,
                                          const std::map<std::string, TcpBuffers>& buffers);
+
+// A round trip from which restarting slow start after an idle gap is called costly. Measured on
+// the bed (docs/transport.md): with 2 s idle before every all-reduce of 16 MiB at 100 Mbit and
+// 150 ms, 3 sites took 2314 ms with tcp_slow_start_after_idle = 1 and 1972 ms with 0 (2 sites:
+// 1537 and 1522 ms).
+inline constexpr double kSlowStartRoundTrip = 0.010;
+
+// One line per site whose kernel restarts slow start after idle (slow_start_after_idle == 1)
+// while one of its links (either way) has a round trip of at least kSlowStartRoundTrip: DES-LOC's
+// averages are seconds apart, so each would start from a small congestion window. Sites missing
+// from `buffers`, or whose setting is unknown, are not judged.
+std::vector<std::string> slow_start_warnings(const Topology& topo,
+                                             const std::map<std::string, TcpBuffers>& buffers);
 
 }  // namespace desloc::topology
