@@ -56,21 +56,12 @@ void VirtualAverager::judge(optim::StateKind kind, std::span<const std::span<flo
                             const CodecViews* codec) {
   const std::size_t M = local.size();
   const std::size_t n = local.empty() ? 0 : local[0].size();
-  const bool decoded = codec != nullptr && !codec->reference.empty();
   std::vector<PayloadHealth> health(M);
   for (std::size_t w = 0; w < M; ++w)
     for (int r = 0; r < shards_; ++r) {
       const transport::Range b = transport::block(n, shards_, r);
-      const std::span<const float> shard = local[w].subspan(b.offset, b.count);
-      if (!decoded) {
-        health[w] += measure_payload(shard);
-        continue;
-      }
-      const std::span<const float> fb = codec->feedback.empty()
-                                            ? std::span<const float>()
-                                            : codec->feedback[w].subspan(b.offset, b.count);
-      health[w] += measure_decoded(RingLayout(*codec, b.count, static_cast<int>(M)), shard,
-                                   codec->reference.subspan(b.offset, b.count), fb, scratch_);
+      health[w] += measure_sent(codec, w, b, local[w].subspan(b.offset, b.count),
+                                static_cast<int>(M), scratch_);
     }
   hold_verdict(kind, judge_payloads(health, n, guard_, step_, kind), static_cast<int>(M),
                /*log=*/true);

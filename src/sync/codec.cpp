@@ -99,27 +99,37 @@ struct Quartiles {
   }
 };
 
-void encode_int2(std::span<const float> src, std::span<std::byte> dst, std::size_t block) {
+// Calls s = fn(x, n, packed) for each block of src: its n values and where its packed integers
+// (pb per byte) go; fn returns the block's scale, stored in the block's slot.
+template <class Fn>
+void for_each_block_to_encode(std::span<const float> src, std::span<std::byte> dst,
+                              std::size_t block, std::size_t pb, Fn&& fn) {
   const std::size_t nb = blocks(src.size(), block);
   auto* q = reinterpret_cast<std::uint8_t*>(dst.data() + nb * sizeof(float));
   for (std::size_t b = 0; b < nb; ++b) {
-    const std::size_t lo = b * block, n = std::min(block, src.size() - lo);
-    const float* x = src.data() + lo;
-    const float s = block_rms(x, n);
+    const std::size_t lo = b * block;
+    const float s = fn(src.data() + lo, std::min(block, src.size() - lo), q + lo / pb);
     std::memcpy(dst.data() + b * sizeof(float), &s, sizeof(float));
-    const Quartiles quant{s > 0.0f ? 1.0f / s : 0.0f};
-    std::uint8_t* out = q + lo / 4;
-    std::size_t i = 0;
-    for (; i + 3 < n; i += 4)
-      out[i / 4] = static_cast<std::uint8_t>(quant(x[i]) | quant(x[i + 1]) << 2 |
-                                             quant(x[i + 2]) << 4 | quant(x[i + 3]) << 6);
-    if (i < n) {
-      std::uint8_t last = 0;
-      for (std::size_t k = 0; i + k < n; ++k)
-        last |= static_cast<std::uint8_t>(quant(x[i + k]) << (2 * k));
-      out[i / 4] = last;
-    }
   }
+}
+
+void encode_int2(std::span<const float> src, std::span<std::byte> dst, std::size_t block) {
+  for_each_block_to_encode(
+      src, dst, block, 4, [](const float* x, std::size_t n, std::uint8_t* out) {
+        const float s = block_rms(x, n);
+        const Quartiles quant{s > 0.0f ? 1.0f / s : 0.0f};
+        std::size_t i = 0;
+        for (; i + 3 < n; i += 4)
+          out[i / 4] = static_cast<std::uint8_t>(quant(x[i]) | quant(x[i + 1]) << 2 |
+                                                 quant(x[i + 2]) << 4 | quant(x[i + 3]) << 6);
+        if (i < n) {
+          std::uint8_t last = 0;
+          for (std::size_t k = 0; i + k < n; ++k)
+            last |= static_cast<std::uint8_t>(quant(x[i + k]) << (2 * k));
+          out[i / 4] = last;
+        }
+        return s;
+      });
 }
 
 // Calls fn(scale, out, packed, n) for each block of an encoded buffer: its float scale, where
@@ -158,27 +168,24 @@ void encode_blocks(Codec c, std::span<const float> src, std::span<std::byte> dst
                    std::size_t block) {
   if (c == Codec::kInt2) return encode_int2(src, dst, block);
   const int qmax = codec_qmax(c);
-  const std::size_t nb = blocks(src.size(), block), pb = per_byte(c);
-  auto* scales = dst.data();
-  auto* q = reinterpret_cast<std::uint8_t*>(dst.data() + nb * sizeof(float));
-  for (std::size_t b = 0; b < nb; ++b) {
-    const std::size_t lo = b * block, n = std::min(block, src.size() - lo);
-    const float* x = src.data() + lo;
-    const float s = block_scale(x, n, qmax);
-    std::memcpy(scales + b * sizeof(float), &s, sizeof(float));
-    // A zero block (s = 0) or a non-finite one (s NaN, decoded as NaN whatever the integers)
-    // stores zeros.
-    const Quantiser quant{s > 0.0f ? 1.0f / s : 0.0f, static_cast<float>(qmax), qmax};
-    std::uint8_t* out = q + lo / pb;  // blocks start on a multiple of 4 elements
-    if (pb == 1) {
-      for (std::size_t i = 0; i < n; ++i) out[i] = quant(x[i]);
-    } else {  // int4
-      std::size_t i = 0;
-      for (; i + 1 < n; i += 2)
-        out[i / 2] = static_cast<std::uint8_t>(quant(x[i]) | quant(x[i + 1]) << 4);
-      if (i < n) out[i / 2] = quant(x[i]);
-    }
-  }
+  const std::size_t pb = per_byte(c);
+  // Blocks start on a multiple of 4 elements, so on a byte of packed integers.
+  for_each_block_to_encode(
+      src, dst, block, pb, [&](const float* x, std::size_t n, std::uint8_t* out) {
+        const float s = block_scale(x, n, qmax);
+        // A zero block (s = 0) or a non-finite one (s NaN, decoded as NaN whatever the integers)
+        // stores zeros.
+        const Quantiser quant{s > 0.0f ? 1.0f / s : 0.0f, static_cast<float>(qmax), qmax};
+        if (pb == 1) {
+          for (std::size_t i = 0; i < n; ++i) out[i] = quant(x[i]);
+        } else {  // int4
+          std::size_t i = 0;
+          for (; i + 1 < n; i += 2)
+            out[i / 2] = static_cast<std::uint8_t>(quant(x[i]) | quant(x[i + 1]) << 4);
+          if (i < n) out[i / 2] = quant(x[i]);
+        }
+        return s;
+      });
 }
 
 void decode_blocks(Codec c, std::span<const std::byte> src, std::span<float> dst,

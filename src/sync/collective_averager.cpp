@@ -187,18 +187,7 @@ bool CollectiveAverager::exchange_control(std::span<const DueAverage> due, bool 
     for (std::size_t k = 0; k < due.size(); ++k) {
       const std::span<float> data = due[k].local[0];
       const transport::Range b = transport::block(data.size(), ranks, r);
-      const std::span<const float> shard = data.subspan(b.offset, b.count);
-      const CodecViews* codec = due[k].codec;
-      if (codec == nullptr || codec->reference.empty()) {
-        mine[k] = measure_payload(shard);
-        continue;
-      }
-      // A compressed state: what this rank's shard sends, decoded.
-      const std::span<const float> fb = codec->feedback.empty()
-                                            ? std::span<const float>()
-                                            : codec->feedback[0].subspan(b.offset, b.count);
-      mine[k] = measure_decoded(RingLayout(*codec, b.count, sites), shard,
-                                codec->reference.subspan(b.offset, b.count), fb, scratch);
+      mine[k] = measure_sent(due[k].codec, 0, b, data.subspan(b.offset, b.count), sites, scratch);
     }
   mine.back().nonfinite = stop ? 1.0 : 0.0;
   const transport::OpLabel label{step_, transport::kLabelControl, static_cast<std::uint32_t>(r)};

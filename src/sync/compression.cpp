@@ -236,6 +236,16 @@ PayloadHealth measure_decoded(const RingLayout& l, std::span<const float> state,
   return measure_payload(std::span<const float>(sent, l.m));
 }
 
+PayloadHealth measure_sent(const CodecViews* codec, std::size_t replica, transport::Range b,
+                           std::span<const float> shard, int sites, std::vector<float>& scratch) {
+  if (codec == nullptr || codec->reference.empty()) return measure_payload(shard);
+  const std::span<const float> fb = codec->feedback.empty()
+                                        ? std::span<const float>()
+                                        : codec->feedback.at(replica).subspan(b.offset, b.count);
+  return measure_decoded(RingLayout(*codec, b.count, sites), shard,
+                         codec->reference.subspan(b.offset, b.count), fb, scratch);
+}
+
 void set_reference(const CodecViews& c, std::span<const float> mean, std::span<float> reference) {
   if (reference.size() != mean.size())
     throw Error("compression: a reference of " + std::to_string(reference.size()) +

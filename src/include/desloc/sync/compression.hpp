@@ -174,6 +174,12 @@ PayloadHealth measure_decoded(const RingLayout& l, std::span<const float> state,
                               std::span<const float> reference, std::span<const float> feedback,
                               std::vector<float>& scratch);
 
+// The guard's figures of replica `replica`'s block b (`shard`, its values) of a state averaged
+// over `sites`: measure_payload of the values, or for a compressed state (a codec with a
+// reference) measure_decoded of what the block sends, with that replica's feedback.
+PayloadHealth measure_sent(const CodecViews* codec, std::size_t replica, transport::Range b,
+                           std::span<const float> shard, int sites, std::vector<float>& scratch);
+
 // reference <- the reference a mean makes: the mean itself, or in the sqrt domain its square
 // root. Where a whole mean is known but only part of it came through finish_mean (one site;
 // a site's ranks sharing their shards), every rank takes the reference from the mean alike.
