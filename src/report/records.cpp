@@ -96,6 +96,7 @@ train::EvalRecord read_eval_record(const JsonValue& r, const std::string& where)
   train::EvalRecord out;
   out.step = step_of(r, where);
   out.val_loss = r.number_or_nan("val_loss");
+  out.val_bpb = r.number_or_nan("val_bpb");
   out.eval_s = r.number_or_nan("eval_s");
   out.workers = count<std::size_t>(r, "workers");
   return out;

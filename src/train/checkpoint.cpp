@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string_view>
 
 #include "desloc/core/error.hpp"
@@ -28,12 +29,68 @@ constexpr std::size_t kStreamBlockBytes = std::size_t(1) << 20;
 // Version 3 ends the payload with the writer's name in a fixed field (NUL-padded).
 constexpr std::size_t kWriterBytes = 64;
 
+std::string writer_from(std::span<const std::uint8_t> field) {
+  const auto* c = reinterpret_cast<const char*>(field.data());
+  return std::string(c, strnlen(c, field.size()));
+}
+
+// Version 5 puts the model description before the writer's name, in fixed-size fields.
+constexpr std::size_t kTokenizerKindBytes = 16;
+constexpr std::size_t kTokenizerFileBytes = 512;
+constexpr std::size_t kModelBytes = 5 * 4 + kTokenizerKindBytes + 8 + kTokenizerFileBytes;
+
 struct FileHeader {
   std::uint32_t version = 0;
   std::uint64_t payload_bytes = 0;
   std::uint32_t crc = 0;
-  std::uint64_t trailer_bytes() const { return version >= 3 ? kWriterBytes : 0; }
+  std::uint64_t model_bytes() const { return version >= 5 ? kModelBytes : 0; }
+  std::uint64_t trailer_bytes() const {
+    return (version >= 3 ? kWriterBytes : 0) + model_bytes();
+  }
 };
+
+template <std::size_t N>
+void put_text(ByteWriter& w, const std::string& text) {
+  std::array<char, N> field{};
+  std::memcpy(field.data(), text.data(), std::min(text.size(), N - 1));
+  w.put_span<char>(field);
+}
+
+void put_model(ByteWriter& w, const std::optional<CheckpointModel>& m) {
+  const CheckpointModel d = m.value_or(CheckpointModel{});
+  for (const int v : {d.model.vocab, d.model.context, d.model.layers, d.model.heads,
+                      d.model.d_model})
+    w.put<std::int32_t>(m ? v : 0);
+  put_text<kTokenizerKindBytes>(w, m ? d.tokenizer : std::string());
+  w.put<std::uint64_t>(d.tokenizer_hash);
+  put_text<kTokenizerFileBytes>(w, d.tokenizer_file.size() < kTokenizerFileBytes
+                                       ? d.tokenizer_file
+                                       : std::string());
+}
+
+// nullopt when the writer had no model description (all sizes 0).
+std::optional<CheckpointModel> get_model(ByteReader& r, const std::string& path) {
+  CheckpointModel m;
+  for (int* v : {&m.model.vocab, &m.model.context, &m.model.layers, &m.model.heads,
+                 &m.model.d_model})
+    *v = r.get<std::int32_t>("model size");
+  std::array<std::uint8_t, kTokenizerKindBytes> kind{};
+  r.get_span<std::uint8_t>(kind, "tokenizer");
+  m.tokenizer_hash = r.get<std::uint64_t>("tokenizer hash");
+  std::array<std::uint8_t, kTokenizerFileBytes> file{};
+  r.get_span<std::uint8_t>(file, "tokenizer file");
+  if (m.model.vocab == 0 && m.model.layers == 0 && m.model.d_model == 0) return std::nullopt;
+  m.tokenizer = writer_from(kind);
+  m.tokenizer_file = writer_from(file);
+  try {
+    m.model.validate();
+  } catch (const Error& e) {
+    throw DataError(fmt::format("'{}' describes an impossible model: {}", path, e.message()));
+  }
+  if (m.tokenizer != "byte" && m.tokenizer != "sentencepiece")
+    throw DataError(fmt::format("'{}' names an unknown tokenizer '{}'", path, m.tokenizer));
+  return m;
+}
 
 // Version 4's compressed-state section: six sizes, then the references and the workers' error
 // feedback.
@@ -77,11 +134,6 @@ void check_regular_file(const std::string& path) {
   if (!fs::is_regular_file(status))
     throw DataError(fmt::format("'{}' is a {}, not a checkpoint file; move it out of the way", path,
                                 fs::is_directory(status) ? "directory" : "special file"));
-}
-
-std::string writer_from(std::span<const std::uint8_t> field) {
-  const auto* c = reinterpret_cast<const char*>(field.data());
-  return std::string(c, strnlen(c, field.size()));
 }
 
 // `header` is the file's first min(file_bytes, kHeaderBytes) bytes.
@@ -237,9 +289,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   for (const auto& r : ck.codec_ref) payload.put_span<float>(r);
   for (std::size_t k = 0; k < 3; ++k)
     for (const auto& w : ck.workers) payload.put_span<float>(w.codec_feedback[k]);
-  std::array<char, kWriterBytes> writer{};
-  std::memcpy(writer.data(), ck.writer.data(), std::min(ck.writer.size(), kWriterBytes - 1));
-  payload.put_span<char>(writer);
+  put_model(payload, ck.model);
+  put_text<kWriterBytes>(payload, ck.writer);
 
   ByteWriter file;
   file.bytes().reserve(kHeaderBytes + payload.bytes().size());
@@ -304,6 +355,7 @@ Checkpoint load_checkpoint(const std::string& path) {
         r.get_span<float>(w.codec_feedback[k], "codec feedback");
       }
   }
+  if (header.model_bytes() > 0) ck.model = get_model(r, path);
   if (header.trailer_bytes() > 0) {
     std::array<std::uint8_t, kWriterBytes> writer{};
     r.get_span<std::uint8_t>(writer, "writer");
@@ -388,12 +440,19 @@ CheckpointInfo validate_checkpoint(const std::string& path) {
   }
   if (head.step < 0) throw DataError("'" + path + "' holds a negative step counter");
   std::string writer;
+  std::optional<CheckpointModel> model;
   if (header.trailer_bytes() > 0) {
     std::array<std::uint8_t, kWriterBytes> field{};
     read_at(in, path, kHeaderBytes + header.payload_bytes - kWriterBytes, field);
     writer = writer_from(field);
   }
-  return {head.step, head.config_hash, file_bytes, path, writer};
+  if (header.model_bytes() > 0) {
+    std::array<std::uint8_t, kModelBytes> field{};
+    read_at(in, path, kHeaderBytes + header.payload_bytes - kWriterBytes - kModelBytes, field);
+    ByteReader model_reader(field, path);
+    model = get_model(model_reader, path);
+  }
+  return {head.step, head.config_hash, file_bytes, path, writer, model};
 }
 
 CheckpointScan scan_checkpoints(const std::string& dir, const std::string& writer) {

@@ -745,4 +745,9 @@ std::vector<std::string> JobConfig::site_names() const {
 
 std::uint64_t JobConfig::hash() const { return fnv1a64(canonical()); }
 
+std::uint64_t JobConfig::hash(std::string_view tokenizer) const {
+  if (tokenizer.empty() || tokenizer == "byte") return hash();
+  return fnv1a64(canonical() + ";tokenizer:" + std::string(tokenizer));
+}
+
 }  // namespace desloc::train

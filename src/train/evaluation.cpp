@@ -1,6 +1,7 @@
 // Evaluation of the mean model (evaluation.hpp).
 #include "train/evaluation.hpp"
 
+#include <cmath>
 #include <limits>
 
 #include "desloc/sync/averager.hpp"
@@ -27,6 +28,7 @@ Evaluator::Evaluator(const JobConfig& cfg, model::Model& model, const data::Data
     : cfg_(cfg),
       model_(model),
       eval_(dataset, cfg.data.batch, cfg.seq_len()),
+      token_bytes_(dataset.load_tokenizer()->token_bytes()),
       site0_(!cfg.sync.averages_params()) {}
 
 void Evaluator::bind(RankContext* rank) {
@@ -35,7 +37,7 @@ void Evaluator::bind(RankContext* rank) {
   if (rank != nullptr) averager_.emplace(*rank->wan_group, rank->site_group, rank->wan_reverse);
 }
 
-std::optional<float> Evaluator::evaluate(std::int64_t step, std::vector<SiteReplica>& sites) {
+std::optional<Evaluation> Evaluator::evaluate(std::int64_t step, std::vector<SiteReplica>& sites) {
   std::vector<float> mean_x;
   if (site0_) {
     if (rank_ != nullptr && !rank_->evaluates) return std::nullopt;
@@ -55,13 +57,22 @@ std::optional<float> Evaluator::evaluate(std::int64_t step, std::vector<SiteRepl
   std::vector<std::int32_t> in(static_cast<std::size_t>(B) * T), tgt(in.size());
   const std::uint64_t n = std::min<std::uint64_t>(
       static_cast<std::uint64_t>(cfg_.train.eval_batches), eval_.num_batches());
-  if (n == 0) return std::numeric_limits<float>::quiet_NaN();
+  if (n == 0)
+    return Evaluation{std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<double>::quiet_NaN()};
   double sum = 0.0;
+  std::uint64_t bytes = 0;
   for (std::uint64_t i = 0; i < n; ++i) {
     eval_.batch(i, in, tgt);
     sum += model_.forward({in, tgt, B, T});
+    for (const std::int32_t t : tgt) bytes += token_bytes_.at(static_cast<std::size_t>(t));
   }
-  return static_cast<float>(sum / double(n));
+  // The forward pass gives the mean over B*T targets; bits per byte is the sum of their nats
+  // over the bytes they stand for, in bits.
+  const double nats = sum * double(B) * double(T);
+  return Evaluation{static_cast<float>(sum / double(n)),
+                    bytes == 0 ? std::numeric_limits<double>::quiet_NaN()
+                               : nats / (std::log(2.0) * double(bytes))};
 }
 
 }  // namespace desloc::train

@@ -24,6 +24,13 @@ namespace desloc::train {
 std::vector<float> mean_of(std::vector<SiteReplica>& sites, optim::StateKind kind, int ranks,
                            int lanes);
 
+// A validation result: nats per token and bits per byte of the text the targets stand for (so
+// runs with different tokenizers compare honestly). bits_per_byte is NaN without batches.
+struct Evaluation {
+  float loss = 0.0f;
+  double bits_per_byte = 0.0;
+};
+
 class Evaluator {
  public:
   Evaluator(const JobConfig& cfg, model::Model& model, const data::DatasetInfo& dataset);
@@ -36,12 +43,13 @@ class Evaluator {
   bool talks_across_sites() const { return !site0_; }
   // The validation loss at `step` (NaN without validation batches); nullopt on a rank that
   // only took part in the average.
-  std::optional<float> evaluate(std::int64_t step, std::vector<SiteReplica>& sites);
+  std::optional<Evaluation> evaluate(std::int64_t step, std::vector<SiteReplica>& sites);
 
  private:
   const JobConfig& cfg_;
   model::Model& model_;
   data::EvalLoader eval_;
+  std::vector<std::uint32_t> token_bytes_;  // the bytes of text each token id stands for
   bool site0_;
   RankContext* rank_ = nullptr;
   // The evaluation's parameter mean travels separately, so it never counts as training traffic.

@@ -83,8 +83,9 @@ std::string TrainRecord::to_json() const {
 }
 
 std::string EvalRecord::to_json() const {
-  return fmt::format(R"({{"type":"eval","step":{},"val_loss":{},"eval_s":{},"workers":{}}})", step,
-                     json_number(val_loss), json_number(eval_s), workers);
+  return fmt::format(
+      R"({{"type":"eval","step":{},"val_loss":{},"val_bpb":{},"eval_s":{},"workers":{}}})", step,
+      json_number(val_loss), json_number(val_bpb), json_number(eval_s), workers);
 }
 
 std::string RecoveryRecord::to_json() const {

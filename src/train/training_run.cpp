@@ -154,6 +154,7 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
   result_.train_loss_site =
       cfg.site_names().at(networked_ ? static_cast<std::size_t>(rank_->site) : 0);
   result_.last_val_loss = std::numeric_limits<float>::quiet_NaN();
+  result_.last_val_bpb = std::numeric_limits<double>::quiet_NaN();
 }
 
 // Data is partitioned for the largest site count the run will reach, so sites that join
@@ -208,13 +209,13 @@ void TrainingRun::resume() {
     throw DataError("--resume: no valid checkpoint in '" + ckpt_dir +
                     "'; run without --resume to start fresh");
   Checkpoint& ck = found->checkpoint;
-  if (ck.config_hash != cfg_.hash())
+  if (ck.config_hash != cfg_.hash(dataset_.tokenizer_identity()))
     throw ConfigError(fmt::format(
         "--resume: checkpoint '{}' was written by a job with config hash {:016x}, but {} "
         "hashes to {:016x}; a change to the model, optimizer, schedule, data order, sync, "
         "seeds or step count cannot resume bit-exactly. Restore the original config or use a "
         "new train.out_dir",
-        found->path, ck.config_hash, cfg_.source, cfg_.hash()));
+        found->path, ck.config_hash, cfg_.source, cfg_.hash(dataset_.tokenizer_identity())));
   for (const auto& w : ck.workers)
     if (w.params.size() != model_->layout().total())
       throw DataError(fmt::format("'{}' holds {} parameters; the model has {}", found->path,
@@ -250,7 +251,7 @@ void TrainingRun::write_run_record() {
   r.batch = B_;
   r.seq_len = T_;
   r.steps = total_;
-  r.config_hash = cfg_.hash();
+  r.config_hash = cfg_.hash(dataset_.tokenizer_identity());
   r.sites = fmt::format("{}", fmt::join(cfg_.site_names(), ","));
   r.ranks_per_site = R_;
   r.rank = networked_ ? rank_->name : "all";
@@ -507,18 +508,27 @@ void TrainingRun::record_step(const StepResult& s) {
 
 void TrainingRun::evaluate(std::int64_t step) {
   const auto t0 = Clock::now();
-  const std::optional<float> val = evaluator_.evaluate(step, sites_);
+  const std::optional<Evaluation> val = evaluator_.evaluate(step, sites_);
   if (!val) return;  // this rank only took part in the average
-  result_.last_val_loss = *val;
-  metrics_->write(EvalRecord{step, *val, seconds_since(t0), sites_.size()});
-  progress_->message(fmt::format("step {}/{}: val_loss {:.4f} (unigram entropy {:.4f})", step,
-                                 total_, *val, dataset_.unigram_entropy_nats));
+  result_.last_val_loss = val->loss;
+  result_.last_val_bpb = val->bits_per_byte;
+  metrics_->write(
+      EvalRecord{step, val->loss, seconds_since(t0), sites_.size(), val->bits_per_byte});
+  progress_->message(fmt::format("step {}/{}: val_loss {:.4f}, {:.4f} bits/byte (unigram entropy "
+                                 "{:.4f})",
+                                 step, total_, val->loss, val->bits_per_byte,
+                                 dataset_.unigram_entropy_nats));
 }
 
 void TrainingRun::save(std::int64_t step) {
   const std::string path = checkpoint_path(checkpoint_dir(cfg_, rank_), step);
-  save_checkpoint(path, to_checkpoint(capture_state(step, tokens_seen_, sites_, shared()),
-                                      cfg_.hash(), writer()));
+  Checkpoint ck = to_checkpoint(capture_state(step, tokens_seen_, sites_, shared()),
+                                cfg_.hash(dataset_.tokenizer_identity()), writer());
+  ck.model = CheckpointModel{cfg_.model, dataset_.tokenizer, dataset_.tokenizer_hash,
+                             dataset_.tokenizer_file.empty()
+                                 ? std::string()
+                                 : std::filesystem::absolute(dataset_.tokenizer_file).string()};
+  save_checkpoint(path, ck);
   result_.last_checkpoint = path;
 }
 

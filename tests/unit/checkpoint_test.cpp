@@ -286,8 +286,8 @@ TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
   // Version 3: the same payload without the six codec sizes (all zero without codecs).
   train::save_checkpoint(path("v3.ckpt"), sample());
   mutate(path("v3.ckpt"), [](auto& b) {
-    constexpr std::size_t kHeader = 28, kWriter = 64, kCodecHead = 48;
-    b.erase(b.end() - kWriter - kCodecHead, b.end() - kWriter);
+    constexpr std::size_t kHeader = 28, kWriter = 64, kModel = 556, kCodecHead = 48;
+    b.erase(b.end() - kWriter - kModel - kCodecHead, b.end() - kWriter);
     b[8] = 3;
     const std::uint64_t payload = b.size() - kHeader;
     std::memcpy(b.data() + 16, &payload, 8);
@@ -303,8 +303,9 @@ TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
   // A CRC-valid version 4 file whose codec sizes do not fit: both readers refuse it alike.
   mutate(path("v4.ckpt"), [](auto& b) {
     constexpr std::size_t kHeader = 28;
-    // The sizes sit before the codec data (1000 + 1000 + 3 x 1000 floats) and the writer.
-    const std::size_t sizes_at = b.size() - 64 - 5000 * 4 - 48;
+    // The sizes sit before the codec data (1000 + 1000 + 3 x 1000 floats), the model
+    // description and the writer.
+    const std::size_t sizes_at = b.size() - 64 - 556 - 5000 * 4 - 48;
     const std::uint64_t wrong = 999;
     std::memcpy(b.data() + sizes_at, &wrong, 8);  // ref_n of x
     const std::uint32_t crc =
@@ -319,4 +320,52 @@ TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
   } catch (const DataError& e) {
     EXPECT_EQ(e.message(), from_load);
   }
+}
+
+TEST_F(CheckpointFile, TheModelDescriptionRoundTripsAndVersion4FilesHaveNone) {
+  auto ck = sample();
+  ck.model = train::CheckpointModel{{300, 64, 2, 2, 32}, "sentencepiece", 0x1234abcdull,
+                                    "/data/sp/tokenizer.model"};
+  train::save_checkpoint(path("v5.ckpt"), ck);
+  for (const auto& m : {train::load_checkpoint(path("v5.ckpt")).model,
+                        train::validate_checkpoint(path("v5.ckpt")).model}) {
+    ASSERT_TRUE(m.has_value());
+    EXPECT_EQ(m->model.vocab, 300);
+    EXPECT_EQ(m->model.context, 64);
+    EXPECT_EQ(m->model.layers, 2);
+    EXPECT_EQ(m->model.heads, 2);
+    EXPECT_EQ(m->model.d_model, 32);
+    EXPECT_EQ(m->tokenizer, "sentencepiece");
+    EXPECT_EQ(m->tokenizer_hash, 0x1234abcdull);
+    EXPECT_EQ(m->tokenizer_file, "/data/sp/tokenizer.model");
+  }
+  // A path too long for its field is not kept (the reader is told where the file is).
+  ck.model->tokenizer_file = "/" + std::string(600, 'd') + "/tokenizer.model";
+  train::save_checkpoint(path("long.ckpt"), ck);
+  EXPECT_EQ(train::load_checkpoint(path("long.ckpt")).model->tokenizer_file, "");
+
+  // Without a description (and in a version 4 file, which has no field for it): nullopt.
+  train::save_checkpoint(path("none.ckpt"), sample());
+  EXPECT_FALSE(train::load_checkpoint(path("none.ckpt")).model.has_value());
+  mutate(path("none.ckpt"), [](auto& b) {
+    constexpr std::size_t kHeader = 28, kWriter = 64, kModel = 556;
+    b.erase(b.end() - kWriter - kModel, b.end() - kWriter);
+    b[8] = 4;
+    const std::uint64_t payload = b.size() - kHeader;
+    std::memcpy(b.data() + 16, &payload, 8);
+    const std::uint32_t crc = crc32c(std::span<const std::uint8_t>(b.data() + kHeader, payload));
+    std::memcpy(b.data() + 24, &crc, 4);
+  });
+  const auto v4 = train::load_checkpoint(path("none.ckpt"));
+  EXPECT_FALSE(v4.model.has_value());
+  EXPECT_EQ(v4.workers[1].params, sample().workers[1].params);
+  EXPECT_EQ(v4.writer, sample().writer);
+  EXPECT_EQ(train::validate_checkpoint(path("none.ckpt")).step, 42);
+
+  // An impossible model (heads that do not divide d_model) is refused, naming the file.
+  ck.model->model.heads = 3;
+  train::save_checkpoint(path("bad.ckpt"), ck);
+  const std::string msg = expect_data_error(path("bad.ckpt"));
+  EXPECT_NE(msg.find("bad.ckpt"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("impossible model"), std::string::npos) << msg;
 }

@@ -147,6 +147,11 @@ TEST(Config, HashSeparatesTrajectoryFromLogging) {
   auto c = parse_config("[schedule]\nlr = 0.002\n", "c.toml");
   EXPECT_EQ(a.hash(), b.hash());
   EXPECT_NE(a.hash(), c.hash());
+  // The data's tokenizer is part of the trajectory: a checkpoint of one vocabulary never
+  // resumes (or exports) with another; byte-level checkpoints keep the hash they had.
+  EXPECT_EQ(a.hash("byte"), a.hash());
+  EXPECT_NE(a.hash("sentencepiece:00000000000000aa"), a.hash());
+  EXPECT_NE(a.hash("sentencepiece:00000000000000aa"), a.hash("sentencepiece:00000000000000ab"));
 }
 
 TEST(Config, EveryShippedConfigIsValid) {

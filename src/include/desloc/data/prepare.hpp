@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include "desloc/data/tokenizer.hpp"
+
 namespace desloc::data {
 
 struct PrepareOptions {
@@ -23,6 +25,10 @@ struct PrepareOptions {
   // Tokenize a text file even when more than kMaxNonTextFraction of its bytes are not text
   // (invalid UTF-8 or control characters); without it that is a ConfigError.
   bool allow_binary = false;
+  // "byte" (also "bytes"), or "sentencepiece": a model trained on the training split only,
+  // written as <out_dir>/tokenizer.model and recorded (with its hash) in dataset.toml.
+  std::string tokenizer = "byte";
+  SentencePieceOptions sentencepiece;
 };
 
 // The largest fraction of a text file's bytes that may be "not text" (bytes of invalid UTF-8
@@ -52,6 +58,14 @@ struct DatasetInfo {
   // the loss of a model that ignores context. A trained model must fall clearly below it.
   double unigram_entropy_nats = 0.0;
   std::string source;  // human-readable description of where the text came from
+  std::string tokenizer = "byte";  // "byte" | "sentencepiece"
+  std::string tokenizer_file;      // <dir>/tokenizer.model for sentencepiece, else empty
+  std::uint64_t tokenizer_hash = 0;  // tokenizer_hash() of that file; 0 for byte
+  std::uint64_t val_text_bytes = 0;  // bytes of validation text (0: not recorded)
+  // "byte", or "sentencepiece:<hash>": what a checkpoint's config hash covers.
+  std::string tokenizer_identity() const;
+  // The dataset's tokenizer (loads and checks the model file for sentencepiece).
+  std::unique_ptr<Tokenizer> load_tokenizer() const;
 };
 
 // Runs the preparation and writes <out_dir>/dataset.toml describing the result: shards

@@ -30,6 +30,7 @@ struct EvalPoint {
   // Training time up to `step`: the sum of the step times of the train records at or before it
   // (evaluation excluded). NaN when the file records no step times.
   double elapsed_s = 0.0;
+  double val_bpb = 0.0;  // bits per byte; NaN in files written before it was recorded
 };
 
 // A run as read from its metrics file.
@@ -51,6 +52,7 @@ struct RunSummary {
   std::int64_t steps = 0;  // last train step
   double final_train_loss = 0.0;
   double final_val_loss = 0.0;
+  double final_val_bpb = 0.0;  // bits per byte at the last evaluation
   double best_val_loss = 0.0;
   double total_bytes = 0.0;                // per worker
   double bytes_to_target = 0.0;            // per worker, at the first eval with val_loss <= target

@@ -11,6 +11,9 @@
 //            | (version 4) u64 ref_n[3] | u64 ef_n[3] | f32[ref_n[k]] for x, u, v
 //                          | workers x f32[ef_n[k]] for x, u, v: the compressed states'
 //                          shared references and error feedback (each n or 0)
+//            | (version 5) i32 vocab, context, layers, heads, d_model | char[16] tokenizer
+//                          | u64 tokenizer_hash | char[512] tokenizer_file: what export and
+//                          sample need to rebuild the model without the config (NUL-padded)
 //            | char[64] writer, NUL-padded (version >= 3; version 2 files end before it)
 // Written atomically (temporary file, fsync, rename); a reader rejects any mismatch.
 #pragma once
@@ -22,12 +25,24 @@
 #include <vector>
 
 #include "desloc/data/loader.hpp"
+#include "desloc/model/gpt_config.hpp"
 
 namespace desloc::train {
 
 inline constexpr char kCheckpointMagic[8] = {'D', 'S', 'L', 'C', 'C', 'K', 'P', '1'};
-// 3: the writer's name; 4: the compressed states' references and error feedback.
-inline constexpr std::uint32_t kCheckpointVersion = 4;
+// 3: the writer's name; 4: the compressed states' references and error feedback; 5: the
+// model's sizes and its tokenizer.
+inline constexpr std::uint32_t kCheckpointVersion = 5;
+
+// What a checkpoint says about the model it holds (version 5): enough to export or sample it.
+struct CheckpointModel {
+  model::GptConfig model;
+  std::string tokenizer = "byte";  // "byte" | "sentencepiece"
+  std::uint64_t tokenizer_hash = 0;  // data::tokenizer_hash() of the model file; 0 for byte
+  // The tokenizer model's absolute path when the checkpoint was written (at most 511 bytes;
+  // a longer one is not kept, and the reader must be told where the file is).
+  std::string tokenizer_file;
+};
 
 struct WorkerState {
   std::int64_t optim_t = 0;  // the optimizer's step counter (bias correction, ADOPT warm start)
@@ -46,6 +61,8 @@ struct Checkpoint {
   // Who wrote it: a rank's "site/r", or "in-process" for `desloc train` (at most 63 bytes
   // are kept); empty for a version 2 file.
   std::string writer;
+  // The model's sizes and tokenizer; nullopt for a file written before version 5.
+  std::optional<CheckpointModel> model;
 };
 
 void save_checkpoint(const std::string& path, const Checkpoint& ck);
@@ -74,6 +91,7 @@ struct CheckpointInfo {
   std::uint64_t file_bytes = 0;  // bytes
   std::string path;
   std::string writer;  // Checkpoint::writer
+  std::optional<CheckpointModel> model;  // Checkpoint::model
 };
 // A "step_<N>.ckpt" file that failed validation, and why (the DataError's message).
 struct RejectedCheckpoint {

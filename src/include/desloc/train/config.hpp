@@ -100,6 +100,10 @@ struct JobConfig {
   // A checkpoint records it, and --resume refuses a checkpoint whose hash differs.
   std::uint64_t hash() const;
   std::string canonical() const;  // the text that hash() digests
+  // hash() with the data's tokenizer (data::DatasetInfo::tokenizer_identity()) folded in, what
+  // a checkpoint records, so that a model is never resumed, exported or sampled with another
+  // vocabulary. Equal to hash() for the byte tokenizer, so byte-level checkpoints keep theirs.
+  std::uint64_t hash(std::string_view tokenizer) const;
 };
 
 // A command-line flag that overrides one key (e.g. --threads for train.threads). It goes

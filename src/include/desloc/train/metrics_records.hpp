@@ -44,9 +44,10 @@ struct TrainRecord {  // after every step
 
 struct EvalRecord {
   std::int64_t step = 0;
-  double val_loss = 0;
+  double val_loss = 0;  // nats per token
   double eval_s = 0;
   std::size_t workers = 0;
+  double val_bpb = 0;  // bits per byte of the text the targets stand for
   std::string to_json() const;
 };
 

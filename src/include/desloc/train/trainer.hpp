@@ -34,6 +34,7 @@ struct TrainResult {
   float last_train_loss = 0.0f;
   std::string train_loss_site;
   float last_val_loss = 0.0f;               // NaN when no evaluation ran
+  double last_val_bpb = 0.0;                // bits per byte of that evaluation (NaN likewise)
   double unigram_entropy_nats = 0;          // of the training split, for comparison with val loss
   double tokens_per_s = 0;                  // mean over this run's steps
   int workers = 1;                          // workers at the end of the run
