@@ -37,5 +37,7 @@ std::vector<Command> add_topology_commands(CLI::App& app);
 Command add_config(CLI::App& app);
 // report: compare runs in an HTML page (cmd_report.cpp).
 Command add_report(CLI::App& app);
+// export and sample: using a trained model (cmd_model.cpp).
+std::vector<Command> add_model_commands(CLI::App& app);
 
 }  // namespace desloc::cli

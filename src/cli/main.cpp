@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
   commands.push_back(desloc::cli::add_config(app));
   for (auto& c : desloc::cli::add_topology_commands(app)) commands.push_back(std::move(c));
   commands.push_back(desloc::cli::add_report(app));
+  for (auto& c : desloc::cli::add_model_commands(app)) commands.push_back(std::move(c));
 
   app.footer(
       "Exit status: 0 done; 1 failed (the message names what and where); 2 bad input (the "

@@ -512,7 +512,7 @@ TEST(Cli, LaunchStoppedDuringStartupExits130) {
 
 TEST(Cli, EveryCommandHasHelp) {
   for (const char* cmd : {"prepare", "train", "launch", "coordinator", "worker", "profile",
-                          "config", "plan", "simulate", "report"}) {
+                          "config", "plan", "simulate", "report", "export", "sample"}) {
     const auto r = run_command(cli() + " " + cmd + " --help");
     EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
     EXPECT_TRUE(contains(r.output, "Usage")) << r.output;
