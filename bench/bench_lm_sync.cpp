@@ -162,7 +162,8 @@ std::vector<Outcome> train_all(const Options& o, const std::vector<Method>& meth
     Outcome out{m, train::run_training(cfg, {.progress = 0}), {}, 0};
     out.series = report::load_run(train::metrics_path(cfg));
     out.expected_bytes = expected_bytes(cfg.sync, o.steps, model::ParamLayout(cfg.model).total());
-    std::printf("val %.4f, %s per worker, %.0f tokens/s\n", out.result.last_val_loss,
+    std::printf("val %.4f (%.4f bits/byte), %s per worker, %.0f tokens/s\n",
+                out.result.last_val_loss, out.result.last_val_bpb,
                 bench::human_bytes(double(out.result.bytes_sent_per_worker)).c_str(),
                 out.result.tokens_per_s);
     if (out.result.bytes_sent_per_worker != out.expected_bytes)

@@ -3,7 +3,9 @@
 # the byte tokenizer and with SentencePiece vocabularies of several sizes, one site, the same
 # steps, batch and schedule. Prints, side by side from one run: parameters, validation bytes
 # per token, step time, text bytes trained per second, and the final validation loss in nats
-# per token and in bits per byte (the figure that compares tokenizers). docs/benchmarks.md.
+# per token and in bits per byte (the figure that compares tokenizers), at equal steps and at
+# equal training time (each run's bits per byte when it had trained as long as the byte run,
+# interpolated between its evaluations). docs/benchmarks.md.
 #
 #   bench/bench_tokenizer.sh [--vocabs 512,1024,2048,4096,8192] [--steps 600] [--sp-model bpe]
 #                            [--build DIR] [--results DIR]
@@ -65,7 +67,7 @@ dir = "$results/data_$name"
 batch = 16
 [train]
 steps = $steps
-eval_every = $((steps / 4))
+eval_every = $((steps / 8))
 eval_batches = 32
 checkpoint_every = 0
 out_dir = "$results/run_$name"
@@ -110,16 +112,38 @@ for name in names:
     d = dataset(name)
     bpt = int(d["val_text_bytes"]) / int(d["val_tokens"])
     tokens_per_step = run["batch"] * run["seq_len"]
+    # Training seconds (evaluation excluded) at each evaluation.
+    elapsed, t, i = [], 0.0, 0
+    for e in evals:
+        while i < len(train) and train[i]["step"] <= e["step"]:
+            t += train[i]["step_ms"] / 1e3
+            i += 1
+        elapsed.append(t)
+    q = statistics.quantiles(ms, n=10)
     rows.append((name, run["parameters"], bpt, statistics.median(ms),
-                 (max(ms) - min(ms)) / 2, tokens_per_step * bpt / statistics.median(ms) * 1e3,
+                 (q[0], q[-1]), tokens_per_step * bpt / statistics.median(ms) * 1e3,
                  evals[-1]["val_loss"], evals[-1]["val_bpb"],
-                 [(e["step"], e["val_bpb"]) for e in evals]))
+                 [(e["step"], e["val_bpb"]) for e in evals], list(zip(elapsed, [e["val_bpb"] for e in evals]))))
+
+def at_time(curve, t):
+    """bits per byte at training time t, linear between evaluations (None past the end)."""
+    for (t0, b0), (t1, b1) in zip(curve, curve[1:]):
+        if t0 <= t <= t1:
+            return b0 + (b1 - b0) * (t - t0) / (t1 - t0)
+    if curve and abs(curve[-1][0] - t) < 1e-9:
+        return curve[-1][1]
+    return None
 base = rows[0]
-print(f"\n{'tokenizer':>10} {'params':>9} {'bytes/tok':>9} {'step ms':>14} {'text kB/s':>9} "
-      f"{'val nats/tok':>12} {'val bits/byte':>13} {'vs bytes':>8}")
+t_bytes = base[9][-1][0]
+print(f"\nequal steps ({names[0]} trained {t_bytes:.1f} s); equal time: bits/byte after {t_bytes:.1f} s "
+      "of training")
+print(f"{'tokenizer':>10} {'params':>9} {'bytes/tok':>9} {'step ms [p10..p90]':>20} {'text kB/s':>9} "
+      f"{'val nats/tok':>12} {'val bits/byte':>13} {'vs bytes':>8} {'bits/byte equal time':>20}")
 for r in rows:
-    print(f"{r[0]:>10} {r[1]:>9} {r[2]:>9.3f} {r[3]:>8.1f} +-{r[4]:<4.1f} {r[5]/1e3:>9.1f} "
-          f"{r[6]:>12.4f} {r[7]:>13.4f} {r[7]/base[7]:>8.3f}")
+    eq = at_time(r[9], t_bytes)
+    eqs = f"{eq:.4f}" if eq is not None else "n/a"
+    print(f"{r[0]:>10} {r[1]:>9} {r[2]:>9.3f} {r[3]:>6.1f} [{r[4][0]:>5.1f}..{r[4][1]:>5.1f}] {r[5]/1e3:>9.1f} "
+          f"{r[6]:>12.4f} {r[7]:>13.4f} {r[7]/base[7]:>8.3f} {eqs:>20}")
 print("\nbits per byte at each evaluation (step: bpb):")
 for r in rows:
     print(f"{r[0]:>10}  " + "  ".join(f"{s}: {b:.4f}" for s, b in r[8]))

@@ -78,6 +78,7 @@ def load(results, method, target):
         median=statistics.median(ms), p10=quantile(ms, 0.1), p90=quantile(ms, 0.9),
         to_target=to_target, total=sum(l["step_ms"] for l in train[1:]) / 1e3,
         val=last_eval["val_loss"] if last_eval else float("nan"),
+        bpb=(last_eval.get("val_bpb") or float("nan")) if last_eval else float("nan"),
         bytes=train[-1]["bytes_sent"],
         synced=[l["step_ms"] for l in train[1:] if l["synced"]],
         sync_steps={l["step"] for l in train[1:] if l["synced"]},
@@ -141,14 +142,15 @@ def main():
     print(f"\nEnd to end: {a.sites} sites on {a.rate} links, one rank per site. ms/step: median "
           f"over steps 2..N [p10..p90]; time to val <= {a.target} nats counts step time only.")
     print(f"{'method':<15} {'ms/step':>24} {'vs none':>8} {'to target':>11} {'vs none':>8} "
-          f"{'steps s':>8} {'final val':>9} {'WAN MB/rank':>12}")
+          f"{'steps s':>8} {'final val':>9} {'bits/byte':>9} {'WAN MB/rank':>12}")
     for m, r in rows.items():
         vs = f"{r['median'] / base['median']:.2f}x" if base else "-"
         tt = f"{r['to_target']:.1f} s" if r["to_target"] is not None else "not reached"
         tvs = (f"{r['to_target'] / base['to_target']:.2f}x"
                if base and base["to_target"] and r["to_target"] else "-")
         print(f"{m:<15} {r['median']:>9.1f} [{r['p10']:>6.1f}..{r['p90']:>6.1f}] {vs:>8} "
-              f"{tt:>11} {tvs:>8} {r['total']:>8.1f} {r['val']:>9.4f} {r['bytes'] / 1e6:>12.1f}")
+              f"{tt:>11} {tvs:>8} {r['total']:>8.1f} {r['val']:>9.4f} {r['bpb']:>9.4f} "
+              f"{r['bytes'] / 1e6:>12.1f}")
 
     ok = True
     for name in [m for m in rows if m.startswith("desloc")] if base else []:

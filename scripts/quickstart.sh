@@ -11,4 +11,26 @@ cd "$(dirname "$0")/.."
 if [[ ! -f data/brown/dataset.toml ]]; then
   ./build/src/desloc prepare --source brown --out data/brown
 fi
-exec ./build/src/desloc launch --config configs/quickstart.toml --force "$@"
+./build/src/desloc launch --config configs/quickstart.toml --force "$@"
+
+# What was trained, in use: a short sample from the mean of the two sites' final parameters
+# (site west's checkpoints are in the run directory, site east's under ranks/east-0).
+out=runs/quickstart
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case ${args[i]} in
+    --out-dir) out=${args[i + 1]:-$out} ;;
+    --out-dir=*) out=${args[i]#--out-dir=} ;;
+  esac
+done
+ckpt=$(find "$out/checkpoints" -maxdepth 1 -name "step_*.ckpt" 2>/dev/null | sort | tail -n 1)
+if [[ -n $ckpt ]]; then
+  step_file=$(basename "$ckpt")
+  sites=(--checkpoint "$ckpt")
+  [[ -f $out/ranks/east-0/checkpoints/$step_file ]] &&
+    sites+=(--checkpoint "$out/ranks/east-0/checkpoints/$step_file")
+  echo
+  echo "A sample from the trained model (desloc sample ${sites[*]} --prompt 'The jury said'):"
+  ./build/src/desloc sample "${sites[@]}" --prompt "The jury said" --tokens 200 \
+    --temperature 0.8 --top-k 40 --seed 1
+fi

@@ -80,7 +80,8 @@ int train_and_report(const train::JobConfig& cfg, const train::TrainOptions& opt
   std::printf(
       "trained steps %lld..%lld: final train loss %.4f (site %s), val loss %s, %.0f tokens/s\n",
       static_cast<long long>(r.start_step), static_cast<long long>(r.steps_done), r.last_train_loss,
-      r.train_loss_site.c_str(), describe_val_loss(r.last_val_loss, r.last_val_bpb, r.unigram_entropy_nats).c_str(),
+      r.train_loss_site.c_str(),
+      describe_val_loss(r.last_val_loss, r.last_val_bpb, r.unigram_entropy_nats).c_str(),
       r.tokens_per_s);
   if (!r.last_checkpoint.empty()) std::printf("checkpoint: %s\n", r.last_checkpoint.c_str());
   std::printf("metrics: %s\n", metrics.c_str());

@@ -48,11 +48,11 @@ Command add_export(CLI::App& app) {
   cmd->add_flag("--force", opts->force, "replace --out if it exists");
   return {cmd, [opts] {
             const train::ExportResult r = train::export_hf_gpt2(*opts);
-            std::printf("exported step %lld (%s) to %s: %d tensors, %.1f MB model.safetensors\n",
-                        static_cast<long long>(r.step),
-                        r.sites > 1 ? fmt::format("the mean of {} sites", r.sites).c_str()
-                                    : "one site",
-                        r.out_dir.c_str(), r.tensors, double(r.safetensors_bytes) / 1e6);
+            std::printf(
+                "exported step %lld (%s) to %s: %d tensors, %.1f MB model.safetensors\n",
+                static_cast<long long>(r.step),
+                r.sites > 1 ? fmt::format("the mean of {} sites", r.sites).c_str() : "one site",
+                r.out_dir.c_str(), r.tensors, double(r.safetensors_bytes) / 1e6);
             return 0;
           }};
 }
@@ -112,15 +112,14 @@ Command add_sample(CLI::App& app) {
             std::fputc('\n', stdout);
             std::fflush(stdout);
             if (!opts->quiet)
-              std::fprintf(stderr,
-                           "sampled %zu tokens after a %zu-token prompt in %.3f s (%.1f tokens/s, "
-                           "%s, step %lld, %s)\n",
-                           r.generated.size(), r.prompt.size(), r.seconds,
-                           r.seconds > 0 ? double(r.generated.size()) / r.seconds : 0.0,
-                           opts->no_cache ? "no cache" : "KV cache",
-                           static_cast<long long>(m.step),
-                           m.sites > 1 ? fmt::format("the mean of {} sites", m.sites).c_str()
-                                       : "one site");
+              std::fprintf(
+                  stderr,
+                  "sampled %zu tokens after a %zu-token prompt in %.3f s (%.1f tokens/s, "
+                  "%s, step %lld, %s)\n",
+                  r.generated.size(), r.prompt.size(), r.seconds,
+                  r.seconds > 0 ? double(r.generated.size()) / r.seconds : 0.0,
+                  opts->no_cache ? "no cache" : "KV cache", static_cast<long long>(m.step),
+                  m.sites > 1 ? fmt::format("the mean of {} sites", m.sites).c_str() : "one site");
             return 0;
           }};
 }

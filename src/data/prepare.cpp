@@ -336,9 +336,9 @@ void read_tokenizer(const DescriptionReader& r, const fs::path& root, const toml
   info.tokenizer = r.text("tokenizer", node);
   if (info.tokenizer == "byte") return;
   if (info.tokenizer != "sentencepiece")
-    throw DataError(fmt::format(
-        "{}: tokenizer '{}' is not supported (\"byte\" or \"sentencepiece\"); {}",
-        where(r.file(), node), info.tokenizer, DescriptionReader::kRegenerate));
+    throw DataError(
+        fmt::format("{}: tokenizer '{}' is not supported (\"byte\" or \"sentencepiece\"); {}",
+                    where(r.file(), node), info.tokenizer, DescriptionReader::kRegenerate));
   const std::string name = r.text("tokenizer_model");
   info.tokenizer_file = (fs::path(name).is_absolute() ? fs::path(name) : root / name).string();
   const toml::node& hash = r.require("tokenizer_hash");
@@ -424,9 +424,10 @@ DatasetInfo prepare_corpus(const PrepareOptions& opts) {
   if (opts.tokenizer == "sentencepiece") {
     const auto t0 = std::chrono::steady_clock::now();
     if (opts.progress)
-      log::info("prepare: training a SentencePiece {} model of {} pieces on {} bytes of "
-                "training text",
-                opts.sentencepiece.model_type, opts.sentencepiece.vocab, split.train.size());
+      log::info(
+          "prepare: training a SentencePiece {} model of {} pieces on {} bytes of "
+          "training text",
+          opts.sentencepiece.model_type, opts.sentencepiece.vocab, split.train.size());
     sp_model = train_sentencepiece(split.train, opts.sentencepiece);
     tokenizer = sentencepiece_tokenizer(sp_model, (out / kTokenizerName).string());
     if (opts.progress)
@@ -455,9 +456,9 @@ DatasetInfo prepare_corpus(const PrepareOptions& opts) {
   if (!sp_model.empty()) {
     info.tokenizer_file = (out / kTokenizerName).string();
     info.tokenizer_hash = tokenizer_hash(sp_model);
-    write_file_atomic(info.tokenizer_file,
-                      std::span(reinterpret_cast<const std::uint8_t*>(sp_model.data()),
-                                sp_model.size()));
+    write_file_atomic(
+        info.tokenizer_file,
+        std::span(reinterpret_cast<const std::uint8_t*>(sp_model.data()), sp_model.size()));
   }
   info.train_tokens = train.size();
   info.val_tokens = val.size();
@@ -520,10 +521,11 @@ DatasetInfo prepare_corpus(const PrepareOptions& opts) {
                           split.train_documents, split.val_documents)
             : std::string();
     log::info("prepared {}: {}{} bytes of text", split.source, docs, split.text_bytes);
-    log::info("  train: {} tokens in {} shard(s); validation: {} tokens; vocab {} ({}, {:.3f} "
-              "bytes/token on validation)",
-              info.train_tokens, info.train_shards.size(), info.val_tokens, info.vocab,
-              info.tokenizer, double(info.val_text_bytes) / double(info.val_tokens));
+    log::info(
+        "  train: {} tokens in {} shard(s); validation: {} tokens; vocab {} ({}, {:.3f} "
+        "bytes/token on validation)",
+        info.train_tokens, info.train_shards.size(), info.val_tokens, info.vocab, info.tokenizer,
+        double(info.val_text_bytes) / double(info.val_tokens));
     log::info("  unigram entropy of the training tokens: {:.4f} nats/token ({:.4f} bits)",
               info.unigram_entropy_nats, info.unigram_entropy_nats / std::log(2.0));
     log::info("  wrote {} in {:.1f} s", (out / kDescriptionName).string(), seconds);

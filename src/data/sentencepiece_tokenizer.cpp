@@ -30,8 +30,8 @@ class LineIterator final : public sentencepiece::SentenceIterator {
       std::string_view line = rest_.substr(0, end);
       if (line.size() > kMaxSentenceBytes) {
         const std::size_t space = line.rfind(' ', kMaxSentenceBytes);
-        line = line.substr(0, space == std::string_view::npos || space == 0 ? kMaxSentenceBytes
-                                                                            : space);
+        line = line.substr(
+            0, space == std::string_view::npos || space == 0 ? kMaxSentenceBytes : space);
         rest_.remove_prefix(line.size());
       } else {
         rest_.remove_prefix(end == std::string_view::npos ? rest_.size() : end + 1);
@@ -56,8 +56,8 @@ class SentencePieceTokenizer final : public Tokenizer {
   SentencePieceTokenizer(std::string_view model, const std::string& origin) : origin_(origin) {
     const auto status = processor_.LoadFromSerializedProto(model);
     if (!status.ok())
-      throw DataError(fmt::format("'{}' is not a SentencePiece model: {}", origin,
-                                  status.ToString()));
+      throw DataError(
+          fmt::format("'{}' is not a SentencePiece model: {}", origin, status.ToString()));
     const int n = processor_.GetPieceSize();
     if (n > 65536)
       throw DataError(fmt::format(
@@ -135,9 +135,9 @@ std::string train_sentencepiece(std::string_view text, const SentencePieceOption
         "byte pieces, <unk> and its merges, and token ids are uint16",
         opts.vocab, kMinSentencePieceVocab, kMaxSentencePieceVocab));
   if (opts.model_type != "bpe" && opts.model_type != "unigram")
-    throw ConfigError(fmt::format(
-        "prepare: SentencePiece model type '{}' is unknown; use \"bpe\" or \"unigram\"",
-        opts.model_type));
+    throw ConfigError(
+        fmt::format("prepare: SentencePiece model type '{}' is unknown; use \"bpe\" or \"unigram\"",
+                    opts.model_type));
   const int threads = opts.threads > 0
                           ? opts.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -48,14 +48,15 @@ std::span<const float> KvDecoder::step(int token) {
     throw Error(fmt::format("KvDecoder: the cache holds {} positions (model.context) and is full",
                             cfg_.context));
   if (token < 0 || token >= cfg_.vocab)
-    throw Error(fmt::format("KvDecoder: token {} is outside the vocabulary of {}", token,
-                            cfg_.vocab));
+    throw Error(
+        fmt::format("KvDecoder: token {} is outside the vocabulary of {}", token, cfg_.vocab));
   const int C = cfg_.d_model;
   const float* p = params_.data();
   const float* wte = p + layout_.wte().offset;
   const float* wpe = p + layout_.wpe().offset;
   for (int c = 0; c < C; ++c)
-    x_[c] = wte[static_cast<std::size_t>(token) * C + c] + wpe[static_cast<std::size_t>(pos_) * C + c];
+    x_[c] =
+        wte[static_cast<std::size_t>(token) * C + c] + wpe[static_cast<std::size_t>(pos_) * C + c];
   for (int l = 0; l < cfg_.layers; ++l) {
     auto at = [&](ParamLayout::LayerTensor t) { return p + layout_.layer(l, t).offset; };
     cpu::layernorm_forward(ln_.data(), &mean_, &rstd_, x_.data(), at(ParamLayout::kLn1W),
@@ -99,8 +100,8 @@ void KvDecoder::attend(int layer) {
     float sum = 0.0f;
     for (int j = 0; j < n; ++j) sum += (scores_[j] = std::exp(scores_[j] - peak));
     for (int j = 0; j < n; ++j) scores_[j] /= sum;
-    cblas_sgemv(CblasRowMajor, CblasTrans, n, hd, 1.0f, values + h * hd, C, scores_.data(), 1,
-                0.0f, att_.data() + h * hd, 1);
+    cblas_sgemv(CblasRowMajor, CblasTrans, n, hd, 1.0f, values + h * hd, C, scores_.data(), 1, 0.0f,
+                att_.data() + h * hd, 1);
   }
 }
 

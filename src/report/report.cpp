@@ -248,7 +248,8 @@ std::string render_report_html(const std::vector<RunSeries>& runs, const std::st
   // The table.
   h += "<table>\n<tr><th class=\"name\">run</th><th class=\"name\">method</th>"
        "<th class=\"name\">settings</th><th>steps</th><th>final train loss</th>"
-       "<th>final val loss</th><th>final val bits/byte</th><th>best val loss</th><th>bytes / worker</th>"
+       "<th>final val loss</th><th>final val bits/byte</th><th>best val loss</th><th>bytes / "
+       "worker</th>"
        "<th>share of most</th><th>bytes / worker to target</th><th>step at target</th>"
        "<th>step time to target</th><th>step time</th><th>mean tokens/s</th><th "
        "class=\"name\">metrics file</th></tr>\n";
@@ -270,14 +271,15 @@ std::string render_report_html(const std::vector<RunSeries>& runs, const std::st
     }
     h += fmt::format(
         "<tr><td class=\"name\"><span class=\"swatch\" style=\"background:{}\"></span>{}</td>"
-        "<td class=\"text\">{}</td><td class=\"text\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td class=\"text\">{}</td><td "
+        "class=\"text\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td class=\"path\">{}</td></tr>\n",
         series_colour(i), xml_escape(labels[i]), r.method.empty() ? "\u2014" : xml_escape(r.method),
         r.settings.empty() ? "\u2014" : xml_escape(r.settings), s.steps,
         fmt_loss(s.final_train_loss), fmt_loss(s.final_val_loss), fmt_loss(s.final_val_bpb),
-        fmt_loss(s.best_val_loss), bytes,
-        share, s.step_to_target < 0 ? "\u2014" : fmt_bytes(s.bytes_to_target),
+        fmt_loss(s.best_val_loss), bytes, share,
+        s.step_to_target < 0 ? "\u2014" : fmt_bytes(s.bytes_to_target),
         s.step_to_target < 0 ? std::string("\u2014") : fmt::format("{}", s.step_to_target),
         fmt_seconds(s.seconds_to_target), fmt_seconds(s.total_seconds),
         fmt_rate(s.mean_tokens_per_s), xml_escape(r.path));

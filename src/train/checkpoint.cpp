@@ -44,9 +44,7 @@ struct FileHeader {
   std::uint64_t payload_bytes = 0;
   std::uint32_t crc = 0;
   std::uint64_t model_bytes() const { return version >= 5 ? kModelBytes : 0; }
-  std::uint64_t trailer_bytes() const {
-    return (version >= 3 ? kWriterBytes : 0) + model_bytes();
-  }
+  std::uint64_t trailer_bytes() const { return (version >= 3 ? kWriterBytes : 0) + model_bytes(); }
 };
 
 template <std::size_t N>
@@ -58,21 +56,20 @@ void put_text(ByteWriter& w, const std::string& text) {
 
 void put_model(ByteWriter& w, const std::optional<CheckpointModel>& m) {
   const CheckpointModel d = m.value_or(CheckpointModel{});
-  for (const int v : {d.model.vocab, d.model.context, d.model.layers, d.model.heads,
-                      d.model.d_model})
+  for (const int v :
+       {d.model.vocab, d.model.context, d.model.layers, d.model.heads, d.model.d_model})
     w.put<std::int32_t>(m ? v : 0);
   put_text<kTokenizerKindBytes>(w, m ? d.tokenizer : std::string());
   w.put<std::uint64_t>(d.tokenizer_hash);
-  put_text<kTokenizerFileBytes>(w, d.tokenizer_file.size() < kTokenizerFileBytes
-                                       ? d.tokenizer_file
-                                       : std::string());
+  put_text<kTokenizerFileBytes>(
+      w, d.tokenizer_file.size() < kTokenizerFileBytes ? d.tokenizer_file : std::string());
 }
 
 // nullopt when the writer had no model description (all sizes 0).
 std::optional<CheckpointModel> get_model(ByteReader& r, const std::string& path) {
   CheckpointModel m;
-  for (int* v : {&m.model.vocab, &m.model.context, &m.model.layers, &m.model.heads,
-                 &m.model.d_model})
+  for (int* v :
+       {&m.model.vocab, &m.model.context, &m.model.layers, &m.model.heads, &m.model.d_model})
     *v = r.get<std::int32_t>("model size");
   std::array<std::uint8_t, kTokenizerKindBytes> kind{};
   r.get_span<std::uint8_t>(kind, "tokenizer");

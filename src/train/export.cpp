@@ -38,7 +38,8 @@ OutTensor take(const std::vector<float>& params, const model::ParamTensor& t, st
   out.data.resize(t.numel);
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c)
-      out.data[static_cast<std::size_t>(c) * rows + r] = src[static_cast<std::size_t>(r) * cols + c];
+      out.data[static_cast<std::size_t>(c) * rows + r] =
+          src[static_cast<std::size_t>(r) * cols + c];
   return out;
 }
 
@@ -46,8 +47,8 @@ std::vector<OutTensor> gpt2_tensors(const model::GptConfig& cfg, const std::vect
   using L = model::ParamLayout;
   const L layout(cfg);
   if (params.size() != layout.total())
-    throw Error(fmt::format("export: {} parameters for a model of {}", params.size(),
-                            layout.total()));
+    throw Error(
+        fmt::format("export: {} parameters for a model of {}", params.size(), layout.total()));
   std::vector<OutTensor> out;
   out.push_back(take(params, layout.wte(), "transformer.wte.weight", false));
   out.push_back(take(params, layout.wpe(), "transformer.wpe.weight", false));
@@ -57,12 +58,18 @@ std::vector<OutTensor> gpt2_tensors(const model::GptConfig& cfg, const std::vect
     bool transpose;
   };
   static constexpr Map kLayer[] = {
-      {L::kLn1W, "ln_1.weight", false},         {L::kLn1B, "ln_1.bias", false},
-      {L::kQkvW, "attn.c_attn.weight", true},   {L::kQkvB, "attn.c_attn.bias", false},
-      {L::kAttnProjW, "attn.c_proj.weight", true}, {L::kAttnProjB, "attn.c_proj.bias", false},
-      {L::kLn2W, "ln_2.weight", false},         {L::kLn2B, "ln_2.bias", false},
-      {L::kFcW, "mlp.c_fc.weight", true},       {L::kFcB, "mlp.c_fc.bias", false},
-      {L::kFcProjW, "mlp.c_proj.weight", true}, {L::kFcProjB, "mlp.c_proj.bias", false},
+      {L::kLn1W, "ln_1.weight", false},
+      {L::kLn1B, "ln_1.bias", false},
+      {L::kQkvW, "attn.c_attn.weight", true},
+      {L::kQkvB, "attn.c_attn.bias", false},
+      {L::kAttnProjW, "attn.c_proj.weight", true},
+      {L::kAttnProjB, "attn.c_proj.bias", false},
+      {L::kLn2W, "ln_2.weight", false},
+      {L::kLn2B, "ln_2.bias", false},
+      {L::kFcW, "mlp.c_fc.weight", true},
+      {L::kFcB, "mlp.c_fc.bias", false},
+      {L::kFcProjW, "mlp.c_proj.weight", true},
+      {L::kFcProjB, "mlp.c_proj.bias", false},
   };
   for (int l = 0; l < cfg.layers; ++l)
     for (const Map& m : kLayer)
@@ -120,8 +127,8 @@ std::string json_string(const std::string& s) {
 }
 
 void write_text(const fs::path& path, const std::string& text) {
-  write_file_atomic(path.string(), std::span(reinterpret_cast<const std::uint8_t*>(text.data()),
-                                             text.size()));
+  write_file_atomic(path.string(),
+                    std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
 }
 
 // The directory the export is assembled in, beside out_dir so the final rename stays on one
@@ -217,8 +224,8 @@ ExportResult export_hf_gpt2(const ExportOptions& opts) {
     fs::remove_all(stage, ec);
     throw;
   }
-  return {out.string(), tensors.size(),
-          static_cast<int>(2 + 12 * m.model.layers + 2), m.step, m.sites};
+  return {out.string(), tensors.size(), static_cast<int>(2 + 12 * m.model.layers + 2), m.step,
+          m.sites};
 }
 
 }  // namespace desloc::train

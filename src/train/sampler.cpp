@@ -22,9 +22,9 @@ void check_options(const TrainedModel& m, const std::vector<std::uint16_t>& prom
   if (prompt.empty())
     throw ConfigError("sample: the prompt is empty; pass --prompt with at least one character");
   if (static_cast<int>(prompt.size()) > m.model.context)
-    throw ConfigError(fmt::format(
-        "sample: the prompt is {} tokens but the model's context is {}; shorten it", prompt.size(),
-        m.model.context));
+    throw ConfigError(
+        fmt::format("sample: the prompt is {} tokens but the model's context is {}; shorten it",
+                    prompt.size(), m.model.context));
   if (!(opts.temperature > 0.0) || !std::isfinite(opts.temperature))
     throw ConfigError(fmt::format(
         "sample: temperature {} must be a positive number (1 samples the model as it is; lower "
@@ -38,16 +38,17 @@ void check_options(const TrainedModel& m, const std::vector<std::uint16_t>& prom
 
 // Draws from softmax(logits / temperature) over the first `vocab` ids, optionally only the
 // top_k largest. Deterministic: one 53-bit uniform per draw from the generator.
-int draw(std::span<const float> logits, int vocab, const SampleOptions& opts,
-         std::mt19937_64& rng, std::vector<int>& order, std::vector<double>& p) {
+int draw(std::span<const float> logits, int vocab, const SampleOptions& opts, std::mt19937_64& rng,
+         std::vector<int>& order, std::vector<double>& p) {
   order.resize(static_cast<std::size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
   std::size_t keep = order.size();
   if (opts.top_k > 0 && static_cast<std::size_t>(opts.top_k) < order.size()) {
     keep = static_cast<std::size_t>(opts.top_k);
     // Ties broken by id, so the kept set does not depend on the sort's implementation.
-    std::partial_sort(order.begin(), order.begin() + static_cast<long>(keep), order.end(),
-                      [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    std::partial_sort(
+        order.begin(), order.begin() + static_cast<long>(keep), order.end(),
+        [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
   }
   double peak = -INFINITY;
   for (std::size_t i = 0; i < keep; ++i) peak = std::max(peak, double(logits[order[i]]));
@@ -137,7 +138,8 @@ void write_npy_bytes(const std::string& path, const std::string& descr, const st
   file += static_cast<char>(header.size() >> 8);
   file += header;
   file.append(static_cast<const char*>(data), bytes);
-  write_file_atomic(path, std::span(reinterpret_cast<const std::uint8_t*>(file.data()), file.size()));
+  write_file_atomic(path,
+                    std::span(reinterpret_cast<const std::uint8_t*>(file.data()), file.size()));
 }
 }  // namespace
 

@@ -61,10 +61,11 @@ TrainedModel load_trained_model(const TrainedModelOptions& opts) {
   for (std::size_t i = 0; i < cks.size(); ++i)
     for (const WorkerState& w : cks[i].workers) {
       if (w.params.size() != n)
-        throw DataError(fmt::format("'{}' holds {} parameters; its model ({} layers, d_model {}, "
-                                    "vocab {}) has {}",
-                                    opts.checkpoints[i], w.params.size(), m.model.layers,
-                                    m.model.d_model, m.model.vocab, n));
+        throw DataError(
+            fmt::format("'{}' holds {} parameters; its model ({} layers, d_model {}, "
+                        "vocab {}) has {}",
+                        opts.checkpoints[i], w.params.size(), m.model.layers, m.model.d_model,
+                        m.model.vocab, n));
       xs.push_back(&w.params);
     }
   if (opts.site >= static_cast<int>(xs.size()))
@@ -100,9 +101,9 @@ TrainedModel load_trained_model(const TrainedModelOptions& opts) {
     throw DataError(fmt::format("checkpoint '{}': {}", first_path, e.message()));
   }
   if (m.tokenizer->vocab() > m.model.vocab)
-    throw DataError(fmt::format(
-        "'{}': the tokenizer has {} tokens but the model only {} (model.vocab)", first_path,
-        m.tokenizer->vocab(), m.model.vocab));
+    throw DataError(
+        fmt::format("'{}': the tokenizer has {} tokens but the model only {} (model.vocab)",
+                    first_path, m.tokenizer->vocab(), m.model.vocab));
   return m;
 }
 

@@ -514,10 +514,10 @@ void TrainingRun::evaluate(std::int64_t step) {
   result_.last_val_bpb = val->bits_per_byte;
   metrics_->write(
       EvalRecord{step, val->loss, seconds_since(t0), sites_.size(), val->bits_per_byte});
-  progress_->message(fmt::format("step {}/{}: val_loss {:.4f}, {:.4f} bits/byte (unigram entropy "
-                                 "{:.4f})",
-                                 step, total_, val->loss, val->bits_per_byte,
-                                 dataset_.unigram_entropy_nats));
+  progress_->message(
+      fmt::format("step {}/{}: val_loss {:.4f}, {:.4f} bits/byte (unigram entropy "
+                  "{:.4f})",
+                  step, total_, val->loss, val->bits_per_byte, dataset_.unigram_entropy_nats));
 }
 
 void TrainingRun::save(std::int64_t step) {

@@ -75,12 +75,12 @@ TEST(ModelUse, BadInputIsRefusedByName) {
   bytes.resize(bytes.size() - 100);
   desloc::write_file_atomic((dir / "short.ckpt").string(), bytes);
   for (const char* cmd : {" sample --prompt a", " export --out x"}) {
-    const auto c = run_command(cli() + cmd + " --checkpoint '" + (dir / "corrupt.ckpt").string() +
-                               "'");
+    const auto c =
+        run_command(cli() + cmd + " --checkpoint '" + (dir / "corrupt.ckpt").string() + "'");
     refused(c, "corrupt.ckpt");
     refused(c, "CRC32C");
-    const auto t = run_command(cli() + cmd + " --checkpoint '" + (dir / "short.ckpt").string() +
-                               "'");
+    const auto t =
+        run_command(cli() + cmd + " --checkpoint '" + (dir / "short.ckpt").string() + "'");
     refused(t, "short.ckpt");
     refused(t, "truncated");
   }
@@ -92,17 +92,17 @@ TEST(ModelUse, BadInputIsRefusedByName) {
                       "' --checkpoint '" + other.string() + "'"),
           "are not the sites of one job");
   // Two sites' files of one job (here: the same run twice) export their mean.
-  const auto two = run_command(cli() + " export --out '" + (dir / "two").string() +
-                               "' --checkpoint '" + ckpt.string() + "' --checkpoint '" +
-                               ckpt.string() + "'");
+  const auto two =
+      run_command(cli() + " export --out '" + (dir / "two").string() + "' --checkpoint '" +
+                  ckpt.string() + "' --checkpoint '" + ckpt.string() + "'");
   EXPECT_EQ(two.exit_code, 0) << two.output;
   EXPECT_TRUE(contains(two.output, "the mean of 2 sites")) << two.output;
 
   // An existing output directory is refused and left alone; --force replaces it whole.
   fs::create_directories(dir / "exported");
   write_text(dir / "exported" / "keep.txt", "mine");
-  const std::string exp =
-      cli() + " export --checkpoint '" + ckpt.string() + "' --out '" + (dir / "exported").string() + "'";
+  const std::string exp = cli() + " export --checkpoint '" + ckpt.string() + "' --out '" +
+                          (dir / "exported").string() + "'";
   refused(run_command(exp), "--force");
   EXPECT_TRUE(fs::exists(dir / "exported" / "keep.txt"));
   const auto forced = run_command(exp + " --force");
@@ -166,8 +166,8 @@ TEST(ModelUse, ACheckpointIsNeverPairedWithAnotherVocabulary) {
                (dir / "unigram").string());
   toml.replace(toml.find("steps = 20"), 10, "steps = 30");
   write_text(dir / "run" / "other.toml", toml);
-  r = run_command(cli() + " train --no-progress --resume -c '" + (dir / "run" / "other.toml").string() +
-                  "'");
+  r = run_command(cli() + " train --no-progress --resume -c '" +
+                  (dir / "run" / "other.toml").string() + "'");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.output, "config hash")) << r.output;
 }

@@ -324,8 +324,8 @@ TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
 
 TEST_F(CheckpointFile, TheModelDescriptionRoundTripsAndVersion4FilesHaveNone) {
   auto ck = sample();
-  ck.model = train::CheckpointModel{{300, 64, 2, 2, 32}, "sentencepiece", 0x1234abcdull,
-                                    "/data/sp/tokenizer.model"};
+  ck.model = train::CheckpointModel{
+      {300, 64, 2, 2, 32}, "sentencepiece", 0x1234abcdull, "/data/sp/tokenizer.model"};
   train::save_checkpoint(path("v5.ckpt"), ck);
   for (const auto& m : {train::load_checkpoint(path("v5.ckpt")).model,
                         train::validate_checkpoint(path("v5.ckpt")).model}) {

@@ -21,10 +21,10 @@ namespace fs = std::filesystem;
 // English-like text with enough distinct words for a few hundred merges, tabs, runs of spaces,
 // non-ASCII letters and lines of every length.
 std::string corpus(int lines) {
-  const char* words[] = {"the",     "jury",   "said",    "that",     "county",  "election",
-                         "produced", "no",     "evidence", "irregular", "took",    "place",
-                         "grand",   "Friday",  "investigation", "of",  "Atlanta's", "recent",
-                         "primary", "naïve",  "café",    "Größe",    "über",    "x=1;"};
+  const char* words[] = {
+      "the",       "jury",      "said",    "that",  "county", "election", "produced",      "no",
+      "evidence",  "irregular", "took",    "place", "grand",  "Friday",   "investigation", "of",
+      "Atlanta's", "recent",    "primary", "naïve", "café",   "Größe",    "über",          "x=1;"};
   std::string text;
   unsigned state = 12345;
   for (int i = 0; i < lines; ++i) {
@@ -103,9 +103,7 @@ TEST(SentencePiece, BadOptionsAndBadModelsAreNamed) {
 
 TEST_F(TokenizerTest, PrepareWithSentencePieceRecordsTheModelAndItsHash) {
   const std::string text = corpus(4000);
-  {
-    std::ofstream(path("corpus.txt"), std::ios::binary) << text;
-  }
+  { std::ofstream(path("corpus.txt"), std::ios::binary) << text; }
   PrepareOptions opts;
   opts.source = path("corpus.txt");
   opts.out_dir = path("out");

@@ -57,9 +57,9 @@ struct DatasetInfo {
   // Entropy (nats/token) of the unigram token distribution of the training split:
   // the loss of a model that ignores context. A trained model must fall clearly below it.
   double unigram_entropy_nats = 0.0;
-  std::string source;  // human-readable description of where the text came from
-  std::string tokenizer = "byte";  // "byte" | "sentencepiece"
-  std::string tokenizer_file;      // <dir>/tokenizer.model for sentencepiece, else empty
+  std::string source;                // human-readable description of where the text came from
+  std::string tokenizer = "byte";    // "byte" | "sentencepiece"
+  std::string tokenizer_file;        // <dir>/tokenizer.model for sentencepiece, else empty
   std::uint64_t tokenizer_hash = 0;  // tokenizer_hash() of that file; 0 for byte
   std::uint64_t val_text_bytes = 0;  // bytes of validation text (0: not recorded)
   // "byte", or "sentencepiece:<hash>": what a checkpoint's config hash covers.

@@ -57,7 +57,8 @@ inline constexpr int kMaxSentencePieceVocab = 65536;
 std::string train_sentencepiece(std::string_view text, const SentencePieceOptions& opts);
 
 // A tokenizer from a serialised SentencePiece model; `origin` names it in errors.
-std::unique_ptr<Tokenizer> sentencepiece_tokenizer(std::string_view model, const std::string& origin);
+std::unique_ptr<Tokenizer> sentencepiece_tokenizer(std::string_view model,
+                                                   const std::string& origin);
 
 // The tokenizer a dataset or checkpoint names: "byte" (file ignored) or "sentencepiece" (the
 // model file at `file`). When `expected_hash` is not 0 the file's tokenizer_hash() must equal

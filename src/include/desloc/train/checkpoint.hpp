@@ -37,7 +37,7 @@ inline constexpr std::uint32_t kCheckpointVersion = 5;
 // What a checkpoint says about the model it holds (version 5): enough to export or sample it.
 struct CheckpointModel {
   model::GptConfig model;
-  std::string tokenizer = "byte";  // "byte" | "sentencepiece"
+  std::string tokenizer = "byte";    // "byte" | "sentencepiece"
   std::uint64_t tokenizer_hash = 0;  // data::tokenizer_hash() of the model file; 0 for byte
   // The tokenizer model's absolute path when the checkpoint was written (at most 511 bytes;
   // a longer one is not kept, and the reader must be told where the file is).
@@ -90,7 +90,7 @@ struct CheckpointInfo {
   std::uint64_t config_hash = 0;
   std::uint64_t file_bytes = 0;  // bytes
   std::string path;
-  std::string writer;  // Checkpoint::writer
+  std::string writer;                    // Checkpoint::writer
   std::optional<CheckpointModel> model;  // Checkpoint::model
 };
 // A "step_<N>.ckpt" file that failed validation, and why (the DataError's message).
