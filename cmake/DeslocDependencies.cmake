@@ -20,6 +20,8 @@ find_package(OpenSSL REQUIRED)
 pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
 # The test bed's delay line (src/netbed/netdelay.cpp): packets from an iptables NFQUEUE.
 pkg_check_modules(NETFILTER_QUEUE REQUIRED IMPORTED_TARGET libnetfilter_queue)
+# JSON parsing for `desloc report` (Debian's nlohmann-json3-dev, header-only).
+find_package(nlohmann_json 3 REQUIRED)
 # The subword tokenizer of `desloc prepare --tokenizer sentencepiece` (Debian's library).
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 

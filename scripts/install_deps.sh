@@ -9,6 +9,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libopenblas-dev libtomlplusplus-dev libboost-dev libcli11-dev libfmt-dev libssl-dev
   libsentencepiece-dev  # `desloc prepare --tokenizer sentencepiece`
+  nlohmann-json3-dev    # metrics.jsonl parsing (`desloc report`)
   openssl  # the CLI: the control-plane TLS tests make a throwaway CA with it
   libucx-dev ucx-utils
   libgtest-dev libgmock-dev libbenchmark-dev

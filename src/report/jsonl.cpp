@@ -1,12 +1,12 @@
-// Recursive-descent JSON parser (RFC 8259) and the JSONL reader used by `desloc report`.
+// JSON parsing for `desloc report`: nlohmann-json's strict RFC 8259 parser drives a SAX handler
+// that builds a JsonValue (rejecting duplicate keys and deep nesting), and the JSONL reader.
 #include "report/jsonl.hpp"
 
 #include <fmt/format.h>
 
-#include <charconv>
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
@@ -14,257 +14,93 @@
 namespace desloc::report {
 namespace {
 
-// Deeper nesting than any metrics record needs; the limit keeps hostile input off the stack.
-constexpr int kMaxDepth = 64;
+// Deeper nesting than any metrics record needs; the limit keeps hostile input small.
+constexpr std::size_t kMaxDepth = 64;
 
-class Parser {
+using Json = nlohmann::json;
+
+// Builds the tree as the parser reports values. Pointers on the stack stay valid: only the
+// innermost open container grows, and it is never an element of a vector that grows.
+class TreeBuilder final : public nlohmann::json_sax<Json> {
  public:
-  Parser(std::string_view text, const std::string& where) : text_(text), where_(where) {}
+  JsonValue root;
+  std::string error;  // why this handler stopped the parse (empty: the parser's own error)
 
-  JsonValue document() {
-    skip_space();
-    JsonValue v = value(0);
-    skip_space();
-    if (pos_ != text_.size()) fail("unexpected text after the JSON value");
-    return v;
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw DataError(fmt::format(
-        "{}:{}: invalid JSON: {}; each line must be one JSON object as written by `desloc train` "
-        "(fix or delete the line)",
-        where_, pos_ + 1, what));
-  }
-
-  void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
-                                   text_[pos_] == '\r' || text_[pos_] == '\n'))
-      ++pos_;
-  }
-  bool at_end() const { return pos_ >= text_.size(); }
-  char peek() const { return at_end() ? '\0' : text_[pos_]; }
-  void expect(char c, const char* context) {
-    if (peek() != c) fail(fmt::format("expected '{}' {}", c, context));
-    ++pos_;
-  }
-
-  JsonValue value(int depth) {
-    if (depth > kMaxDepth) fail(fmt::format("nesting deeper than {} levels", kMaxDepth));
-    if (at_end()) fail("unexpected end of line, expected a value");
-    const char c = peek();
-    if (c == '{') return object(depth);
-    if (c == '[') return array(depth);
+  bool null() override { return leaf(JsonValue{}); }
+  bool boolean(bool b) override {
     JsonValue v;
-    if (c == '"') {
-      v.kind = JsonValue::Kind::kString;
-      v.string = string();
-    } else if (c == '-' || (c >= '0' && c <= '9')) {
-      v.kind = JsonValue::Kind::kNumber;
-      v.number = number();
-    } else if (literal("true")) {
-      v.kind = JsonValue::Kind::kBool;
-      v.boolean = true;
-    } else if (literal("false")) {
-      v.kind = JsonValue::Kind::kBool;
-    } else if (literal("null")) {
-      v.kind = JsonValue::Kind::kNull;
-    } else {
-      fail(fmt::format("unexpected character '{}'", c));
-    }
-    return v;
+    v.kind = JsonValue::Kind::kBool;
+    v.boolean = b;
+    return leaf(std::move(v));
   }
-
-  bool literal(std::string_view word) {
-    if (text_.substr(pos_, word.size()) != word) return false;
-    pos_ += word.size();
+  bool number_integer(number_integer_t n) override { return number(static_cast<double>(n)); }
+  bool number_unsigned(number_unsigned_t n) override { return number(static_cast<double>(n)); }
+  bool number_float(number_float_t x, const string_t&) override { return number(x); }
+  bool string(string_t& s) override {
+    JsonValue v;
+    v.kind = JsonValue::Kind::kString;
+    v.string = std::move(s);
+    return leaf(std::move(v));
+  }
+  bool binary(binary_t&) override { return stop("binary values are not JSON"); }
+  bool start_object(std::size_t) override { return open(JsonValue::Kind::kObject); }
+  bool key(string_t& k) override {
+    for (const JsonMember& m : stack_.back()->object)
+      if (m.key == k) return stop(fmt::format("duplicate key \"{}\"", k));
+    key_ = std::move(k);
     return true;
   }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(JsonValue::Kind::kArray); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& e) override {
+    position_ = position;
+    parser_error_ = e.what();
+    return false;
+  }
+  std::size_t position() const { return position_; }
+  const std::string& parser_error() const { return parser_error_; }
 
-  JsonValue object(int depth) {
+ private:
+  JsonValue* place() {
+    if (stack_.empty()) return &root;
+    JsonValue* top = stack_.back();
+    if (top->kind == JsonValue::Kind::kArray) return &top->array.emplace_back();
+    top->object.push_back({std::move(key_), {}});
+    return &top->object.back().value;
+  }
+  bool leaf(JsonValue v) {
+    *place() = std::move(v);
+    return true;
+  }
+  bool number(double x) {
     JsonValue v;
-    v.kind = JsonValue::Kind::kObject;
-    ++pos_;  // '{'
-    skip_space();
-    if (peek() == '}') {
-      ++pos_;
-      return v;
-    }
-    while (true) {
-      skip_space();
-      if (peek() != '"') fail("expected a quoted member name");
-      std::string key = string();
-      if (v.find(key) != nullptr) fail(fmt::format("duplicate member \"{}\"", key));
-      skip_space();
-      expect(':', fmt::format("after member name \"{}\"", key).c_str());
-      skip_space();
-      JsonValue member = value(depth + 1);
-      v.object.push_back({std::move(key), std::move(member)});
-      skip_space();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      expect('}', "or ',' after an object member");
-      return v;
-    }
+    v.kind = JsonValue::Kind::kNumber;
+    v.number = x;
+    return leaf(std::move(v));
+  }
+  bool open(JsonValue::Kind kind) {
+    if (stack_.size() >= kMaxDepth)
+      return stop(fmt::format("nested deeper than {} levels", kMaxDepth));
+    JsonValue* v = place();
+    v->kind = kind;
+    stack_.push_back(v);
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    return true;
+  }
+  bool stop(std::string why) {
+    error = std::move(why);
+    return false;
   }
 
-  JsonValue array(int depth) {
-    JsonValue v;
-    v.kind = JsonValue::Kind::kArray;
-    ++pos_;  // '['
-    skip_space();
-    if (peek() == ']') {
-      ++pos_;
-      return v;
-    }
-    while (true) {
-      skip_space();
-      v.array.push_back(value(depth + 1));
-      skip_space();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      expect(']', "or ',' after an array element");
-      return v;
-    }
-  }
-
-  unsigned hex4() {
-    if (pos_ + 4 > text_.size()) fail("truncated \\u escape");
-    unsigned code = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char h = text_[pos_++];
-      code <<= 4;
-      if (h >= '0' && h <= '9')
-        code |= unsigned(h - '0');
-      else if (h >= 'a' && h <= 'f')
-        code |= unsigned(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F')
-        code |= unsigned(h - 'A' + 10);
-      else
-        fail("bad hex digit in \\u escape");
-    }
-    return code;
-  }
-
-  static void append_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xC0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += char(0xE0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    } else {
-      out += char(0xF0 | (cp >> 18));
-      out += char(0x80 | ((cp >> 12) & 0x3F));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    }
-  }
-
-  std::string string() {
-    ++pos_;  // opening quote
-    std::string out;
-    while (true) {
-      if (at_end()) fail("unterminated string");
-      const char c = text_[pos_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character inside a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (at_end()) fail("unterminated escape");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xD800 && cp <= 0xDBFF) {  // a surrogate pair encodes one code point
-            if (!literal("\\u")) fail("high surrogate without its low half");
-            const unsigned lo = hex4();
-            if (lo < 0xDC00 || lo > 0xDFFF) fail("bad low surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            fail("lone low surrogate");
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default:
-          fail(fmt::format("unknown escape '\\{}'", e));
-      }
-    }
-  }
-
-  // Checks the JSON number grammar, then converts without depending on the C locale.
-  double number() {
-    const std::size_t start = pos_;
-    auto digits = [&] {
-      const std::size_t from = pos_;
-      while (!at_end() && peek() >= '0' && peek() <= '9') ++pos_;
-      return pos_ - from;
-    };
-    if (peek() == '-') ++pos_;
-    if (peek() == '0') {
-      ++pos_;
-    } else if (digits() == 0) {
-      fail("expected digits in a number");
-    }
-    if (peek() == '.') {
-      ++pos_;
-      if (digits() == 0) fail("expected digits after the decimal point");
-    }
-    if (peek() == 'e' || peek() == 'E') {
-      ++pos_;
-      if (peek() == '+' || peek() == '-') ++pos_;
-      if (digits() == 0) fail("expected digits in the exponent");
-    }
-    const char* first = text_.data() + start;
-    const char* last = text_.data() + pos_;
-    double v = 0.0;
-    const auto [ptr, ec] = std::from_chars(first, last, v);
-    if (ec == std::errc::result_out_of_range) {
-      // Overflow reads as +-inf and underflow as 0, as strtod does.
-      v = std::strtod(std::string(first, last).c_str(), nullptr);
-    } else if (ec != std::errc() || ptr != last) {
-      fail("malformed number");
-    }
-    return v;
-  }
-
-  std::string_view text_;
-  const std::string& where_;
-  std::size_t pos_ = 0;
+  std::vector<JsonValue*> stack_;
+  std::string key_;
+  std::size_t position_ = 0;
+  std::string parser_error_;
 };
 
 }  // namespace
@@ -287,7 +123,20 @@ std::string JsonValue::string_or(std::string_view key, const std::string& fallba
 }
 
 JsonValue parse_json(std::string_view text, const std::string& where) {
-  return Parser(text, where).document();
+  TreeBuilder tree;
+  if (Json::sax_parse(text.begin(), text.end(), &tree)) return std::move(tree.root);
+  // nlohmann's messages look like "[json.exception.parse_error.101] parse error at line 1,
+  // column 5: syntax error while parsing value - unexpected '}'"; keep what follows "error".
+  std::string what = tree.error;
+  if (what.empty()) {
+    what = tree.parser_error();
+    const auto at = what.find("parse error");
+    if (at != std::string::npos) what = what.substr(at);
+  }
+  throw DataError(fmt::format(
+      "{}: invalid JSON: {}; each line must be one JSON object as written by `desloc train` "
+      "(fix or delete the line)",
+      where, what));
 }
 
 std::vector<JsonLine> read_jsonl(const std::string& path) {

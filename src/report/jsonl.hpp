@@ -1,5 +1,6 @@
-// A small strict JSON parser for the trainer's JSONL metrics (one object per line): objects,
-// arrays, strings with escapes, numbers, true/false/null. Errors are DataErrors naming file:line.
+// The trainer's JSONL metrics (one object per line) as a small JSON tree. Parsing is
+// nlohmann-json's strict RFC 8259 parser; duplicate keys and nesting deeper than 64 levels are
+// refused too. Errors are DataErrors naming file:line.
 #pragma once
 
 #include <cstddef>
