@@ -75,12 +75,84 @@ struct PlanOptions {
   int fragments = 0;
   std::int64_t max_delay = 0;
   std::string codecs = "config";
+  bool auto_mode = false;
 };
 
 // The codec sets `--codecs auto` chooses from, most precise first: on the LM bench (docs/sync.md)
 // int8 and int4 on x, u and v stayed within 0.5% of fp32 DES-LOC's loss at the same Kx, while
 // a shorter Kx gained more than that.
 constexpr std::array<const char*, 3> kAutoCodecs = {"fp32", "int8", "int4"};
+
+// `desloc plan --auto`: every mode (blocking, delayed) with every codec set of kAutoCodecs,
+// priced as one table. Blocking fp32 stays when its Kx is within the validated periods (no
+// delay, no compression needed); otherwise the shortest Kx wins, the simpler alternative on a
+// tie (blocking before delayed, the more precise codec first).
+template <class PlanWith>
+topology::Plan plan_alternatives(const train::JobConfig& cfg, const topology::PlanRequest& req,
+                                 PlanWith&& plan_with) {
+  struct Alternative {
+    std::string mode, codec;
+    std::optional<topology::Plan> plan;
+    std::string why_not;
+  };
+  std::vector<Alternative> alts;
+  for (const bool delayed : {false, true})
+    for (const char* codec : kAutoCodecs) {
+      Alternative a{delayed ? "delayed" : "blocking", codec, std::nullopt, ""};
+      train::JobConfig job = cfg;
+      job.sync.codec_x = job.sync.codec_u = job.sync.codec_v = codec;
+      job.sync.error_feedback = false;
+      topology::PlanRequest r = req;
+      r.delayed = delayed;
+      r.overlap = false;
+      try {
+        a.plan = plan_with(job, r, true);
+      } catch (const ConfigError&) {
+        a.why_not = "no Kx within train.steps meets the target";
+      }
+      alts.push_back(std::move(a));
+    }
+  const Alternative* chosen = nullptr;
+  if (alts[0].plan && alts[0].plan->kx <= topology::kValidatedKx) {
+    chosen = &alts[0];
+  } else {
+    for (const auto& a : alts)
+      if (a.plan && (chosen == nullptr || a.plan->kx < chosen->plan->kx)) chosen = &a;
+  }
+  if (chosen == nullptr)
+    throw ConfigError(fmt::format(
+        "plan --auto: no mode and codec meets the target overhead {:.1f}% within train.steps = "
+        "{} (blocking and delayed averages, fp32, int8 and int4 payloads were priced); raise "
+        "--target-overhead or train.steps",
+        100 * req.target_overhead, req.steps));
+  topology::Plan plan = *chosen->plan;
+  std::vector<std::string> table = {
+      fmt::format("alternatives priced (--auto), for a target overhead of {:.1f}%:",
+                  100 * req.target_overhead),
+      fmt::format("  {:<9} {:<6} {:>8} {:>6} {:>10} {:>9} {:>10}", "mode", "codec", "Kx", "tau",
+                  "fragments", "overhead", "x averages")};
+  for (const auto& a : alts) {
+    if (!a.plan) {
+      table.push_back(fmt::format("  {:<9} {:<6} {}", a.mode, a.codec, a.why_not));
+      continue;
+    }
+    const topology::Plan& p = *a.plan;
+    table.push_back(fmt::format("  {:<9} {:<6} {:>8} {:>6} {:>10} {:>8.2f}% {:>10}{}", a.mode,
+                                a.codec, p.kx, p.delay, p.fragments, 100 * p.overhead,
+                                req.steps / p.kx, &a == chosen ? "  <- chosen" : ""));
+  }
+  table.push_back(fmt::format(
+      "chose {} averages with {} payloads: {}", chosen->mode, chosen->codec,
+      chosen == &alts[0]
+          ? fmt::format("blocking fp32 already gives Kx <= {}, so nothing is traded for it",
+                        topology::kValidatedKx)
+          : fmt::format("blocking fp32 {}; the shortest Kx wins (the simpler alternative on a "
+                        "tie: blocking before delayed, the more precise codec first)",
+                        alts[0].plan ? fmt::format("needs Kx = {}", alts[0].plan->kx)
+                                     : std::string("cannot meet the target"))));
+  plan.explanation.insert(plan.explanation.end(), table.begin(), table.end());
+  return plan;
+}
 
 int run_plan(const PlanOptions& o) {
   const std::string& topology_path = o.topology;
@@ -101,9 +173,8 @@ int run_plan(const PlanOptions& o) {
   req.fragments = o.fragments;
   req.max_delay = o.max_delay;
   req.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(sites.size()));
-  auto plan_with = [&](const train::JobConfig& job, bool spell_fp32) {
+  auto plan_with = [&](const train::JobConfig& job, topology::PlanRequest r, bool spell_fp32) {
     const CodecPrice codecs = price_codecs(job, model::parameter_count(job.model), spell_fp32);
-    topology::PlanRequest r = req;
     r.wire_ratio = codecs.ratio;
     r.codec_s = codecs.seconds;
     r.codec_keys = codecs.keys;
@@ -111,7 +182,9 @@ int run_plan(const PlanOptions& o) {
   };
   topology::Plan plan;
   std::string choice;
-  if (o.codecs == "auto") {
+  if (o.auto_mode) {
+    plan = plan_alternatives(cfg, req, plan_with);
+  } else if (o.codecs == "auto") {
     // Each codec set's plan; the shortest Kx wins, the more precise set on a tie.
     // A set whose Kx would exceed train.steps is left out; when every one is, fp32's reason
     // is the error.
@@ -123,7 +196,7 @@ int run_plan(const PlanOptions& o) {
       job.sync.error_feedback = false;
       topology::Plan p;
       try {
-        p = plan_with(job, true);
+        p = plan_with(job, req, true);
       } catch (const ConfigError& e) {
         if (!first_error) first_error = e;
         tried += fmt::format("{}{}: no Kx within train.steps", tried.empty() ? "" : ", ", codec);
@@ -143,9 +216,10 @@ int run_plan(const PlanOptions& o) {
         "the same Kx on the LM bench, docs/sync.md)",
         cfg.sync.codec_block, tried, choice));
   } else {
-    plan = plan_with(cfg, false);
+    plan = plan_with(cfg, req, false);
   }
   for (const auto& line : plan.explanation) std::printf("%s\n", line.c_str());
+  for (const auto& line : plan.warnings) std::printf("warning: %s\n", line.c_str());
   std::printf("\n%s", plan.config_fragment.c_str());
   if (!out.empty()) {
     const auto& text = plan.config_fragment;
@@ -337,6 +411,12 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
                    "shortest Kx (the more precise on a tie); the fragment names the codecs")
       ->check(CLI::IsMember({"config", "auto"}))
       ->capture_default_str();
+  plan->add_flag("--auto", p.auto_mode,
+                 "price blocking and delayed (streaming) averages with fp32, int8 and int4 "
+                 "payloads, print them side by side, and choose: blocking fp32 when its Kx is "
+                 "within the validated 256, else the shortest Kx")
+      ->excludes(delayed_flag)
+      ->excludes(overlap_flag);
   plan->add_option("--out", p.out, "also write the config fragment to this file");
   plan->add_option("--svg", p.svg_dir,
                    "write topology.svg (sites, links, the chosen ring) and bandwidth.svg (the "

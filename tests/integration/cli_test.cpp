@@ -521,3 +521,55 @@ TEST(Cli, EveryCommandHasHelp) {
   for (const char* flag : {"--force", "--allow-binary"})
     EXPECT_TRUE(contains(p.output, flag)) << flag << "\n" << p.output;
 }
+
+// Issue 15, item 4: a plan says where its periods leave convergence, warns past the validated
+// Kx <= 256, and --auto prices blocking and delayed averages with fp32, int8 and int4 side by
+// side before settling for a long period.
+TEST(Cli, PlanWarnsBeyondTheValidatedPeriodsAndAutoPricesTheAlternatives) {
+  const auto dir = fresh_dir("plan_auto");
+  std::string topo = "[meta]\nsource = \"test\"\n";
+  for (const char* s : {"west", "east"})
+    topo += std::string("[[site]]\nname = \"") + s + "\"\nstep_ms = 50\n";
+  topo +=
+      "[[link]]\nfrom = \"west\"\nto = \"east\"\nbandwidth_mbit = 1\nlatency_ms = 20\n"
+      "[[link]]\nfrom = \"east\"\nto = \"west\"\nbandwidth_mbit = 1\nlatency_ms = 20\n";
+  write_text(dir / "topology.toml", topo);
+  const std::string job = set_key(tiny_job_toml(dir / "out"), "train", "steps", "100000") +
+                          "[job]\nsites = [\"west\", \"east\"]\n";
+  write_text(dir / "job.toml", job);
+  const std::string args = " --topology " + (dir / "topology.toml").string() + " --config " +
+                           (dir / "job.toml").string();
+  const auto r = run_command(cli() + " plan" + args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "convergence: Kx = ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "beyond the validated Kx <= 256")) << r.output;
+  EXPECT_TRUE(contains(r.output, "warning: Kx = ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "train nearly alone")) << r.output;
+
+  const fs::path out = dir / "auto.toml";
+  const auto a = run_command(cli() + " plan --auto" + args + " --out " + out.string());
+  EXPECT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_TRUE(contains(a.output, "alternatives priced (--auto)")) << a.output;
+  for (const char* row : {"blocking  fp32", "blocking  int4", "delayed   fp32", "delayed   int8"})
+    EXPECT_TRUE(contains(a.output, row)) << row << "\n" << a.output;
+  EXPECT_TRUE(contains(a.output, "<- chosen")) << a.output;
+  EXPECT_FALSE(contains(a.output, "chose blocking averages with fp32")) << a.output;
+  // The chosen plan's period is shorter than blocking fp32's, and its fragment is a valid job.
+  const std::string fragment = read_text(out);
+  EXPECT_TRUE(contains(fragment, "codec_x = ")) << fragment;
+  write_text(dir / "planned.toml", tiny_job_toml(dir / "out") + fragment);
+  const auto check = run_command(cli() + " config --check " + (dir / "planned.toml").string());
+  EXPECT_EQ(check.exit_code, 0) << check.output << "\n" << fragment;
+
+  // On a fast link blocking fp32 is within the validated periods and stays.
+  std::string fast = topo;
+  for (std::size_t at; (at = fast.find("bandwidth_mbit = 1\n")) != std::string::npos;)
+    fast.replace(at, 19, "bandwidth_mbit = 10000\n");
+  write_text(dir / "topology.toml", fast);
+  const auto f = run_command(cli() + " plan --auto" + args);
+  EXPECT_EQ(f.exit_code, 0) << f.output;
+  EXPECT_TRUE(contains(f.output, "chose blocking averages with fp32")) << f.output;
+  EXPECT_FALSE(contains(f.output, "warning:")) << f.output;
+  // --auto and --delayed are two answers to one question.
+  EXPECT_NE(run_command(cli() + " plan --auto --delayed" + args).exit_code, 0);
+}

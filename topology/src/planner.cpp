@@ -451,6 +451,23 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
     }
   }
 
+  // Convergence: the periods against what the paper validated, and how often the sites meet.
+  const auto times = [&](std::int64_t k) {
+    return req.steps > 0 ? fmt::format("{}", req.steps / k) : std::string("?");
+  };
+  e.push_back(fmt::format(
+      "convergence: Kx = {}, Ku = {}, Kv = {} ({} the validated Kx <= {} with Ku = 3 Kx, Kv = 6 "
+      "Kx); over train.steps = {} the sites average x {} times, u {} and v {}",
+      plan.kx, plan.ku, plan.kv, plan.kx <= kValidatedKx ? "within" : "beyond", kValidatedKx,
+      req.steps, times(plan.kx), times(plan.ku), times(plan.kv)));
+  if (plan.kx > kValidatedKx)
+    plan.warnings.push_back(fmt::format(
+        "Kx = {} is beyond the periods DES-LOC's convergence was shown at (Kx <= {}): the sites "
+        "average their parameters {} times in {} steps and train nearly alone. Shorter periods "
+        "need fewer bytes per average (--codecs auto), averages that overlap compute "
+        "(--delayed), or both (--auto); or a larger --target-overhead",
+        plan.kx, kValidatedKx, times(plan.kx), req.steps));
+
   std::vector<std::string> quoted;
   for (const auto& s : plan.chosen.order) quoted.push_back("\"" + s + "\"");
   plan.config_fragment = fmt::format(

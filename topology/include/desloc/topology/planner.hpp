@@ -81,8 +81,15 @@ struct Plan {
   int fragments_v = 0;
   double overhead = 0;  // predicted, at the chosen periods
   std::vector<std::string> explanation;
+  // Where the periods leave convergence: set when Kx is beyond what the paper validated
+  // (kValidatedKx), so the sites average rarely and train nearly alone.
+  std::vector<std::string> warnings;
   std::string config_fragment;  // [sync] and [job] keys that launch and worker accept
 };
+
+// The longest parameter period DES-LOC's convergence was shown at (arXiv 2505.22549: Kx up to
+// 256, with Ku = 3 Kx and Kv = 6 Kx). A plan beyond it is still printed, with a warning.
+inline constexpr std::int64_t kValidatedKx = 256;
 
 // Half-life in steps of an exponential moving average with decay beta: ln 0.5 / ln beta.
 double half_life(double beta);
