@@ -14,7 +14,8 @@ fi
 ./build/src/desloc launch --config configs/quickstart.toml --force "$@"
 
 # What was trained, in use: a short sample from the mean of the two sites' final parameters
-# (site west's checkpoints are in the run directory, site east's under ranks/east-0).
+# (given the run directory, sample reads site west's checkpoint there and east's under
+# ranks/east-0).
 out=runs/quickstart
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
@@ -23,14 +24,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --out-dir=*) out=${args[i]#--out-dir=} ;;
   esac
 done
-ckpt=$(find "$out/checkpoints" -maxdepth 1 -name "step_*.ckpt" 2>/dev/null | sort | tail -n 1)
-if [[ -n $ckpt ]]; then
-  step_file=$(basename "$ckpt")
-  sites=(--checkpoint "$ckpt")
-  [[ -f $out/ranks/east-0/checkpoints/$step_file ]] &&
-    sites+=(--checkpoint "$out/ranks/east-0/checkpoints/$step_file")
-  echo
-  echo "A sample from the trained model (desloc sample ${sites[*]} --prompt 'The jury said'):"
-  ./build/src/desloc sample "${sites[@]}" --prompt "The jury said" --tokens 200 \
-    --temperature 0.8 --top-k 40 --seed 1
-fi
+echo
+echo "A sample from the trained model (desloc sample --checkpoint $out --prompt 'The jury said'):"
+./build/src/desloc sample --checkpoint "$out" --prompt "The jury said" --tokens 200 \
+  --temperature 0.8 --top-k 40 --seed 1

@@ -15,10 +15,11 @@ namespace {
 // The flags that say which model: shared by export and sample.
 void add_source_flags(CLI::App* cmd, train::TrainedModelOptions& o) {
   cmd->add_option("--checkpoint", o.checkpoints,
-                  "a checkpoint file (step_N.ckpt); repeat it with one file per site for a "
-                  "networked job, whose ranks each write their own site's")
+                  "a checkpoint file (step_N.ckpt), repeated with one file per site for a "
+                  "networked job (its ranks each write their own site's); or a run directory "
+                  "(train.out_dir): its newest step that every site holds")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   cmd->add_option("--site", o.site,
                   "use this site's own parameters (0-based, over the workers of the files given) "
                   "instead of the mean over every site")

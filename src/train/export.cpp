@@ -200,7 +200,7 @@ ExportResult export_hf_gpt2(const ExportOptions& opts) {
     write_text(stage / "config.json", config_json(m.model, opts.dtype));
     if (!m.tokenizer_file.empty()) fs::copy_file(m.tokenizer_file, stage / "tokenizer.model");
     std::vector<std::string> quoted;
-    for (const auto& c : opts.source.checkpoints) quoted.push_back(json_string(fs::absolute(c)));
+    for (const auto& c : m.checkpoints) quoted.push_back(json_string(fs::absolute(c)));
     write_text(stage / "desloc_export.json",
                fmt::format("{{\n  \"checkpoints\": [{}],\n  \"step\": {},\n  \"sites_averaged\": "
                            "{},\n  \"site\": {},\n  \"dtype\": {},\n  \"tokenizer\": {},\n  "

@@ -2,6 +2,12 @@
 #include "desloc/train/trained_model.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <set>
 
 #include "desloc/core/error.hpp"
 #include "desloc/data/prepare.hpp"
@@ -25,10 +31,68 @@ CheckpointModel describe_from_config(const std::string& config, const Checkpoint
   return {cfg.model, dataset.tokenizer, dataset.tokenizer_hash, dataset.tokenizer_file};
 }
 
+namespace fs = std::filesystem;
+
+// A run directory's sites: its own checkpoints (in-process workers, or the leader's site of a
+// networked job) and ranks/<site>-0/checkpoints of every other site (the other ranks of a
+// site hold the same x).
+std::vector<std::string> run_checkpoints(const fs::path& given) {
+  fs::path run = given;
+  if (run.filename() == "checkpoints" ||
+      (run.filename().empty() && run.parent_path().filename() == "checkpoints"))
+    run = run.filename().empty() ? run.parent_path().parent_path() : run.parent_path();
+  std::vector<fs::path> dirs{run / "checkpoints"};
+  std::error_code ec;
+  std::vector<fs::path> others;
+  for (fs::directory_iterator it(run / "ranks", ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().ends_with("-0"))
+      others.push_back(it->path() / "checkpoints");
+  std::sort(others.begin(), others.end());
+  dirs.insert(dirs.end(), others.begin(), others.end());
+  std::optional<std::set<std::int64_t>> common;
+  for (const fs::path& d : dirs) {
+    std::set<std::int64_t> steps;
+    for (const CheckpointInfo& c : list_valid_checkpoints(d.string())) steps.insert(c.step);
+    if (!common) {
+      common = steps;
+    } else {
+      std::set<std::int64_t> both;
+      std::set_intersection(common->begin(), common->end(), steps.begin(), steps.end(),
+                            std::inserter(both, both.begin()));
+      common = both;
+    }
+  }
+  std::vector<std::string> names;
+  for (const fs::path& d : dirs) names.push_back(d.string());
+  if (!common || common->empty())
+    throw DataError(fmt::format(
+        "'{}' holds no checkpoint step that every site of the run has intact (looked in {}); "
+        "pass --checkpoint with the files",
+        given.string(), fmt::join(names, ", ")));
+  std::vector<std::string> files;
+  for (const fs::path& d : dirs) files.push_back(checkpoint_path(d.string(), *common->rbegin()));
+  return files;
+}
+
 }  // namespace
 
-TrainedModel load_trained_model(const TrainedModelOptions& opts) {
-  if (opts.checkpoints.empty()) throw ConfigError("no checkpoint given; pass --checkpoint FILE");
+std::vector<std::string> resolve_checkpoints(const std::vector<std::string>& checkpoints) {
+  std::vector<std::string> files;
+  for (const std::string& c : checkpoints) {
+    std::error_code ec;
+    if (fs::is_directory(c, ec)) {
+      for (std::string& f : run_checkpoints(c)) files.push_back(std::move(f));
+    } else {
+      files.push_back(c);
+    }
+  }
+  return files;
+}
+
+TrainedModel load_trained_model(const TrainedModelOptions& given) {
+  if (given.checkpoints.empty()) throw ConfigError("no checkpoint given; pass --checkpoint FILE");
+  TrainedModelOptions opts = given;
+  opts.checkpoints = resolve_checkpoints(given.checkpoints);
   std::vector<Checkpoint> cks;
   for (const std::string& path : opts.checkpoints) cks.push_back(load_checkpoint(path));
   const Checkpoint& first = cks[0];
@@ -54,6 +118,7 @@ TrainedModel load_trained_model(const TrainedModelOptions& opts) {
   }
 
   TrainedModel m;
+  m.checkpoints = opts.checkpoints;
   m.model = desc.model;
   m.step = first.step;
   const std::size_t n = model::ParamLayout(m.model).total();

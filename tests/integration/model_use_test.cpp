@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "desloc/core/file_io.hpp"
+#include "desloc/train/checkpoint.hpp"
 #include "test_env.hpp"
 
 using namespace desloc::test;
@@ -111,6 +112,45 @@ TEST(ModelUse, BadInputIsRefusedByName) {
   EXPECT_FALSE(fs::exists(dir / "exported" / "keep.txt"));
   for (const auto& e : fs::directory_iterator(dir))
     EXPECT_FALSE(contains(e.path().filename().string(), ".partial-")) << e.path();
+}
+
+TEST(ModelUse, ARunDirectoryMeansItsNewestStepThatEverySiteHolds) {
+  ASSERT_TRUE(have_prepared_corpus());
+  const auto dir = fresh_dir("use_rundir");
+  const auto ckpt = trained_checkpoint(dir);
+  // An in-process run directory: its own checkpoints.
+  auto r = run_command(cli() + " sample -q --tokens 3 --prompt a --checkpoint '" +
+                       (dir / "out").string() + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // A networked run's layout: the leader's site at the top, the other sites' rank 0 (and
+  // further ranks, which hold the same x) under ranks/. east-0 lacks step 20, so step 10 is
+  // the newest that every site holds.
+  const fs::path run = dir / "net";
+  for (const char* sub : {"checkpoints", "ranks/east-0/checkpoints", "ranks/east-1/checkpoints",
+                          "ranks/west-1/checkpoints"})
+    fs::create_directories(run / sub);
+  for (const char* sub : {"checkpoints", "ranks/east-1/checkpoints", "ranks/west-1/checkpoints"})
+    fs::copy_file(ckpt, run / sub / "step_00000020.ckpt");
+  // Step 10: the same state saved under another step.
+  {
+    auto ck = desloc::train::load_checkpoint(ckpt.string());
+    ck.step = 10;
+    for (const char* sub : {"checkpoints", "ranks/east-0/checkpoints"})
+      desloc::train::save_checkpoint((run / sub / "step_00000010.ckpt").string(), ck);
+  }
+  const fs::path out = dir / "exported";
+  r = run_command(cli() + " export --checkpoint '" + run.string() + "' --out '" + out.string() +
+                  "'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "exported step 10 (the mean of 2 sites)")) << r.output;
+  const std::string record = read_file_text(out / "desloc_export.json");
+  EXPECT_TRUE(contains(record, "ranks/east-0/checkpoints/step_00000010.ckpt")) << record;
+  // A run whose sites share no step is refused, naming it.
+  fs::remove(run / "ranks/east-0/checkpoints/step_00000010.ckpt");
+  r = run_command(cli() + " export --checkpoint '" + run.string() + "' --out '" +
+                  (dir / "none").string() + "'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "no checkpoint step that every site of the run has")) << r.output;
 }
 
 TEST(ModelUse, ACheckpointIsNeverPairedWithAnotherVocabulary) {
