@@ -23,6 +23,7 @@
 #include "desloc/sync/codec.hpp"
 #include "desloc/sync/compression.hpp"
 #include "desloc/topology/planner.hpp"
+#include "desloc/topology/regions.hpp"
 #include "desloc/topology/simulator.hpp"
 #include "desloc/train/config.hpp"
 #include "desloc/transport/ring_order.hpp"
@@ -219,6 +220,12 @@ int run_plan(const PlanOptions& o) {
     plan = plan_with(cfg, req, false);
   }
   for (const auto& line : plan.explanation) std::printf("%s\n", line.c_str());
+  if (sites.size() >= 3) {
+    // Issue 15: the grouping two-level DES-LOC would use. The plan above stays flat.
+    for (const auto& line : topology::propose_regions(topo).explanation)
+      std::printf("%s (the plan above is flat: two-level averaging is not built yet)\n",
+                  line.c_str());
+  }
   for (const auto& line : plan.warnings) std::printf("warning: %s\n", line.c_str());
   std::printf("\n%s", plan.config_fragment.c_str());
   if (!out.empty()) {

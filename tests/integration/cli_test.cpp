@@ -573,3 +573,25 @@ TEST(Cli, PlanWarnsBeyondTheValidatedPeriodsAndAutoPricesTheAlternatives) {
   // --auto and --delayed are two answers to one question.
   EXPECT_NE(run_command(cli() + " plan --auto --delayed" + args).exit_code, 0);
 }
+
+// Issue 15, item 1: plan proposes regions from the bandwidth matrix, with its reasons.
+TEST(Cli, PlanProposesRegionsFromTheBandwidthMatrix) {
+  const auto dir = fresh_dir("plan_regions");
+  const std::vector<std::string> sites = {"a1", "a2", "b1", "b2"};
+  std::string topo = "[meta]\nsource = \"test\"\n";
+  for (const auto& s : sites) topo += "[[site]]\nname = \"" + s + "\"\nstep_ms = 50\n";
+  for (const auto& x : sites)
+    for (const auto& y : sites)
+      if (x != y)
+        topo += "[[link]]\nfrom = \"" + x + "\"\nto = \"" + y +
+                "\"\nbandwidth_mbit = " + (x[0] == y[0] ? "1000" : "20") + "\nlatency_ms = 5\n";
+  write_text(dir / "topology.toml", topo);
+  write_text(dir / "job.toml", set_key(tiny_job_toml(dir / "out"), "train", "steps", "10000") +
+                                   "[job]\nsites = [\"a1\", \"a2\", \"b1\", \"b2\"]\n");
+  const auto r = run_command(cli() + " plan --topology " + (dir / "topology.toml").string() +
+                             " --config " + (dir / "job.toml").string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "regions: proposed 2 regions: [a1, a2] [b1, b2]")) << r.output;
+  EXPECT_TRUE(contains(r.output, "50.0x apart")) << r.output;
+  EXPECT_TRUE(contains(r.output, "two-level averaging is not built yet")) << r.output;
+}

@@ -13,6 +13,7 @@
 #include "desloc/core/error.hpp"
 #include "desloc/sync/sync_policy.hpp"
 #include "desloc/topology/planner.hpp"
+#include "desloc/topology/regions.hpp"
 #include "desloc/topology/simulator.hpp"
 #include "desloc/topology/topology.hpp"
 #include "test_support.hpp"
@@ -496,4 +497,96 @@ TEST(Planner, CodecsShrinkTheAveragesAndThePeriod) {
   req.codec_s = {10 * coded_plan.chosen.seconds, 10 * coded_plan.chosen.seconds,
                  10 * coded_plan.chosen.seconds};
   EXPECT_GT(make_plan(t, req).kx, 5 * coded_plan.kx);
+}
+
+namespace {
+
+// `regions` sites in groups of `per_region`, named r<i>s<j>: `inside` Mbit/s within a group,
+// between groups i and j `between(i, j)`.
+Topology grouped(int regions, int per_region, double inside, double (*between)(int, int)) {
+  Topology t;
+  auto name = [&](int s) { return fmt::format("r{}s{}", s / per_region, s % per_region); };
+  const int n = regions * per_region;
+  for (int s = 0; s < n; ++s) t.sites.push_back({name(s), 0.1});
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b)
+      if (a != b) {
+        const int ra = a / per_region, rb = b / per_region;
+        const double mbit = ra == rb ? inside : between(std::min(ra, rb), std::max(ra, rb));
+        t.links.push_back({name(a), name(b), mbit * 1e6 / 8, 1e-3, 0.0});
+      }
+  return t;
+}
+
+}  // namespace
+
+TEST(Regions, TwoRegionsOfTwoAreFoundWithTheirReasons) {
+  const Topology t =
+      parse_topology(topology_toml("ABCD", 100,
+                                   [](char a, char b) {
+                                     const bool same = (a < 'C') == (b < 'C');
+                                     return same ? 1000.0 : (a == 'A' || b == 'A' ? 20.0 : 18.0);
+                                   }),
+                     "t.toml");
+  const RegionProposal p = propose_regions(t);
+  ASSERT_EQ(p.regions.size(), 2u) << p.explanation.at(0);
+  EXPECT_EQ(p.regions[0], (std::vector<std::string>{"A", "B"}));
+  EXPECT_EQ(p.regions[1], (std::vector<std::string>{"C", "D"}));
+  EXPECT_NEAR(p.inside_min_bps / p.between_max_bps, 1000.0 / 20.0, 1e-6);
+  EXPECT_NE(p.explanation.at(0).find("proposed 2 regions: [A, B] [C, D]"), std::string::npos)
+      << p.explanation.at(0);
+  EXPECT_NE(p.explanation.at(0).find("50.0x apart"), std::string::npos) << p.explanation.at(0);
+}
+
+TEST(Regions, NoneWhereTheLinksAreEvenOrChained) {
+  // Even links: no grouping at all.
+  const RegionProposal even = propose_regions(
+      parse_topology(topology_toml("ABCD", 100, [](char, char) { return 100.0; }), "t.toml"));
+  EXPECT_TRUE(even.regions.empty());
+  EXPECT_NE(even.explanation.at(0).find("none proposed"), std::string::npos);
+  // A gap of 2x only: named with the best grouping's figures, and refused.
+  const RegionProposal small = propose_regions(parse_topology(
+      topology_toml("ABCD", 100,
+                    [](char a, char b) { return (a < 'C') == (b < 'C') ? 200.0 : 100.0; }),
+      "t.toml"));
+  EXPECT_TRUE(small.regions.empty());
+  EXPECT_NE(small.explanation.at(0).find("only 2.0x faster"), std::string::npos)
+      << small.explanation.at(0);
+  // A chain: A-B and B-C fast, A-C slow. A, B, C are not one region (A-C would be inside it).
+  const RegionProposal chain = propose_regions(parse_topology(
+      topology_toml("ABCD", 100,
+                    [](char a, char b) {
+                      const std::string p = a < b ? std::string{a, b} : std::string{b, a};
+                      return p == "AB" || p == "BC" ? 1000.0 : 10.0;
+                    }),
+      "t.toml"));
+  for (const auto& r : chain.regions)
+    EXPECT_FALSE(std::find(r.begin(), r.end(), "A") != r.end() &&
+                 std::find(r.begin(), r.end(), "C") != r.end())
+        << chain.explanation.at(0);
+}
+
+TEST(Regions, EightRegionsOfSixtyFourSitesAndAThousandSitesQuickly) {
+  // The synthetic topology: 8 regions of 8 (100 Gbit inside; 1 to 25 Gbit between).
+  const Topology t =
+      grouped(8, 8, 100000, [](int a, int b) { return 1000.0 + 3000.0 * ((a + b) % 9); });
+  auto t0 = std::chrono::steady_clock::now();
+  const RegionProposal p = propose_regions(t);
+  const double s64 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(p.regions.size(), 8u) << p.explanation.at(0);
+  for (std::size_t r = 0; r < 8; ++r) {
+    ASSERT_EQ(p.regions[r].size(), 8u);
+    EXPECT_EQ(p.regions[r][0], fmt::format("r{}s0", r));
+  }
+  EXPECT_NEAR(p.inside_min_bps * 8 / 1e6, 100000, 1e-6);
+  EXPECT_NEAR(p.between_max_bps * 8 / 1e6, 25000, 1e-6);
+  // 1024 sites (32 regions of 32): still one call well under a second.
+  const Topology big =
+      grouped(32, 32, 100000, [](int a, int b) { return 1000.0 + 100.0 * ((a * 7 + b) % 50); });
+  t0 = std::chrono::steady_clock::now();
+  const RegionProposal q = propose_regions(big);
+  const double s1024 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(q.regions.size(), 32u);
+  EXPECT_LT(s1024, 5.0) << "1024 sites took " << s1024 << " s (64 sites: " << s64 << " s)";
+  std::printf("propose_regions: 64 sites %.3f s, 1024 sites %.3f s\n", s64, s1024);
 }
