@@ -171,6 +171,62 @@ TEST(Launch, TwoSitesOfTwoRanksReproduceTheInProcessRunBitForBit) {
   expect_launch_matches_train("launch2x2", {"west", "east"}, 2);
 }
 
+// Issue 17, item 0 (Open MPI): the same job started by `mpirun` (a coordinator, and the four
+// workers taking their identity from OMPI_COMM_WORLD_RANK/SIZE) ends bit-identical to `desloc
+// launch`: every rank's losses and its final x, u and v.
+TEST(Launch, MpirunRunsTheJobAsLaunchDoesBitForBit) {
+  const char* mpirun = "/usr/bin/mpirun";
+  if (::access(mpirun, X_OK) != 0) {
+    if (std::getenv("CI") != nullptr && std::string(std::getenv("CI")) == "true")
+      FAIL() << "mpirun not found at " << mpirun
+             << "; install openmpi-bin (scripts/install_deps.sh)";
+    GTEST_SKIP() << "mpirun not found at " << mpirun << " (Debian's openmpi-bin)";
+  }
+  const fs::path dir = fresh_dir("mpirun");
+  const std::vector<std::string> sites = {"west", "east"};
+  std::string toml = with_steps(multi_site_toml(dir / "launch", "\"west\", \"east\"", 2), 12);
+  toml.replace(toml.find("[job]\n"), 6, "[job]\ntoken = \"mpirun-test\"\n");
+  const fs::path cfg = write_text(dir / "job.toml", toml);
+  const auto launched = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
+  ASSERT_EQ(launched.exit_code, 0) << launched.output;
+
+  Cluster c{dir};
+  c.start(cfg);
+  // As a user runs it (docs/cluster.md); --allow-run-as-root for containers that run as root,
+  // --oversubscribe for four ranks on fewer cores.
+  Process mpi = Process::start(
+      {mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "4", DESLOC_CLI, "worker",
+       "--config", cfg.string(), "--coordinator", "127.0.0.1:" + std::to_string(c.port),
+       "--out-dir", (dir / "mpi").string(), "--no-progress"},
+      dir / "mpirun.log");
+  ASSERT_EQ(mpi.wait(std::chrono::seconds(180)), 0) << mpi.output();
+  EXPECT_EQ(c.coordinator.wait(std::chrono::seconds(30)), 0) << c.coordinator.output();
+
+  for (std::size_t s = 0; s < sites.size(); ++s)
+    for (int r = 0; r < 2; ++r) {
+      const fs::path sub =
+          s == 0 && r == 0 ? fs::path() : fs::path("ranks") / (sites[s] + "-" + std::to_string(r));
+      const fs::path a_dir = dir / "launch" / sub, b_dir = dir / "mpi" / sub;
+      EXPECT_EQ(train_field(b_dir / "metrics.jsonl", "loss_by_site"),
+                train_field(a_dir / "metrics.jsonl", "loss_by_site"))
+          << sites[s] << "/" << r;
+      const auto a =
+          train::load_checkpoint(train::checkpoint_path((a_dir / "checkpoints").string(), 12));
+      const auto b =
+          train::load_checkpoint(train::checkpoint_path((b_dir / "checkpoints").string(), 12));
+      ASSERT_EQ(a.workers.size(), 1u);
+      ASSERT_EQ(b.workers.size(), 1u);
+      const auto& x = a.workers[0];
+      const auto& y = b.workers[0];
+      ASSERT_EQ(x.params.size(), y.params.size());
+      const std::size_t bytes = x.params.size() * sizeof(float);
+      EXPECT_EQ(0, std::memcmp(x.params.data(), y.params.data(), bytes)) << sites[s] << "/" << r;
+      EXPECT_EQ(0, std::memcmp(x.u.data(), y.u.data(), bytes)) << sites[s] << "/" << r;
+      EXPECT_EQ(0, std::memcmp(x.v.data(), y.v.data(), bytes)) << sites[s] << "/" << r;
+      EXPECT_EQ(x.optim_t, y.optim_t);
+    }
+}
+
 // Three sites use both wide-area lanes (transport.lanes = 2 by default): half of every shard
 // goes round the reversed ring, and the in-process run sums it in that order too.
 TEST(Launch, ThreeSitesOfTwoRanksWithBothLanesReproduceTheInProcessRunBitForBit) {
