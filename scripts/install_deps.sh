@@ -16,6 +16,7 @@ packages=(
   python3 python3-numpy python3-torch
   openmpi-bin libopenmpi-dev
   iproute2 iperf3 shellcheck tar gzip time
+  prometheus curl  # the status endpoint's test: a real Prometheus scrapes a job
   iptables libnetfilter-queue-dev iputils-ping  # the test bed's delays (desloc-netdelay)
   clang-16 libclang-rt-16-dev libomp-16-dev
 )

@@ -134,6 +134,11 @@ train::JobConfig load_local_job(const std::string& config_path, const std::strin
   return cfg;
 }
 
+constexpr const char* kHttpHelp =
+    "host:port of a read-only status endpoint: /metrics (Prometheus text format) and /api/state "
+    "(JSON); port 0 = any. Loopback unless the job token is configured, which requests to "
+    "another address must then send as `Authorization: Bearer <token>`";
+
 Command add_launch(CLI::App& app) {
   struct Options {
     std::string config_path;
@@ -149,6 +154,7 @@ Command add_launch(CLI::App& app) {
       "stops every rank at a common step with a checkpoint");
   cmd->add_option("-c,--config", o.config_path, "job config (TOML)")->required();
   cmd->add_option("--out-dir", o.launch.out_dir, "override train.out_dir");
+  cmd->add_option("--http", o.launch.http, kHttpHelp);
   cmd->add_flag("--quiet", o.quiet, "no progress lines, only warnings and errors");
   cmd->add_flag("--resume", o.resume,
                 "restart the job from the newest checkpoint every rank holds intact (corrupt "
@@ -192,7 +198,7 @@ Command add_profile(CLI::App& app) {
 
 Command add_coordinator(CLI::App& app) {
   struct Options {
-    std::string config_path, listen;
+    std::string config_path, listen, http;
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
@@ -202,13 +208,14 @@ Command add_coordinator(CLI::App& app) {
   cmd->add_option("-c,--config", opts->config_path, "job config (TOML)")->required();
   cmd->add_option("--listen", opts->listen,
                   "host:port to listen on (default: job.coordinator; port 0 = any)");
+  cmd->add_option("--http", opts->http, kHttpHelp);
   return {cmd, [opts] {
             const auto cfg = train::load_config(opts->config_path);
             const bool given = !opts->listen.empty();
             const auto [host, port] =
                 cluster::parse_endpoint(given ? opts->listen : cfg.job.coordinator,
                                         given ? "--listen" : cfg.source + ": job.coordinator");
-            return cluster::run_coordinator(cfg, host, port);
+            return cluster::run_coordinator(cfg, host, port, opts->http);
           }};
 }
 

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/transport/control_plane.hpp"
+#include "desloc/transport/status_http.hpp"
 
 namespace desloc::cluster {
 namespace {
@@ -78,6 +80,29 @@ transport::CoordinatorOptions coordinator_options(const train::JobConfig& cfg,
 }
 
 // "steps 120..124 of 600, slowest west/1" from the ranks' heartbeats.
+// The coordinator's status endpoint when asked for (--http host:port); it stops before the
+// coordinator it reads.
+std::unique_ptr<transport::StatusServer> start_status(const transport::Coordinator& coord,
+                                                      const train::JobConfig& cfg,
+                                                      const std::string& http,
+                                                      std::optional<transport::JobToken> token) {
+  if (http.empty()) return nullptr;
+  const auto [host, port] = parse_endpoint(http, "--http");
+  transport::StatusServerOptions o;
+  o.bind = host;
+  o.port = port;
+  o.sites = cfg.site_names();
+  o.ranks_per_site = static_cast<std::uint32_t>(cfg.job.ranks_per_site);
+  o.steps = cfg.train.steps;
+  o.token = std::move(token);
+  auto server = std::make_unique<transport::StatusServer>(coord, std::move(o));
+  const std::uint16_t bound = server->start();
+  std::fprintf(stderr, "http: serving /metrics (Prometheus) and /api/state on http://%s:%u/\n",
+               host.c_str(), bound);
+  std::fflush(stderr);
+  return server;
+}
+
 std::string progress_line(const transport::Coordinator& c, std::int64_t total) {
   const auto ranks = c.progress();
   if (ranks.empty()) return "no rank registered yet";
@@ -235,9 +260,12 @@ bool pump(Child& c) {
 
 }  // namespace
 
-int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::uint16_t port) {
-  transport::Coordinator coord(coordinator_options(cfg, job_token(cfg), bind));
+int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::uint16_t port,
+                    const std::string& http) {
+  const transport::JobToken token = job_token(cfg);
+  transport::Coordinator coord(coordinator_options(cfg, token, bind));
   const std::uint16_t bound = coord.start(port);
+  const auto status = start_status(coord, cfg, http, token);
   const auto sites = cfg.site_names();
   std::printf(
       "coordinator: listening on %s:%u for %zu site(s) x %d rank(s) [%s], config hash %016llx\n",
@@ -307,8 +335,12 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
     env.emplace_back(kTokenEnv, secret);
     return transport::JobToken::from_string(secret, "launch");
   }();
-  transport::Coordinator coord(coordinator_options(cfg, std::move(token), "127.0.0.1"));
+  transport::Coordinator coord(coordinator_options(cfg, token, "127.0.0.1"));
   const std::uint16_t port = coord.start(0);
+  // A token launch made up for this job protects nothing a user could present: without one of
+  // the user's, the endpoint stays on loopback.
+  const auto status =
+      start_status(coord, cfg, opts.http, env.empty() ? std::optional(token) : std::nullopt);
 
   std::error_code ec;
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();

@@ -90,6 +90,12 @@ bool JobToken::verify(std::span<const std::uint8_t> nonce,
   return CRYPTO_memcmp(expected.data(), mac.data(), kMacBytes) == 0;
 }
 
+bool JobToken::matches(std::string_view candidate) const {
+  if (candidate.empty()) return false;
+  const Nonce fixed{};
+  return JobToken(std::string(candidate), "bearer").verify(fixed, respond(fixed));
+}
+
 Nonce random_nonce() {
   Nonce n{};
   DESLOC_CHECK_OPENSSL(RAND_bytes(n.data(), static_cast<int>(n.size())));

@@ -7,6 +7,7 @@
 #include <source_location>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "desloc/transport/wire.hpp"
@@ -33,6 +34,9 @@ class JobToken {
   std::array<std::uint8_t, kMacBytes> respond(std::span<const std::uint8_t> nonce) const;
   // Constant-time check of a peer's response (CRYPTO_memcmp); a wrong length is just false.
   bool verify(std::span<const std::uint8_t> nonce, std::span<const std::uint8_t> mac) const;
+  // Whether `candidate` is this secret (an HTTP bearer token), in constant time: both are
+  // MACed over one fixed nonce and the MACs compared.
+  bool matches(std::string_view candidate) const;
   const std::string& origin() const { return origin_; }
 
  private:
