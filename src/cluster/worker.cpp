@@ -512,6 +512,9 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   };
   bind_groups();
   ctx.on_step = [&ss](std::int64_t step) { ss.client->set_step(static_cast<std::uint64_t>(step)); };
+  ctx.on_progress = [&ss](float loss, double tokens_per_s, std::uint64_t wan_bytes) {
+    ss.client->set_progress(loss, static_cast<float>(tokens_per_s), wan_bytes);
+  };
   if (cfg.job.on_site_failure == "continue") {
     ctx.recovery_pending = [&ss] { return ss.client->recovery_pending(); };
     ctx.recover = [&](std::span<const std::int64_t> snapshots, const std::string& reason) {

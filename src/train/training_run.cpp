@@ -499,6 +499,8 @@ void TrainingRun::record_step(const StepResult& s) {
       networked_ && rank_->site_group != nullptr ? rank_->site_group->bytes().total().sent : 0;
   result_.last_train_loss = site_losses_.at(0);
   metrics_->write(r);
+  if (networked_ && rank_->on_progress)
+    rank_->on_progress(s.loss, r.tokens_per_s, r.wire_by_worker.at(0));
   for (const sync::Rejection& rj : averager_->rejections())
     metrics_->write(RejectionRecord{rj.step, optim::to_string(rj.state),
                                     averager_->payload_guard().site_name(rj.site), rj.reason});

@@ -87,6 +87,15 @@ TEST(StatusHttp, PrometheusScrapesARunningJob) {
       },
       60))
       << metrics << job.output();
+  // The heartbeats carry each rank's loss, tokens/s and wide-area bytes.
+  const std::string loss_line = "desloc_rank_loss{site=\"west\",rank=\"0\"} ";
+  ASSERT_TRUE(contains(metrics, loss_line)) << metrics;
+  const double loss = std::atof(metrics.c_str() + metrics.find(loss_line) + loss_line.size());
+  EXPECT_GT(loss, 1.0) << metrics;
+  EXPECT_LT(loss, 6.0) << metrics;
+  EXPECT_TRUE(contains(metrics, "# TYPE desloc_rank_wan_bytes_sent_total counter")) << metrics;
+  EXPECT_TRUE(contains(metrics, "desloc_rank_tokens_per_second{site=\"east\",rank=\"0\"} "))
+      << metrics;
   for (const char* line :
        {"desloc_up 1", "desloc_ranks_expected 2", "desloc_ranks_registered 2",
         "desloc_site_live{site=\"west\"} 1", "desloc_rank_missing{site=\"west\",rank=\"0\"} 0",

@@ -10,6 +10,7 @@ Exit codes: 0 pass, 1 fail (or torch missing while CI=true), 77 skipped.
 import argparse
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -107,6 +108,8 @@ def main():
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="desloc_export_") as tmp:
         work = args.work_dir or tmp
+        if args.work_dir:  # a fresh start: the exports refuse to overwrite an earlier run's
+            shutil.rmtree(work, ignore_errors=True)
         os.makedirs(work, exist_ok=True)
         return check(args.desloc, work, np, torch, F)
 

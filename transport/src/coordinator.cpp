@@ -103,7 +103,8 @@ void Coordinator::Impl::rank_frame(const CoordinatorSession& s, const Frame& fra
   switch (frame.type) {
     case MessageType::kHeartbeat: {
       const auto hb = decode<Heartbeat>(frame);
-      d = apply(HeartbeatEvent{s.id(), s.connection(), hb.epoch, hb.step, now});
+      d = apply(HeartbeatEvent{s.id(), s.connection(), hb.epoch, hb.step, now, hb.loss,
+                               hb.tokens_per_s, hb.wan_bytes_sent});
       break;
     }
     case MessageType::kRecover:

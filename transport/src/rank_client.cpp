@@ -61,6 +61,8 @@ struct RankClient::Impl {
   Clock::time_point connect_deadline;
   std::string last_connect_error;
   std::atomic<std::uint64_t> step{0};
+  std::atomic<float> loss{0.0f}, tokens_per_s{0.0f};
+  std::atomic<std::uint64_t> wan_bytes_sent{0};
   std::atomic<bool> paused{false};
   std::atomic<bool> closing{false};   // set by close(), read by handlers
   std::atomic<bool> recovery{false};  // a Recovery arrived and no newer membership yet
@@ -332,7 +334,8 @@ void RankClient::Impl::schedule_heartbeat() {
         std::lock_guard lock(mu);
         if (membership) epoch = membership->epoch;
       }
-      conn->send(encode(Heartbeat{epoch, step.load()}));
+      conn->send(encode(
+          Heartbeat{epoch, step.load(), loss.load(), tokens_per_s.load(), wan_bytes_sent.load()}));
     }
     schedule_heartbeat();
   });
@@ -411,6 +414,12 @@ Membership RankClient::wait_membership(Clock::time_point deadline) {
 }
 
 void RankClient::set_step(std::uint64_t step) { impl_->step = step; }
+
+void RankClient::set_progress(float loss, float tokens_per_s, std::uint64_t wan_bytes_sent) {
+  impl_->loss = loss;
+  impl_->tokens_per_s = tokens_per_s;
+  impl_->wan_bytes_sent = wan_bytes_sent;
+}
 
 std::vector<std::string> RankClient::lost_peers() const {
   std::lock_guard lock(impl_->mu);

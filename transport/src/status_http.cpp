@@ -94,6 +94,20 @@ std::string prometheus_text(const JobStatus& s) {
   for (const auto& r : s.ranks)
     out += fmt::format("desloc_rank_step{{site=\"{}\",rank=\"{}\"}} {}\n", label(r.id.site),
                        r.id.rank, r.step);
+  family(out, "desloc_rank_loss", "gauge",
+         "A rank's site's training loss at its last reported step (nats per token).");
+  for (const auto& r : s.ranks)
+    out += fmt::format("desloc_rank_loss{{site=\"{}\",rank=\"{}\"}} {}\n", label(r.id.site),
+                       r.id.rank, r.loss);
+  family(out, "desloc_rank_tokens_per_second", "gauge", "A rank's tokens per second, last step.");
+  for (const auto& r : s.ranks)
+    out += fmt::format("desloc_rank_tokens_per_second{{site=\"{}\",rank=\"{}\"}} {}\n",
+                       label(r.id.site), r.id.rank, r.tokens_per_s);
+  family(out, "desloc_rank_wan_bytes_sent_total", "counter",
+         "Wide-area bytes a rank has sent (its share of the cross-site averages).");
+  for (const auto& r : s.ranks)
+    out += fmt::format("desloc_rank_wan_bytes_sent_total{{site=\"{}\",rank=\"{}\"}} {}\n",
+                       label(r.id.site), r.id.rank, r.wan_bytes_sent);
   family(out, "desloc_rank_connected", "gauge", "1 while a rank's control connection is open.");
   for (const auto& r : s.ranks)
     out += fmt::format("desloc_rank_connected{{site=\"{}\",rank=\"{}\"}} {}\n", label(r.id.site),
@@ -132,6 +146,9 @@ std::string status_json(const JobStatus& s) {
                      {"step", r.step},
                      {"connected", r.connected},
                      {"silent_s", r.silent.count() / 1e3},
+                     {"loss", r.loss},
+                     {"tokens_per_s", r.tokens_per_s},
+                     {"wan_bytes_sent", r.wan_bytes_sent},
                      {"missing", missing.count(r.id) > 0}});
   j["ranks"] = ranks;
   return j.dump();

@@ -3,6 +3,7 @@
 #include "desloc/transport/wire.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 
 #include "desloc/core/error.hpp"
@@ -239,10 +240,16 @@ void read_payload(WireReader& r, Membership& m) {
 void write_payload(WireWriter& w, const Heartbeat& m) {
   w.put<std::uint64_t>(m.epoch);
   w.put<std::uint64_t>(m.step);
+  w.put<std::uint32_t>(std::bit_cast<std::uint32_t>(m.loss));
+  w.put<std::uint32_t>(std::bit_cast<std::uint32_t>(m.tokens_per_s));
+  w.put<std::uint64_t>(m.wan_bytes_sent);
 }
 void read_payload(WireReader& r, Heartbeat& m) {
   m.epoch = r.get<std::uint64_t>("epoch");
   m.step = r.get<std::uint64_t>("step");
+  m.loss = std::bit_cast<float>(r.get<std::uint32_t>("loss"));
+  m.tokens_per_s = std::bit_cast<float>(r.get<std::uint32_t>("tokens_per_s"));
+  m.wan_bytes_sent = r.get<std::uint64_t>("wan_bytes_sent");
 }
 
 void write_payload(WireWriter& w, const Status& m) {

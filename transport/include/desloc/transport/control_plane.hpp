@@ -17,7 +17,8 @@ namespace desloc::transport {
 
 // Version of the control protocol (message meaning), carried in Hello. The frame format has
 // its own kWireVersion.
-inline constexpr std::uint16_t kProtocolVersion = 2;  // 2: recovery epochs
+// 2: recovery epochs; 3: heartbeats carry the loss, tokens/s and wide-area bytes.
+inline constexpr std::uint16_t kProtocolVersion = 3;
 
 using Clock = std::chrono::steady_clock;
 
@@ -75,6 +76,9 @@ struct RankProgress {
   std::uint64_t step = 0;               // the last step the rank reported in a heartbeat
   bool connected = false;               // its control connection is open
   std::chrono::milliseconds silent{0};  // since its last frame
+  float loss = 0.0f;                    // from its latest heartbeat (0 before its first step)
+  float tokens_per_s = 0.0f;
+  std::uint64_t wan_bytes_sent = 0;
 };
 
 // Accepts ranks until S x R have registered, then broadcasts Membership epoch 1. Runs its
@@ -150,6 +154,8 @@ class RankClient {
 
   // Progress reported in heartbeats.
   void set_step(std::uint64_t step);
+  // What the next heartbeats report besides the step (the status endpoint's per-rank figures).
+  void set_progress(float loss, float tokens_per_s, std::uint64_t wan_bytes_sent);
   // After the membership: the ranks the coordinator reports as disconnected or silent, e.g.
   // "east/0 (disconnected)"; empty while everyone is alive.
   std::vector<std::string> lost_peers() const;

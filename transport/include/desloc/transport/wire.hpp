@@ -163,11 +163,14 @@ struct Membership {
   bool operator==(const Membership&) const = default;
 };
 
-// Rank -> coordinator, periodically: liveness plus progress.
+// Rank -> coordinator, periodically: liveness plus progress (what the status endpoint shows).
 struct Heartbeat {
   static constexpr MessageType kType = MessageType::kHeartbeat;
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;
+  float loss = 0.0f;                 // the rank's site's training loss at `step` (0 before one)
+  float tokens_per_s = 0.0f;         // the rank's last step
+  std::uint64_t wan_bytes_sent = 0;  // wide-area bytes this rank has sent
   bool operator==(const Heartbeat&) const = default;
 };
 
