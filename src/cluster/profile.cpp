@@ -41,7 +41,7 @@ constexpr int kMinPings = 30;
 constexpr double kPingSeconds = 3.0;  // a 150 ms round trip gets 30 pings, not 200 (60 s)
 constexpr double kMinTransfer = 0.5;  // seconds: one bandwidth transfer lasts at least this
 constexpr std::size_t kMaxBytes = std::size_t{256} << 20;
-constexpr int kBandwidthRepeats = 3;
+constexpr int kBandwidthRepeats = 5;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
