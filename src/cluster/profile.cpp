@@ -250,7 +250,7 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
     for (const std::string& w : topology::slow_start_warnings(topo, site_buffers))
       log::warn("profile: {}", w);
     const std::string text = topology::to_toml(topo);
-    write_file_atomic(out_path, {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
+    write_file_atomic(out_path, text);
     std::printf("wrote %s\n", out_path.c_str());
   }
   ss.leave();

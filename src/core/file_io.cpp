@@ -57,6 +57,11 @@ void write_file_atomic(const std::string& path, std::span<const std::uint8_t> by
   }
 }
 
+void write_file_atomic(const std::string& path, std::string_view text) {
+  write_file_atomic(path,
+                    std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
+}
+
 std::vector<std::uint8_t> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError("cannot open '" + path + "': no such file or not readable");

@@ -456,9 +456,7 @@ DatasetInfo prepare_corpus(const PrepareOptions& opts) {
   if (!sp_model.empty()) {
     info.tokenizer_file = (out / kTokenizerName).string();
     info.tokenizer_hash = tokenizer_hash(sp_model);
-    write_file_atomic(
-        info.tokenizer_file,
-        std::span(reinterpret_cast<const std::uint8_t*>(sp_model.data()), sp_model.size()));
+    write_file_atomic(info.tokenizer_file, sp_model);
   }
   info.train_tokens = train.size();
   info.val_tokens = val.size();
@@ -507,8 +505,7 @@ DatasetInfo prepare_corpus(const PrepareOptions& opts) {
             << "# description. Shard paths are relative to this file's directory.\n"
             << desc << "\n";
   const std::string body = toml_text.str();
-  write_file_atomic((out / kDescriptionName).string(),
-                    std::span(reinterpret_cast<const std::uint8_t*>(body.data()), body.size()));
+  write_file_atomic((out / kDescriptionName).string(), body);
   remove_stale_shards(out, info.train_shards.size(), opts.progress);
   if (sp_model.empty()) fs::remove(out / kTokenizerName, ec);  // from an earlier preparation
 

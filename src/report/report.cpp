@@ -368,8 +368,7 @@ void write_report(const std::vector<std::string>& jsonl_paths, const std::string
   runs.reserve(jsonl_paths.size());
   for (const std::string& p : jsonl_paths) runs.push_back(load_run(p));
   const std::string html = render_report_html(runs, title);
-  write_file_atomic(out_html,
-                    std::span(reinterpret_cast<const std::uint8_t*>(html.data()), html.size()));
+  write_file_atomic(out_html, html);
 }
 
 }  // namespace desloc::report

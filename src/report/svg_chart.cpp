@@ -323,7 +323,7 @@ std::string svg_line_chart(const std::vector<Series>& series, const ChartOptions
 
 void write_svg_file(const std::string& path, const std::string& svg) {
   const std::string doc = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" + svg;
-  write_file_atomic(path, std::span(reinterpret_cast<const std::uint8_t*>(doc.data()), doc.size()));
+  write_file_atomic(path, doc);
 }
 
 }  // namespace desloc::report

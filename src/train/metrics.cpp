@@ -130,8 +130,7 @@ void MetricsWriter::drop_after(std::int64_t step) {
     }
     kept += line + "\n";
   }
-  write_file_atomic(path_,
-                    std::span(reinterpret_cast<const std::uint8_t*>(kept.data()), kept.size()));
+  write_file_atomic(path_, kept);
   if (dropped > 0)
     log::info("metrics: dropped {} records after step {} from {}", dropped, step, path_);
 }

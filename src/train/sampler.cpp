@@ -138,8 +138,7 @@ void write_npy_bytes(const std::string& path, const std::string& descr, const st
   file += static_cast<char>(header.size() >> 8);
   file += header;
   file.append(static_cast<const char*>(data), bytes);
-  write_file_atomic(path,
-                    std::span(reinterpret_cast<const std::uint8_t*>(file.data()), file.size()));
+  write_file_atomic(path, file);
 }
 }  // namespace
 

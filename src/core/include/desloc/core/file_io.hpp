@@ -6,6 +6,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "desloc/core/error.hpp"
@@ -15,6 +16,8 @@ namespace desloc {
 // Writes bytes to `path` atomically: a temporary file in the same directory, fsync, rename,
 // then fsync of the directory. On any failure the previous file (if any) is untouched.
 void write_file_atomic(const std::string& path, std::span<const std::uint8_t> bytes);
+// The same for text (a TOML, JSON or HTML document, or any bytes held in a string).
+void write_file_atomic(const std::string& path, std::string_view text);
 
 // Reads a whole file. Throws DataError naming the path if it is missing or unreadable.
 std::vector<std::uint8_t> read_file(const std::string& path);
