@@ -3,12 +3,13 @@
 #include "desloc/train/export.hpp"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <bit>
 #include <cstring>
 #include <filesystem>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "desloc/core/error.hpp"
 #include "desloc/core/file_io.hpp"
@@ -89,46 +90,25 @@ std::uint16_t to_bf16(float f) {
 }
 
 std::string config_json(const model::GptConfig& cfg, const std::string& dtype) {
-  return fmt::format(
-      R"({{
-  "architectures": ["GPT2LMHeadModel"],
-  "model_type": "gpt2",
-  "vocab_size": {},
-  "n_positions": {},
-  "n_ctx": {},
-  "n_embd": {},
-  "n_layer": {},
-  "n_head": {},
-  "n_inner": {},
-  "activation_function": "gelu_new",
-  "layer_norm_epsilon": 1e-05,
-  "resid_pdrop": 0.0,
-  "embd_pdrop": 0.0,
-  "attn_pdrop": 0.0,
-  "scale_attn_weights": true,
-  "tie_word_embeddings": true,
-  "torch_dtype": "{}"
-}}
-)",
-      cfg.vocab, cfg.context, cfg.context, cfg.d_model, cfg.layers, cfg.heads, 4 * cfg.d_model,
-      dtype == "bf16" ? "bfloat16" : "float32");
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20)
-      out += fmt::format("\\u{:04x}", static_cast<int>(c));
-    else
-      out += c;
-  }
-  return out + "\"";
-}
-
-void write_text(const fs::path& path, const std::string& text) {
-  write_file_atomic(path.string(),
-                    std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
+  nlohmann::ordered_json j;
+  j["architectures"] = {"GPT2LMHeadModel"};
+  j["model_type"] = "gpt2";
+  j["vocab_size"] = cfg.vocab;
+  j["n_positions"] = cfg.context;
+  j["n_ctx"] = cfg.context;
+  j["n_embd"] = cfg.d_model;
+  j["n_layer"] = cfg.layers;
+  j["n_head"] = cfg.heads;
+  j["n_inner"] = 4 * cfg.d_model;
+  j["activation_function"] = "gelu_new";
+  j["layer_norm_epsilon"] = 1e-5;
+  j["resid_pdrop"] = 0.0;
+  j["embd_pdrop"] = 0.0;
+  j["attn_pdrop"] = 0.0;
+  j["scale_attn_weights"] = true;
+  j["tie_word_embeddings"] = true;
+  j["torch_dtype"] = dtype == "bf16" ? "bfloat16" : "float32";
+  return j.dump(2) + "\n";
 }
 
 // The directory the export is assembled in, beside out_dir so the final rename stays on one
@@ -153,16 +133,17 @@ std::string gpt2_safetensors(const model::GptConfig& cfg, const std::vector<floa
     throw ConfigError(fmt::format("export: dtype '{}' is unknown; use \"f32\" or \"bf16\"", dtype));
   const std::vector<OutTensor> tensors = gpt2_tensors(cfg, params);
   const std::size_t elem = dtype == "bf16" ? 2 : 4;
-  std::string header = R"({"__metadata__":{"format":"pt","writer":"desloc"})";
+  nlohmann::ordered_json index;
+  index["__metadata__"] = {{"format", "pt"}, {"writer", "desloc"}};
   std::size_t offset = 0;
   for (const OutTensor& t : tensors) {
     const std::size_t bytes = t.data.size() * elem;
-    header += fmt::format(R"(,{}:{{"dtype":"{}","shape":[{}],"data_offsets":[{},{}]}})",
-                          json_string(t.name), dtype == "bf16" ? "BF16" : "F32",
-                          fmt::join(t.shape, ","), offset, offset + bytes);
+    index[t.name] = {{"dtype", dtype == "bf16" ? "BF16" : "F32"},
+                     {"shape", t.shape},
+                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
-  header += "}";
+  std::string header = index.dump();
   header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
   std::string file(8, '\0');
   const std::uint64_t n = header.size();
@@ -196,19 +177,20 @@ ExportResult export_hf_gpt2(const ExportOptions& opts) {
 
   const fs::path stage = staging_dir(out);
   try {
-    write_text(stage / "model.safetensors", tensors);
-    write_text(stage / "config.json", config_json(m.model, opts.dtype));
+    write_file_atomic((stage / "model.safetensors").string(), tensors);
+    write_file_atomic((stage / "config.json").string(), config_json(m.model, opts.dtype));
     if (!m.tokenizer_file.empty()) fs::copy_file(m.tokenizer_file, stage / "tokenizer.model");
-    std::vector<std::string> quoted;
-    for (const auto& c : m.checkpoints) quoted.push_back(json_string(fs::absolute(c)));
-    write_text(stage / "desloc_export.json",
-               fmt::format("{{\n  \"checkpoints\": [{}],\n  \"step\": {},\n  \"sites_averaged\": "
-                           "{},\n  \"site\": {},\n  \"dtype\": {},\n  \"tokenizer\": {},\n  "
-                           "\"tokenizer_file\": {}\n}}\n",
-                           fmt::join(quoted, ", "), m.step, m.sites,
-                           opts.source.site < 0 ? "null" : std::to_string(opts.source.site),
-                           json_string(opts.dtype), json_string(m.tokenizer_kind),
-                           m.tokenizer_file.empty() ? "null" : json_string("tokenizer.model")));
+    nlohmann::ordered_json record;
+    record["checkpoints"] = nlohmann::json::array();
+    for (const auto& c : m.checkpoints) record["checkpoints"].push_back(fs::absolute(c).string());
+    record["step"] = m.step;
+    record["sites_averaged"] = m.sites;
+    record["site"] = opts.source.site < 0 ? nlohmann::json() : nlohmann::json(opts.source.site);
+    record["dtype"] = opts.dtype;
+    record["tokenizer"] = m.tokenizer_kind;
+    record["tokenizer_file"] =
+        m.tokenizer_file.empty() ? nlohmann::json() : nlohmann::json("tokenizer.model");
+    write_file_atomic((stage / "desloc_export.json").string(), record.dump(2) + "\n");
     // Replace: the old directory moves aside first, so a crash leaves one of the two whole.
     fs::path old;
     if (fs::exists(out, ec)) {
@@ -224,8 +206,8 @@ ExportResult export_hf_gpt2(const ExportOptions& opts) {
     fs::remove_all(stage, ec);
     throw;
   }
-  return {out.string(), tensors.size(), static_cast<int>(2 + 12 * m.model.layers + 2), m.step,
-          m.sites};
+  return {out.string(), tensors.size(),
+          static_cast<int>(model::ParamLayout(m.model).tensors().size()), m.step, m.sites};
 }
 
 }  // namespace desloc::train
