@@ -84,6 +84,14 @@ struct PlanOptions {
 // a shorter Kx gained more than that.
 constexpr std::array<const char*, 3> kAutoCodecs = {"fp32", "int8", "int4"};
 
+// The job with `codec` on every state's average, without error feedback: a candidate of
+// --codecs auto and --auto.
+train::JobConfig with_codec(train::JobConfig job, const char* codec) {
+  job.sync.codec_x = job.sync.codec_u = job.sync.codec_v = codec;
+  job.sync.error_feedback = false;
+  return job;
+}
+
 // `desloc plan --auto`: every mode (blocking, delayed) with every codec set of kAutoCodecs,
 // priced as one table. Blocking fp32 stays when its Kx is within the validated periods (no
 // delay, no compression needed); otherwise the shortest Kx wins, the simpler alternative on a
@@ -100,14 +108,11 @@ topology::Plan plan_alternatives(const train::JobConfig& cfg, const topology::Pl
   for (const bool delayed : {false, true})
     for (const char* codec : kAutoCodecs) {
       Alternative a{delayed ? "delayed" : "blocking", codec, std::nullopt, ""};
-      train::JobConfig job = cfg;
-      job.sync.codec_x = job.sync.codec_u = job.sync.codec_v = codec;
-      job.sync.error_feedback = false;
       topology::PlanRequest r = req;
       r.delayed = delayed;
       r.overlap = false;
       try {
-        a.plan = plan_with(job, r, true);
+        a.plan = plan_with(with_codec(cfg, codec), r, true);
       } catch (const ConfigError&) {
         a.why_not = "no Kx within train.steps meets the target";
       }
@@ -192,12 +197,9 @@ int run_plan(const PlanOptions& o) {
     std::string tried;
     std::optional<ConfigError> first_error;
     for (const char* codec : kAutoCodecs) {
-      train::JobConfig job = cfg;
-      job.sync.codec_x = job.sync.codec_u = job.sync.codec_v = codec;
-      job.sync.error_feedback = false;
       topology::Plan p;
       try {
-        p = plan_with(job, req, true);
+        p = plan_with(with_codec(cfg, codec), req, true);
       } catch (const ConfigError& e) {
         if (!first_error) first_error = e;
         tried += fmt::format("{}{}: no Kx within train.steps", tried.empty() ? "" : ", ", codec);
@@ -230,7 +232,7 @@ int run_plan(const PlanOptions& o) {
   std::printf("\n%s", plan.config_fragment.c_str());
   if (!out.empty()) {
     const auto& text = plan.config_fragment;
-    write_file_atomic(out, {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
+    write_file_atomic(out, text);
     std::printf("wrote %s\n", out.c_str());
   }
   if (!svg_dir.empty()) {

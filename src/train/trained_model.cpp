@@ -37,10 +37,9 @@ namespace fs = std::filesystem;
 // networked job) and ranks/<site>-0/checkpoints of every other site (the other ranks of a
 // site hold the same x).
 std::vector<std::string> run_checkpoints(const fs::path& given) {
-  fs::path run = given;
-  if (run.filename() == "checkpoints" ||
-      (run.filename().empty() && run.parent_path().filename() == "checkpoints"))
-    run = run.filename().empty() ? run.parent_path().parent_path() : run.parent_path();
+  fs::path run = given.lexically_normal();
+  if (run.filename().empty()) run = run.parent_path();  // "run/" or "run/checkpoints/"
+  if (run.filename() == "checkpoints") run = run.parent_path();
   std::vector<fs::path> dirs{run / "checkpoints"};
   std::error_code ec;
   std::vector<fs::path> others;

@@ -209,13 +209,13 @@ void TrainingRun::resume() {
     throw DataError("--resume: no valid checkpoint in '" + ckpt_dir +
                     "'; run without --resume to start fresh");
   Checkpoint& ck = found->checkpoint;
-  if (ck.config_hash != cfg_.hash(dataset_.tokenizer_identity()))
+  if (ck.config_hash != job_hash())
     throw ConfigError(fmt::format(
         "--resume: checkpoint '{}' was written by a job with config hash {:016x}, but {} "
         "hashes to {:016x}; a change to the model, optimizer, schedule, data order, sync, "
         "seeds or step count cannot resume bit-exactly. Restore the original config or use a "
         "new train.out_dir",
-        found->path, ck.config_hash, cfg_.source, cfg_.hash(dataset_.tokenizer_identity())));
+        found->path, ck.config_hash, cfg_.source, job_hash()));
   for (const auto& w : ck.workers)
     if (w.params.size() != model_->layout().total())
       throw DataError(fmt::format("'{}' holds {} parameters; the model has {}", found->path,
@@ -251,7 +251,7 @@ void TrainingRun::write_run_record() {
   r.batch = B_;
   r.seq_len = T_;
   r.steps = total_;
-  r.config_hash = cfg_.hash(dataset_.tokenizer_identity());
+  r.config_hash = job_hash();
   r.sites = fmt::format("{}", fmt::join(cfg_.site_names(), ","));
   r.ranks_per_site = R_;
   r.rank = networked_ ? rank_->name : "all";
@@ -525,7 +525,7 @@ void TrainingRun::evaluate(std::int64_t step) {
 void TrainingRun::save(std::int64_t step) {
   const std::string path = checkpoint_path(checkpoint_dir(cfg_, rank_), step);
   Checkpoint ck = to_checkpoint(capture_state(step, tokens_seen_, sites_, shared()),
-                                cfg_.hash(dataset_.tokenizer_identity()), writer());
+                                job_hash(), writer());
   ck.model = CheckpointModel{cfg_.model, dataset_.tokenizer, dataset_.tokenizer_hash,
                              dataset_.tokenizer_file.empty()
                                  ? std::string()

@@ -71,6 +71,8 @@ class TrainingRun {
   void record_step(const StepResult& s);
   void evaluate(std::int64_t step);
   void save(std::int64_t step);
+  // What a checkpoint and the run record carry: the config hash with the data's tokenizer.
+  std::uint64_t job_hash() const { return cfg_.hash(dataset_.tokenizer_identity()); }
   void maybe_join(std::int64_t t);  // in-process elastic join
 
   bool talks_across_sites(std::int64_t t) const;
