@@ -13,6 +13,7 @@
 #include "desloc/core/error.hpp"
 #include "desloc/data/loader.hpp"
 #include "desloc/data/shard.hpp"
+#include "temp_dir_test.hpp"
 
 namespace desloc::data {
 namespace {
@@ -24,17 +25,8 @@ constexpr std::uint32_t kVocab = 65536;
 // Fisher-Yates as documented in loader.hpp.
 constexpr std::int64_t kPinned[4] = {45, 99, 61, 62};
 
-class LoaderTest : public ::testing::Test {
+class LoaderTest : public test_support::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "desloc-loader-test-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   // A dataset whose training stream is 0, 1, ..., train_tokens-1 split over `shards` files,
   // and whose validation stream is 50000, 50001, ...
   DatasetInfo make_dataset(std::uint32_t train_tokens, int shards, std::uint32_t val_tokens) {
@@ -58,7 +50,6 @@ class LoaderTest : public ::testing::Test {
     info.val_tokens = val_tokens;
     return info;
   }
-  fs::path dir_;
 };
 
 struct Batch {

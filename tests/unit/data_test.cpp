@@ -18,26 +18,14 @@
 #include "desloc/data/prepare.hpp"
 #include "desloc/data/shard.hpp"
 #include "desloc/data/tokenizer.hpp"
+#include "temp_dir_test.hpp"
 
 namespace desloc::data {
 namespace {
 namespace fs = std::filesystem;
 
 // A fresh directory per test, removed afterwards.
-class DataTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "desloc-data-test-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
+class DataTest : public test_support::TempDirTest {};
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);

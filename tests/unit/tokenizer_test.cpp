@@ -13,6 +13,7 @@
 #include "desloc/data/prepare.hpp"
 #include "desloc/data/shard.hpp"
 #include "desloc/data/tokenizer.hpp"
+#include "temp_dir_test.hpp"
 
 namespace desloc::data {
 namespace {
@@ -39,20 +40,7 @@ std::string corpus(int lines) {
   return text;
 }
 
-class TokenizerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "desloc-tokenizer-test-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
+class TokenizerTest : public test_support::TempDirTest {};
 
 TEST(SentencePiece, RoundTripsAnyTextAndCountsItsBytes) {
   const std::string model = train_sentencepiece(corpus(3000), {400, "bpe", 1});
