@@ -176,12 +176,7 @@ TEST(Launch, TwoSitesOfTwoRanksReproduceTheInProcessRunBitForBit) {
 // launch`: every rank's losses and its final x, u and v.
 TEST(Launch, MpirunRunsTheJobAsLaunchDoesBitForBit) {
   const char* mpirun = "/usr/bin/mpirun";
-  if (::access(mpirun, X_OK) != 0) {
-    if (std::getenv("CI") != nullptr && std::string(std::getenv("CI")) == "true")
-      FAIL() << "mpirun not found at " << mpirun
-             << "; install openmpi-bin (scripts/install_deps.sh)";
-    GTEST_SKIP() << "mpirun not found at " << mpirun << " (Debian's openmpi-bin)";
-  }
+  DESLOC_REQUIRE_PROGRAM(mpirun, "openmpi-bin");
   const fs::path dir = fresh_dir("mpirun");
   const std::vector<std::string> sites = {"west", "east"};
   std::string toml = with_steps(multi_site_toml(dir / "launch", "\"west\", \"east\"", 2), 12);

@@ -19,8 +19,6 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
-bool have(const char* program) { return ::access(program, X_OK) == 0; }
-
 // A port nobody listens on now (the kernel's pick for a socket bound to port 0).
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -46,12 +44,9 @@ bool eventually(Probe&& probe, int seconds) {
 }
 
 TEST(StatusHttp, PrometheusScrapesARunningJob) {
-  for (const char* p : {"/usr/bin/prometheus", "/usr/bin/promtool", "/usr/bin/curl"})
-    if (!have(p)) {
-      if (std::getenv("CI") != nullptr && std::string(std::getenv("CI")) == "true")
-        FAIL() << p << " not found; install it (scripts/install_deps.sh)";
-      GTEST_SKIP() << p << " not found (Debian's prometheus and curl packages)";
-    }
+  DESLOC_REQUIRE_PROGRAM("/usr/bin/prometheus", "prometheus");
+  DESLOC_REQUIRE_PROGRAM("/usr/bin/promtool", "prometheus");
+  DESLOC_REQUIRE_PROGRAM("/usr/bin/curl", "curl");
   ASSERT_TRUE(have_prepared_corpus());
   const auto dir = fresh_dir("status_http");
   std::string toml = tiny_job_toml(dir / "out");
@@ -161,11 +156,7 @@ TEST(StatusHttp, PrometheusScrapesARunningJob) {
 }
 
 TEST(StatusHttp, OnAnotherAddressRequestsMustPresentTheJobToken) {
-  if (!have("/usr/bin/curl")) {
-    if (std::getenv("CI") != nullptr && std::string(std::getenv("CI")) == "true")
-      FAIL() << "curl not found; install it (scripts/install_deps.sh)";
-    GTEST_SKIP() << "curl not found";
-  }
+  DESLOC_REQUIRE_PROGRAM("/usr/bin/curl", "curl");
   const auto dir = fresh_dir("status_http_token");
   const auto cfg = write_text(dir / "job.toml", tiny_job_toml(dir / "out") +
                                                     "[job]\nsites = [\"west\", \"east\"]\n"

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -135,4 +136,20 @@ inline bool have_prepared_corpus() {
   return fs::exists(fs::path(DESLOC_TEST_BROWN) / "dataset.toml");
 }
 
+inline bool under_ci() {
+  const char* ci = std::getenv("CI");
+  return ci != nullptr && std::string(ci) == "true";
+}
+
 }  // namespace desloc::test
+
+// In a test body: skips the test when the program at `path` is not installed, and fails it
+// under CI=true, where scripts/install_deps.sh has installed every package a test needs.
+#define DESLOC_REQUIRE_PROGRAM(path, package)                                                    \
+  do {                                                                                           \
+    if (::access(path, X_OK) != 0) {                                                             \
+      if (::desloc::test::under_ci())                                                            \
+        FAIL() << (path) << " not found; install " << (package) << " (scripts/install_deps.sh)"; \
+      GTEST_SKIP() << (path) << " not found (Debian's " << (package) << " package)";             \
+    }                                                                                            \
+  } while (0)
