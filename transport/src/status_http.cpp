@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <set>
 #include <thread>
 #include <utility>  // before Asio: Boost 1.74 awaitable.hpp uses std::exchange unincluded
@@ -36,6 +37,14 @@ std::string label(const std::string& v) {
     out += c == '\n' ? std::string("\\n") : std::string(1, c);
   }
   return out;
+}
+
+// A sample value as the exposition format spells the special ones: a diverged site reports a
+// NaN loss, and fmt would write "nan".
+std::string prometheus_value(float v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  return fmt::format("{}", v);
 }
 
 void family(std::string& out, const char* name, const char* type, const char* help) {
@@ -98,11 +107,11 @@ std::string prometheus_text(const JobStatus& s) {
          "A rank's site's training loss at its last reported step (nats per token).");
   for (const auto& r : s.ranks)
     out += fmt::format("desloc_rank_loss{{site=\"{}\",rank=\"{}\"}} {}\n", label(r.id.site),
-                       r.id.rank, r.loss);
+                       r.id.rank, prometheus_value(r.loss));
   family(out, "desloc_rank_tokens_per_second", "gauge", "A rank's tokens per second, last step.");
   for (const auto& r : s.ranks)
     out += fmt::format("desloc_rank_tokens_per_second{{site=\"{}\",rank=\"{}\"}} {}\n",
-                       label(r.id.site), r.id.rank, r.tokens_per_s);
+                       label(r.id.site), r.id.rank, prometheus_value(r.tokens_per_s));
   family(out, "desloc_rank_wan_bytes_sent_total", "counter",
          "Wide-area bytes a rank has sent (its share of the cross-site averages).");
   for (const auto& r : s.ranks)
