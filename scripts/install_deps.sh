@@ -17,6 +17,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   iproute2 iperf3 shellcheck tar gzip time
   prometheus curl  # the status endpoint's test: a real Prometheus scrapes a job
+  chromium  # the dashboard's test loads it in a real (headless) browser
   iptables libnetfilter-queue-dev iputils-ping  # the test bed's delays (desloc-netdelay)
   clang-16 libclang-rt-16-dev libomp-16-dev
 )

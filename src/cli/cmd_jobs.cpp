@@ -135,9 +135,13 @@ train::JobConfig load_local_job(const std::string& config_path, const std::strin
 }
 
 constexpr const char* kHttpHelp =
-    "host:port of a read-only status endpoint: /metrics (Prometheus text format) and /api/state "
-    "(JSON); port 0 = any. Loopback unless the job token is configured, which requests to "
-    "another address must then send as `Authorization: Bearer <token>`";
+    "host:port of a read-only status endpoint: a live dashboard at /, /metrics (Prometheus text "
+    "format) and /api/state (JSON); port 0 = any. Loopback unless the job token is configured, "
+    "which requests to another address must then send (`Authorization: Bearer <token>`, or as "
+    "the password a browser asks for)";
+constexpr const char* kTopologyHelp =
+    "with --http: a topology.toml (desloc profile) whose link rates the dashboard and /metrics "
+    "compare each ring link's achieved rate with";
 
 Command add_launch(CLI::App& app) {
   struct Options {
@@ -154,7 +158,8 @@ Command add_launch(CLI::App& app) {
       "stops every rank at a common step with a checkpoint");
   cmd->add_option("-c,--config", o.config_path, "job config (TOML)")->required();
   cmd->add_option("--out-dir", o.launch.out_dir, "override train.out_dir");
-  cmd->add_option("--http", o.launch.http, kHttpHelp);
+  cmd->add_option("--http", o.launch.status.http, kHttpHelp);
+  cmd->add_option("--topology", o.launch.status.topology, kTopologyHelp);
   cmd->add_flag("--quiet", o.quiet, "no progress lines, only warnings and errors");
   cmd->add_flag("--resume", o.resume,
                 "restart the job from the newest checkpoint every rank holds intact (corrupt "
@@ -198,7 +203,8 @@ Command add_profile(CLI::App& app) {
 
 Command add_coordinator(CLI::App& app) {
   struct Options {
-    std::string config_path, listen, http;
+    std::string config_path, listen;
+    cluster::StatusEndpoint status;
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
@@ -208,14 +214,15 @@ Command add_coordinator(CLI::App& app) {
   cmd->add_option("-c,--config", opts->config_path, "job config (TOML)")->required();
   cmd->add_option("--listen", opts->listen,
                   "host:port to listen on (default: job.coordinator; port 0 = any)");
-  cmd->add_option("--http", opts->http, kHttpHelp);
+  cmd->add_option("--http", opts->status.http, kHttpHelp);
+  cmd->add_option("--topology", opts->status.topology, kTopologyHelp);
   return {cmd, [opts] {
             const auto cfg = train::load_config(opts->config_path);
             const bool given = !opts->listen.empty();
             const auto [host, port] =
                 cluster::parse_endpoint(given ? opts->listen : cfg.job.coordinator,
                                         given ? "--listen" : cfg.source + ": job.coordinator");
-            return cluster::run_coordinator(cfg, host, port, opts->http);
+            return cluster::run_coordinator(cfg, host, port, opts->status);
           }};
 }
 

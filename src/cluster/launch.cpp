@@ -24,6 +24,7 @@
 #include "desloc/cluster/cluster.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
+#include "desloc/topology/topology.hpp"
 #include "desloc/transport/control_plane.hpp"
 #include "desloc/transport/status_http.hpp"
 
@@ -80,24 +81,70 @@ transport::CoordinatorOptions coordinator_options(const train::JobConfig& cfg,
 }
 
 // "steps 120..124 of 600, slowest west/1" from the ranks' heartbeats.
+// What the status endpoint shows of the job besides the coordinator's state: its sync
+// settings as the plan, and the topology's link rates when one is given.
+transport::JobDescription describe_job(const train::JobConfig& cfg, const std::string& topology) {
+  transport::JobDescription d;
+  d.sites = cfg.site_names();
+  d.ranks_per_site = static_cast<std::uint32_t>(cfg.job.ranks_per_site);
+  d.steps = cfg.train.steps;
+  d.heartbeat = std::chrono::milliseconds(cfg.job.heartbeat_ms);
+  const sync::SyncConfig& s = cfg.sync;
+  auto add = [&d](std::string key, auto value) {
+    d.plan.emplace_back(std::move(key), fmt::format("{}", value));
+  };
+  add("method", to_string(s.method));
+  if (s.method != SyncMethod::kNone && s.method != SyncMethod::kDdp) {
+    add("kx", s.kx);
+    if (s.method == SyncMethod::kDesloc) {
+      add("ku", s.effective_ku());
+      add("kv", s.effective_kv());
+    }
+    add("phases (x, u, v)", fmt::format("{}, {}, {}", s.phase_x, s.phase_u, s.phase_v));
+    add("overlap", s.overlap);
+    if (s.delays()) {
+      const auto tau = s.effective_delays();
+      add("delay (x, u, v)", fmt::format("{}, {}, {}", tau[0], tau[1], tau[2]));
+    }
+    add("fragments", s.fragments);
+    add("codecs (x, u, v)", fmt::format("{}, {}, {}", s.codec_x, s.codec_u, s.codec_v));
+    if (s.outer != "none") add("outer", fmt::format("{} (lr {})", s.outer, s.outer_lr));
+  }
+  add("lanes", cfg.transport.lanes);
+  add("sites x ranks", fmt::format("{} x {}", d.sites.size(), cfg.job.ranks_per_site));
+  if (!topology.empty()) {
+    const topology::Topology t = topology::load_topology(topology);
+    for (const topology::LinkProfile& l : t.links)
+      d.planned_bytes_per_s[{l.from, l.to}] =
+          l.contended_bps > 0 ? l.contended_bps : l.bandwidth_bps;
+    add("topology", topology);
+  }
+  return d;
+}
+
 // The coordinator's status endpoint when asked for (--http host:port); it stops before the
 // coordinator it reads.
 std::unique_ptr<transport::StatusServer> start_status(const transport::Coordinator& coord,
                                                       const train::JobConfig& cfg,
-                                                      const std::string& http,
+                                                      const StatusEndpoint& endpoint,
                                                       std::optional<transport::JobToken> token) {
-  if (http.empty()) return nullptr;
-  const auto [host, port] = parse_endpoint(http, "--http");
+  if (endpoint.http.empty()) {
+    if (!endpoint.topology.empty())
+      throw ConfigError("--topology " + endpoint.topology +
+                        ": it gives the status endpoint its planned link rates; add --http");
+    return nullptr;
+  }
+  const auto [host, port] = parse_endpoint(endpoint.http, "--http");
   transport::StatusServerOptions o;
   o.bind = host;
   o.port = port;
-  o.sites = cfg.site_names();
-  o.ranks_per_site = static_cast<std::uint32_t>(cfg.job.ranks_per_site);
-  o.steps = cfg.train.steps;
+  o.job = describe_job(cfg, endpoint.topology);
   o.token = std::move(token);
   auto server = std::make_unique<transport::StatusServer>(coord, std::move(o));
   const std::uint16_t bound = server->start();
-  std::fprintf(stderr, "http: serving /metrics (Prometheus) and /api/state on http://%s:%u/\n",
+  std::fprintf(stderr,
+               "http: serving the dashboard, /metrics (Prometheus) and /api/state on "
+               "http://%s:%u/\n",
                host.c_str(), bound);
   std::fflush(stderr);
   return server;
@@ -261,11 +308,11 @@ bool pump(Child& c) {
 }  // namespace
 
 int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::uint16_t port,
-                    const std::string& http) {
+                    const StatusEndpoint& endpoint) {
   const transport::JobToken token = job_token(cfg);
   transport::Coordinator coord(coordinator_options(cfg, token, bind));
   const std::uint16_t bound = coord.start(port);
-  const auto status = start_status(coord, cfg, http, token);
+  const auto status = start_status(coord, cfg, endpoint, token);
   const auto sites = cfg.site_names();
   std::printf(
       "coordinator: listening on %s:%u for %zu site(s) x %d rank(s) [%s], config hash %016llx\n",
@@ -340,7 +387,7 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
   // A token launch made up for this job protects nothing a user could present: without one of
   // the user's, the endpoint stays on loopback.
   const auto status =
-      start_status(coord, cfg, opts.http, env.empty() ? std::optional(token) : std::nullopt);
+      start_status(coord, cfg, opts.status, env.empty() ? std::optional(token) : std::nullopt);
 
   std::error_code ec;
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();

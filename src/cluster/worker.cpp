@@ -481,6 +481,7 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
 train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& opts) {
   Session ss = join_job(cfg, opts, false);
   std::optional<sync::CollectiveAverager> averager;
+  sync::SyncMeter meter;  // outlives the averagers of every epoch: its counters only grow
   train::RankContext ctx;
   ctx.site = ss.home_site;
   ctx.rank = ss.rank;
@@ -491,6 +492,7 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
     sync::PayloadGuard guard;  // names the sites in its warnings (ring positions)
     guard.site_names = ss.sites;
     averager->set_payload_guard(guard);
+    averager->set_sync_meter(&meter);
     ctx.wan_successor =
         ss.S > 1 ? fmt::format("{}/{}", ss.sites[std::size_t((ss.site_index + 1) % ss.S)], ss.rank)
                  : std::string();
@@ -512,8 +514,9 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   };
   bind_groups();
   ctx.on_step = [&ss](std::int64_t step) { ss.client->set_step(static_cast<std::uint64_t>(step)); };
-  ctx.on_progress = [&ss](float loss, double tokens_per_s, std::uint64_t wan_bytes) {
-    ss.client->set_progress(loss, static_cast<float>(tokens_per_s), wan_bytes);
+  ctx.on_progress = [&ss, &meter](transport::RankReport report) {
+    meter.fill(report);
+    ss.client->set_report(report);
   };
   if (cfg.job.on_site_failure == "continue") {
     ctx.recovery_pending = [&ss] { return ss.client->recovery_pending(); };

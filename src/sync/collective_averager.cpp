@@ -2,6 +2,8 @@
 #include "desloc/sync/collective_averager.hpp"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <exception>
 #include <string>
 #include <thread>
@@ -35,8 +37,22 @@ void CollectiveAverager::average_across_sites(optim::StateKind kind,
   const std::span<float> shard = data.subspan(mine.offset, mine.count);
 
   const auto k = static_cast<std::size_t>(kind);
+  const auto start = std::chrono::steady_clock::now();
+  const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   if (codec_[k] && !codec_[k]->reference.empty()) {
+    const auto sent = [this] {
+      return wan_.bytes()[CollectiveOp::kAllReduce].sent +
+             wan_.bytes()[CollectiveOp::kAllGather].sent;
+    };
+    const std::uint64_t before = sent();
     across_sites_compressed(kind, data, shard, mine);
+    if (meter_ != nullptr) {
+      const double seconds = seconds_since(start);
+      const SyncMeter::LaneSample lane{sent() - before, seconds};
+      meter_->record(seconds, std::span(&lane, 1));
+    }
     return;
   }
   const std::uint64_t wan_before = wan_.bytes()[CollectiveOp::kAllReduce].sent;
@@ -46,37 +62,48 @@ void CollectiveAverager::average_across_sites(optim::StateKind kind,
                                  static_cast<std::uint32_t>(r)};
   const int kept = guard(kind, data, shard);
   wan_.set_label(label);
+  std::array<SyncMeter::LaneSample, 2> lanes{};
   if (wan_reverse_ == nullptr) {
+    const auto t0 = std::chrono::steady_clock::now();
     wan_.all_reduce_sum(shard);
+    lanes[0].seconds = seconds_since(t0);
   } else {
     // Two lanes at once, one thread each (a collective serves one thread at a time).
     const transport::Range a = transport::block(shard.size(), 2, 0);
     const transport::Range b = transport::block(shard.size(), 2, 1);
     wan_reverse_->set_label(label);
     std::exception_ptr lane_error;
+    const auto t0 = std::chrono::steady_clock::now();
     std::thread lane([&] {
       try {
         wan_reverse_->all_reduce_sum(shard.subspan(b.offset, b.count));
+        lanes[1].seconds = seconds_since(t0);
       } catch (...) {
         lane_error = std::current_exception();
       }
     });
     try {
       wan_.all_reduce_sum(shard.subspan(a.offset, a.count));
+      lanes[0].seconds = seconds_since(t0);
     } catch (...) {
       lane.join();
       throw;
     }
     lane.join();
     if (lane_error) std::rethrow_exception(lane_error);
+    lanes[1].bytes = wan_reverse_->bytes()[CollectiveOp::kAllReduce].sent - reverse_before;
     const std::lock_guard lock(traffic_mu_);
-    traffic_.wire[static_cast<std::size_t>(kind)] +=
-        wan_reverse_->bytes()[CollectiveOp::kAllReduce].sent - reverse_before;
+    traffic_.wire[static_cast<std::size_t>(kind)] += lanes[1].bytes;
   }
   const auto size = static_cast<float>(kept);
   for (float& x : shard) x /= size;  // a division, not a reciprocal: correctly rounded
-  const std::lock_guard lock(traffic_mu_);
-  traffic_.wire[k] += wan_.bytes()[CollectiveOp::kAllReduce].sent - wan_before;
+  lanes[0].bytes = wan_.bytes()[CollectiveOp::kAllReduce].sent - wan_before;
+  {
+    const std::lock_guard lock(traffic_mu_);
+    traffic_.wire[k] += lanes[0].bytes;
+  }
+  if (meter_ != nullptr)
+    meter_->record(seconds_since(start), std::span(lanes.data(), wan_reverse_ != nullptr ? 2 : 1));
 }
 
 void CollectiveAverager::complete_average(optim::StateKind kind,

@@ -499,8 +499,15 @@ void TrainingRun::record_step(const StepResult& s) {
       networked_ && rank_->site_group != nullptr ? rank_->site_group->bytes().total().sent : 0;
   result_.last_train_loss = site_losses_.at(0);
   metrics_->write(r);
-  if (networked_ && rank_->on_progress)
-    rank_->on_progress(s.loss, r.tokens_per_s, r.wire_by_worker.at(0));
+  guard_rejections_ += averager_->rejections().size();
+  if (networked_ && rank_->on_progress) {
+    transport::RankReport report;
+    report.loss = s.loss;
+    report.tokens_per_s = static_cast<float>(r.tokens_per_s);
+    report.wan_bytes_sent = r.wire_by_worker.at(0);
+    report.guard_rejections = guard_rejections_;
+    rank_->on_progress(report);
+  }
   for (const sync::Rejection& rj : averager_->rejections())
     metrics_->write(RejectionRecord{rj.step, optim::to_string(rj.state),
                                     averager_->payload_guard().site_name(rj.site), rj.reason});
@@ -524,8 +531,8 @@ void TrainingRun::evaluate(std::int64_t step) {
 
 void TrainingRun::save(std::int64_t step) {
   const std::string path = checkpoint_path(checkpoint_dir(cfg_, rank_), step);
-  Checkpoint ck = to_checkpoint(capture_state(step, tokens_seen_, sites_, shared()),
-                                job_hash(), writer());
+  Checkpoint ck =
+      to_checkpoint(capture_state(step, tokens_seen_, sites_, shared()), job_hash(), writer());
   ck.model = CheckpointModel{cfg_.model, dataset_.tokenizer, dataset_.tokenizer_hash,
                              dataset_.tokenizer_file.empty()
                                  ? std::string()

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -66,6 +67,26 @@ struct Process {
     return {std::istreambuf_iterator<char>(in), {}};
   }
 };
+
+// The child of `parent` whose command line holds `arg` as one argument; -1 if none.
+inline pid_t child_with_argument(pid_t parent, const std::string& arg) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), {});
+    const auto close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != parent)
+      continue;
+    std::ifstream cmdline(entry.path() / "cmdline");
+    for (std::string a; std::getline(cmdline, a, '\0');)
+      if (a == arg) return static_cast<pid_t>(std::stol(name));
+  }
+  return -1;
+}
 
 // A job run by hand: the coordinator on an ephemeral port, and workers started one by one.
 struct Cluster {

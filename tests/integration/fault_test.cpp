@@ -389,26 +389,6 @@ TEST(FaultSuite, SiteDyingRightAfterTheFirstMembershipIsSurvivedOnEveryShardAndL
   expect_death_at_the_first_membership_is_survived(2, 2);
 }
 
-// The child of `parent` whose command line holds `arg` as one argument; -1 if none.
-pid_t child_with_argument(pid_t parent, const std::string& arg) {
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), {});
-    const auto close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    char state = 0;
-    int ppid = 0;
-    if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != parent)
-      continue;
-    std::ifstream cmdline(entry.path() / "cmdline");
-    for (std::string a; std::getline(cmdline, a, '\0');)
-      if (a == arg) return static_cast<pid_t>(std::stol(name));
-  }
-  return -1;
-}
-
 // `desloc launch` with one site frozen (SIGSTOP) mid-run: the coordinator drops it after the
 // heartbeat timeout and the survivors finish. Launch must then end the frozen ranks itself and
 // exit 0 (the job finished without that site), not wait for them forever.

@@ -1,47 +1,24 @@
 // The coordinator's status endpoint during a real `desloc launch` job (issue 17): /metrics in
 // the Prometheus text format passes `promtool check metrics` and is scraped by a real
 // Prometheus server started here on loopback, which then answers a query; /api/state is JSON;
-// the endpoint refuses anything but reads.
+// the endpoint refuses anything but reads, and bad clients (slow, oversized, garbage) neither
+// hold it up nor disturb the job. dashboard_test.cpp loads `/` in a real browser.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <cerrno>
+#include <optional>
+
 #include <nlohmann/json.hpp>
 
 #include "cluster_env.hpp"
+#include "http_env.hpp"
 #include "test_env.hpp"
 
 using namespace desloc::test;
 
 namespace {
-
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
-
-// A port nobody listens on now (the kernel's pick for a socket bound to port 0).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// Waits until `probe` is true or `seconds` pass.
-template <class Probe>
-bool eventually(Probe&& probe, int seconds) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    if (probe()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return false;
-}
 
 TEST(StatusHttp, PrometheusScrapesARunningJob) {
   DESLOC_REQUIRE_PROGRAM("/usr/bin/prometheus", "prometheus");
@@ -53,26 +30,19 @@ TEST(StatusHttp, PrometheusScrapesARunningJob) {
   toml.replace(toml.find("steps = 20"), 10, "steps = 100000");
   toml += "[sync]\nmethod = \"desloc\"\nkx = 4\n[job]\nsites = [\"west\", \"east\"]\n";
   const auto cfg = write_text(dir / "job.toml", toml);
-  Process job = Process::start(
-      {DESLOC_CLI, "launch", "--config", cfg.string(), "--http", "127.0.0.1:0", "--quiet"},
-      dir / "launch.log");
-  int port = 0;
-  ASSERT_TRUE(eventually(
-      [&] {
-        const std::string out = job.output();
-        const auto at = out.find("on http://127.0.0.1:");
-        if (at != std::string::npos) port = std::atoi(out.c_str() + at + 20);
-        return port != 0;
-      },
-      30))
-      << job.output();
+  const auto topology = write_topology(dir / "topology.toml", {"west", "east"}, 800.0);
+  Process job = Process::start({DESLOC_CLI, "launch", "--config", cfg.string(), "--http",
+                                "127.0.0.1:0", "--topology", topology.string(), "--quiet"},
+                               dir / "launch.log");
+  const int port = http_port(job);
+  ASSERT_NE(port, 0) << job.output();
   const std::string base = "http://127.0.0.1:" + std::to_string(port);
   auto get = [&](const std::string& path, const std::string& flags = "") {
     return run_command("curl -s -S --max-time 10 " + flags + " '" + base + path + "'");
   };
 
-  // The membership forms and the ranks report steps and losses (a heartbeat may carry a step
-  // just before its loss, so wait for both).
+  // The membership forms and the ranks report steps, losses and syncs (a heartbeat may carry a
+  // step just before its loss, so wait for both).
   const std::string loss_line = "desloc_rank_loss{site=\"west\",rank=\"0\"} ";
   auto loss_of = [&](const std::string& m) {
     const auto at = m.find(loss_line);
@@ -85,7 +55,9 @@ TEST(StatusHttp, PrometheusScrapesARunningJob) {
         return contains(metrics, "desloc_membership_epoch 1") &&
                contains(metrics, "desloc_rank_step{site=\"east\",rank=\"0\"}") &&
                !contains(metrics, "desloc_rank_step{site=\"east\",rank=\"0\"} 0\n") &&
-               loss_of(metrics) > 0.0;
+               loss_of(metrics) > 0.0 &&
+               contains(metrics,
+                        "desloc_link_achieved_bytes_per_second{from=\"west\",to=\"east\"}");
       },
       60))
       << metrics << job.output();
@@ -101,6 +73,23 @@ TEST(StatusHttp, PrometheusScrapesARunningJob) {
         "desloc_site_live{site=\"west\"} 1", "desloc_rank_missing{site=\"west\",rank=\"0\"} 0",
         "# TYPE desloc_rank_step gauge"})
     EXPECT_TRUE(contains(metrics, line)) << line << "\n" << metrics;
+  // Per link: bytes, the achieved rate of the last syncs and the planned one (800 Mbit/s in
+  // the topology); the syncs' durations as a histogram per rank.
+  auto value_of = [&](const std::string& series) {
+    const auto at = metrics.find(series + " ");
+    return at == std::string::npos ? -1.0 : std::atof(metrics.c_str() + at + series.size() + 1);
+  };
+  EXPECT_GT(value_of("desloc_link_bytes_sent_total{from=\"west\",to=\"east\"}"), 0.0) << metrics;
+  EXPECT_GT(value_of("desloc_link_achieved_bytes_per_second{from=\"east\",to=\"west\"}"), 0.0)
+      << metrics;
+  EXPECT_EQ(value_of("desloc_link_planned_bytes_per_second{from=\"west\",to=\"east\"}"), 1e8)
+      << metrics;
+  EXPECT_TRUE(contains(metrics, "# TYPE desloc_sync_duration_seconds histogram")) << metrics;
+  EXPECT_GT(value_of("desloc_sync_duration_seconds_count{site=\"west\",rank=\"0\"}"), 0.0)
+      << metrics;
+  EXPECT_EQ(value_of("desloc_payload_guard_rejections_total{site=\"west\",rank=\"0\"}"), 0.0);
+  EXPECT_EQ(value_of("desloc_recoveries_total"), 0.0);
+  EXPECT_EQ(value_of("desloc_rank_heartbeats_missed{site=\"east\",rank=\"0\"}"), 0.0);
   write_text(dir / "metrics.txt", metrics);
   const auto check =
       run_command("promtool check metrics < '" + (dir / "metrics.txt").string() + "'");
@@ -112,6 +101,17 @@ TEST(StatusHttp, PrometheusScrapesARunningJob) {
   EXPECT_EQ(state["ring"], nlohmann::json::array({"west", "east"}));
   ASSERT_EQ(state["ranks"].size(), 2u);
   EXPECT_GT(state["ranks"][0]["step"].get<int>(), 0);
+  EXPECT_EQ(state["plan"]["kx"], "4");
+  EXPECT_EQ(state["site_state"]["east"], "live");
+  ASSERT_EQ(state["epochs"].size(), 1u);
+  EXPECT_EQ(state["epochs"][0]["ring"], nlohmann::json::array({"west", "east"}));
+  EXPECT_FALSE(state["losses"]["west"].empty()) << state.dump();
+  ASSERT_EQ(state["links"].size(), 2u) << state.dump();
+  EXPECT_EQ(state["links"][0]["planned_bytes_per_s"], 1e8);
+  // The dashboard is one self-contained page.
+  const std::string page = get("/").output;
+  EXPECT_TRUE(contains(page, "<title>desloc job</title>")) << page.substr(0, 200);
+  EXPECT_FALSE(contains(page, "src=\"http")) << "the page must need nothing but the coordinator";
 
   // Read-only: anything but GET/HEAD is refused; unknown paths are 404.
   EXPECT_EQ(get("/metrics", "-o /dev/null -w '%{http_code}' -X POST").output, "405");
@@ -155,6 +155,109 @@ TEST(StatusHttp, PrometheusScrapesARunningJob) {
   EXPECT_EQ(job.wait(std::chrono::seconds(60)), 130) << job.output();
 }
 
+// A raw client: connects to 127.0.0.1:port and sends `bytes`; read_all() returns what the
+// server sent until it closed, or nullopt when it has not closed within `seconds`.
+struct RawClient {
+  int fd = -1;
+  explicit RawClient(int port) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fd = -1;
+  }
+  ~RawClient() {
+    if (fd >= 0) ::close(fd);
+  }
+  void send(const std::string& bytes) const {
+    (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  }
+  std::optional<std::string> read_all(int seconds) const {
+    timeval tv{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string got;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < end) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n > 0) got.append(buf, static_cast<std::size_t>(n));
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return got;
+    }
+    return std::nullopt;
+  }
+};
+
+// Issue 17's bad input: a port in use, a client that never finishes its request (slow-loris), an
+// oversized header and garbage. Each is refused or timed out, the endpoint keeps answering
+// everyone else meanwhile, and the job trains on.
+TEST(StatusHttp, BadClientsAreRefusedOrTimedOutAndTheJobTrainsOn) {
+  DESLOC_REQUIRE_PROGRAM("/usr/bin/curl", "curl");
+  ASSERT_TRUE(have_prepared_corpus());
+  const auto dir = fresh_dir("status_http_bad");
+  std::string toml = tiny_job_toml(dir / "out");
+  toml.replace(toml.find("steps = 20"), 10, "steps = 100000");
+  toml += "[sync]\nmethod = \"desloc\"\nkx = 4\n[job]\nsites = [\"west\", \"east\"]\n";
+  const auto cfg = write_text(dir / "job.toml", toml);
+  Process job = Process::start(
+      {DESLOC_CLI, "launch", "--config", cfg.string(), "--http", "127.0.0.1:0", "--quiet"},
+      dir / "launch.log");
+  const int port = http_port(job);
+  ASSERT_NE(port, 0) << job.output();
+  const std::string url = "'http://127.0.0.1:" + std::to_string(port);
+  auto code = [&](const std::string& path) {
+    return run_command("curl -s --max-time 5 -o /dev/null -w '%{http_code}' " + url + path + "'")
+        .output;
+  };
+  auto step = [&] {
+    const auto state = nlohmann::json::parse(
+        run_command("curl -s --max-time 5 " + url + "/api/state'").output, nullptr, false);
+    if (state.is_discarded() || state["ranks"].empty()) return std::int64_t{0};
+    return state["ranks"][0]["step"].get<std::int64_t>();
+  };
+  ASSERT_TRUE(eventually([&] { return step() > 0; }, 60)) << job.output();
+
+  // The port is taken: a second endpoint says so and exits, naming it.
+  const auto taken =
+      run_command("DESLOC_JOB_TOKEN=another " + std::string(DESLOC_CLI) + " coordinator --config " +
+                  cfg.string() + " --listen 127.0.0.1:0 --http 127.0.0.1:" + std::to_string(port));
+  EXPECT_NE(taken.exit_code, 0) << taken.output;
+  EXPECT_TRUE(contains(taken.output, "127.0.0.1:" + std::to_string(port) + ": cannot listen"))
+      << taken.output;
+
+  // A slow-loris client holds a half-sent request open; others are served meanwhile, and the
+  // endpoint hangs up on it at its 10 s deadline.
+  const RawClient slow(port);
+  ASSERT_GE(slow.fd, 0);
+  slow.send("GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+  const auto slow_start = std::chrono::steady_clock::now();
+  EXPECT_EQ(code("/metrics"), "200");
+  // An oversized header (beyond Beast's 8 KiB limit) and garbage: closed without an answer.
+  const RawClient big(port);
+  big.send("GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(64 * 1024, 'a') + "\r\n\r\n");
+  const auto big_answer = big.read_all(15);
+  ASSERT_TRUE(big_answer.has_value()) << "the oversized request was left open";
+  EXPECT_FALSE(contains(*big_answer, "200 OK")) << *big_answer;
+  const RawClient garbage(port);
+  garbage.send(std::string("\x16\x03\x01\x00\xff garbage \0\r\n\r\n", 24));
+  const auto garbage_answer = garbage.read_all(15);
+  ASSERT_TRUE(garbage_answer.has_value()) << "the garbage request was left open";
+  EXPECT_FALSE(contains(*garbage_answer, "200 OK")) << *garbage_answer;
+  const auto slow_answer = slow.read_all(20);
+  ASSERT_TRUE(slow_answer.has_value()) << "the slow client was never timed out";
+  const double held =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - slow_start).count();
+  EXPECT_GE(held, 8.0);
+  EXPECT_LE(held, 15.0);
+
+  // None of it disturbed the job: it trained on, and the endpoint still answers.
+  const std::int64_t before = step();
+  EXPECT_TRUE(eventually([&] { return step() > before; }, 30)) << job.output();
+  EXPECT_EQ(code("/api/state"), "200");
+  ::kill(job.pid, SIGINT);
+  EXPECT_EQ(job.wait(std::chrono::seconds(60)), 130) << job.output();
+}
+
 TEST(StatusHttp, OnAnotherAddressRequestsMustPresentTheJobToken) {
   DESLOC_REQUIRE_PROGRAM("/usr/bin/curl", "curl");
   const auto dir = fresh_dir("status_http_token");
@@ -179,6 +282,12 @@ TEST(StatusHttp, OnAnotherAddressRequestsMustPresentTheJobToken) {
   EXPECT_EQ(run_command(code + url).output, "401");
   EXPECT_EQ(run_command(code + "-H 'Authorization: Bearer wrong' " + url).output, "401");
   EXPECT_EQ(run_command(code + "-H 'Authorization: Bearer s3cret-token' " + url).output, "200");
+  // A browser sends the token as the password of its Basic prompt, which a 401 offers.
+  EXPECT_EQ(run_command(code + "-u 'anyone:s3cret-token' " + url).output, "200");
+  EXPECT_EQ(run_command(code + "-u 'anyone:wrong' " + url).output, "401");
+  EXPECT_EQ(run_command(code + "-H 'Authorization: Basic !!notbase64!!' " + url).output, "401");
+  const auto headers = run_command("curl -s --max-time 10 -D - -o /dev/null " + url).output;
+  EXPECT_TRUE(contains(headers, "Basic realm=")) << headers;
   const auto body =
       run_command("curl -s --max-time 10 -H 'Authorization: Bearer s3cret-token' " + url).output;
   EXPECT_TRUE(contains(body, "desloc_ranks_registered 0")) << body;

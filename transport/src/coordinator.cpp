@@ -16,6 +16,7 @@
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/transport/control_plane.hpp"
+#include "desloc/transport/job_history.hpp"
 #include "desloc/transport/membership.hpp"
 
 namespace desloc::transport {
@@ -40,8 +41,10 @@ struct Coordinator::Impl final : SessionOwner {
   std::thread thread;
   std::atomic<std::uint16_t> bound_port{0};
 
-  mutable std::mutex mu;  // guards the roster and error against the query functions
+  mutable std::mutex mu;  // guards the roster, history and error against the query functions
   Roster roster;
+  JobHistory history;
+  const Clock::time_point started = Clock::now();
   std::exception_ptr error;
 
   // io-thread only
@@ -54,6 +57,8 @@ struct Coordinator::Impl final : SessionOwner {
   void run();
   // Feeds one event to the roster and carries out its decision.
   MembershipDecision apply(const MembershipEvent& event);
+  // Under mu, after the roster took `event`: what the history keeps of it.
+  void observe(const MembershipEvent& event);
   void carry_out(const MembershipDecision& decision);
 
   std::optional<Reject> admit(const std::shared_ptr<CoordinatorSession>& session,
@@ -67,9 +72,22 @@ MembershipDecision Coordinator::Impl::apply(const MembershipEvent& event) {
   {
     std::lock_guard lock(mu);
     d = roster.on(event);
+    observe(event);
   }
   if (!d.reject) carry_out(d);
   return d;
+}
+
+void Coordinator::Impl::observe(const MembershipEvent& event) {
+  const MembershipState& s = roster.state();
+  if (s.membership)
+    history.membership(*s.membership,
+                       std::chrono::duration<double>(Clock::now() - started).count());
+  if (const auto* hb = std::get_if<HeartbeatEvent>(&event)) {
+    const auto it = s.ranks.find(hb->id);
+    if (it != s.ranks.end() && it->second.connection == hb->connection && !it->second.joining)
+      history.heartbeat(hb->id.site, hb->id.rank, hb->step, hb->report);
+  }
 }
 
 void Coordinator::Impl::carry_out(const MembershipDecision& d) {
@@ -88,8 +106,10 @@ std::optional<Reject> Coordinator::Impl::admit(const std::shared_ptr<Coordinator
   MembershipDecision d;
   {
     std::lock_guard lock(mu);
-    d = roster.on(HelloEvent{id, h.worker_address, h.epoch, session->name(), session->connection(),
-                             Clock::now()});
+    const MembershipEvent hello = HelloEvent{
+        id, h.worker_address, h.epoch, session->name(), session->connection(), Clock::now()};
+    d = roster.on(hello);
+    observe(hello);
   }
   if (d.reject) return d.reject;
   routes[id] = session;
@@ -103,8 +123,7 @@ void Coordinator::Impl::rank_frame(const CoordinatorSession& s, const Frame& fra
   switch (frame.type) {
     case MessageType::kHeartbeat: {
       const auto hb = decode<Heartbeat>(frame);
-      d = apply(HeartbeatEvent{s.id(), s.connection(), hb.epoch, hb.step, now, hb.loss,
-                               hb.tokens_per_s, hb.wan_bytes_sent});
+      d = apply(HeartbeatEvent{s.id(), s.connection(), hb.epoch, hb.step, now, hb.report});
       break;
     }
     case MessageType::kRecover:
@@ -273,6 +292,11 @@ std::optional<Membership> Coordinator::membership() const {
 std::vector<RankProgress> Coordinator::progress() const {
   std::lock_guard lock(impl_->mu);
   return impl_->roster.progress(Clock::now());
+}
+
+JobHistory Coordinator::history() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->history;
 }
 
 std::vector<RankId> Coordinator::missing() const {

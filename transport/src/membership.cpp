@@ -261,9 +261,7 @@ void Roster::Step::heartbeat(const HeartbeatEvent& e) {
   if (r == nullptr) return;  // its site left the job; it learns so from the membership
   r->last_seen = e.now;
   r->step = e.step;
-  r->loss = e.loss;
-  r->tokens_per_s = e.tokens_per_s;
-  r->wan_bytes_sent = e.wan_bytes_sent;
+  r->report = e.report;
   if (r->silent) {
     say(log::Level::kInfo, fmt::format("{} is heartbeating again (step {})", e.id.str(), e.step));
     r->silent = false;
@@ -579,8 +577,8 @@ std::vector<RankProgress> Roster::progress(Clock::time_point now) const {
   std::vector<RankProgress> out;
   for (const auto& [id, r] : state_.ranks)
     out.push_back({id, r.step, r.connected(),
-                   std::chrono::duration_cast<std::chrono::milliseconds>(now - r.last_seen), r.loss,
-                   r.tokens_per_s, r.wan_bytes_sent});
+                   std::chrono::duration_cast<std::chrono::milliseconds>(now - r.last_seen),
+                   r.report});
   return out;
 }
 

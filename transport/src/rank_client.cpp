@@ -61,8 +61,7 @@ struct RankClient::Impl {
   Clock::time_point connect_deadline;
   std::string last_connect_error;
   std::atomic<std::uint64_t> step{0};
-  std::atomic<float> loss{0.0f}, tokens_per_s{0.0f};
-  std::atomic<std::uint64_t> wan_bytes_sent{0};
+  RankReport report;  // guarded by mu
   std::atomic<bool> paused{false};
   std::atomic<bool> closing{false};   // set by close(), read by handlers
   std::atomic<bool> recovery{false};  // a Recovery arrived and no newer membership yet
@@ -329,13 +328,14 @@ void RankClient::Impl::schedule_heartbeat() {
   heartbeat_timer.async_wait([this](const boost::system::error_code& ec) {
     if (ec || closing || conn->closed()) return;
     if (!paused) {
-      std::uint64_t epoch = 0;
+      Heartbeat hb;
       {
         std::lock_guard lock(mu);
-        if (membership) epoch = membership->epoch;
+        if (membership) hb.epoch = membership->epoch;
+        hb.report = report;
       }
-      conn->send(encode(
-          Heartbeat{epoch, step.load(), loss.load(), tokens_per_s.load(), wan_bytes_sent.load()}));
+      hb.step = step.load();
+      conn->send(encode(hb));
     }
     schedule_heartbeat();
   });
@@ -415,10 +415,9 @@ Membership RankClient::wait_membership(Clock::time_point deadline) {
 
 void RankClient::set_step(std::uint64_t step) { impl_->step = step; }
 
-void RankClient::set_progress(float loss, float tokens_per_s, std::uint64_t wan_bytes_sent) {
-  impl_->loss = loss;
-  impl_->tokens_per_s = tokens_per_s;
-  impl_->wan_bytes_sent = wan_bytes_sent;
+void RankClient::set_report(const RankReport& report) {
+  std::lock_guard lock(impl_->mu);
+  impl_->report = report;
 }
 
 std::vector<std::string> RankClient::lost_peers() const {

@@ -1,6 +1,6 @@
-// The coordinator's read-only HTTP endpoint (status_http.hpp): rendering the job's status as
-// Prometheus text and JSON, and a small Boost.Beast server, one request per connection, with
-// a deadline on every read and write.
+// The coordinator's read-only HTTP endpoint (status_http.hpp): a small Boost.Beast server, one
+// request per connection, with a deadline on every read and write (the views it serves are in
+// status_render.cpp, the dashboard in dashboard.html).
 #include "desloc/transport/status_http.hpp"
 
 #include <fmt/format.h>
@@ -8,13 +8,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
-#include <set>
 #include <thread>
 #include <utility>  // before Asio: Boost 1.74 awaitable.hpp uses std::exchange unincluded
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
+#include <boost/beast/core/detail/base64.hpp>
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
@@ -29,26 +28,21 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
-// A label value in the exposition format: backslash, double quote and line feed escaped.
-std::string label(const std::string& v) {
-  std::string out;
-  for (const char c : v) {
-    if (c == '\\' || c == '"') out += '\\';
-    out += c == '\n' ? std::string("\\n") : std::string(1, c);
-  }
-  return out;
-}
-
-// A sample value as the exposition format spells the special ones: a diverged site reports a
-// NaN loss, and fmt would write "nan".
-std::string prometheus_value(float v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  return fmt::format("{}", v);
-}
-
-void family(std::string& out, const char* name, const char* type, const char* help) {
-  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+// The job token from `Authorization: Bearer <token>` or `Basic base64(<any user>:<token>)`.
+bool authorized(std::string_view field, const JobToken& token) {
+  if (field.starts_with("Bearer ")) return token.matches(field.substr(7));
+  if (!field.starts_with("Basic ")) return false;
+  const std::string_view encoded = field.substr(6);
+  if (encoded.size() > 4096 || encoded.size() % 4 != 0) return false;  // padded, as RFC 7617
+  std::string decoded(beast::detail::base64::decoded_size(encoded.size()), '\0');
+  const auto [written, read] =
+      beast::detail::base64::decode(decoded.data(), encoded.data(), encoded.size());
+  // decode() stops at the padding or at the first character outside the alphabet.
+  const std::size_t padding = encoded.size() - encoded.find_last_not_of('=') - 1;
+  if (padding > 2 || read + padding != encoded.size()) return false;
+  decoded.resize(written);
+  const auto colon = decoded.find(':');
+  return colon != std::string::npos && token.matches(std::string_view(decoded).substr(colon + 1));
 }
 
 bool is_loopback(const std::string& host) {
@@ -58,110 +52,6 @@ bool is_loopback(const std::string& host) {
 }
 
 }  // namespace
-
-JobStatus read_status(const Coordinator& c, std::vector<std::string> sites,
-                      std::uint32_t ranks_per_site, std::int64_t steps, double uptime_s) {
-  JobStatus s;
-  s.sites = std::move(sites);
-  s.ranks_per_site = ranks_per_site;
-  s.steps = steps;
-  s.registered = c.registered();
-  s.membership = c.membership();
-  s.ranks = c.progress();
-  s.missing = c.missing();
-  s.departed = c.departed();
-  s.uptime_s = uptime_s;
-  return s;
-}
-
-std::string prometheus_text(const JobStatus& s) {
-  std::string out;
-  const std::set<RankId> missing(s.missing.begin(), s.missing.end());
-  std::set<std::string> live;
-  if (s.membership)
-    for (const auto& m : s.membership->members) live.insert(m.site);
-  family(out, "desloc_up", "gauge", "1 while the coordinator serves the job.");
-  out += "desloc_up 1\n";
-  family(out, "desloc_uptime_seconds", "gauge", "Seconds since the coordinator started.");
-  out += fmt::format("desloc_uptime_seconds {:.3f}\n", s.uptime_s);
-  family(out, "desloc_train_steps", "gauge", "The job's train.steps.");
-  out += fmt::format("desloc_train_steps {}\n", s.steps);
-  family(out, "desloc_membership_epoch", "gauge",
-         "The membership epoch (0 until every rank has registered).");
-  out += fmt::format("desloc_membership_epoch {}\n", s.membership ? s.membership->epoch : 0);
-  family(out, "desloc_ranks_expected", "gauge", "Sites x ranks per site.");
-  out += fmt::format("desloc_ranks_expected {}\n", s.sites.size() * s.ranks_per_site);
-  family(out, "desloc_ranks_registered", "gauge", "Ranks registered with the coordinator.");
-  out += fmt::format("desloc_ranks_registered {}\n", s.registered);
-  family(out, "desloc_site_live", "gauge",
-         "1 for a site in the current membership, 0 for one dropped or not yet joined.");
-  for (const auto& site : s.sites)
-    out += fmt::format("desloc_site_live{{site=\"{}\"}} {}\n", label(site), live.count(site));
-  family(out, "desloc_sites_departed_total", "counter", "Sites dropped from the job so far.");
-  out += fmt::format("desloc_sites_departed_total {}\n", s.departed.size());
-  family(out, "desloc_rank_step", "gauge", "The last step a rank reported in a heartbeat.");
-  for (const auto& r : s.ranks)
-    out += fmt::format("desloc_rank_step{{site=\"{}\",rank=\"{}\"}} {}\n", label(r.id.site),
-                       r.id.rank, r.step);
-  family(out, "desloc_rank_loss", "gauge",
-         "A rank's site's training loss at its last reported step (nats per token).");
-  for (const auto& r : s.ranks)
-    out += fmt::format("desloc_rank_loss{{site=\"{}\",rank=\"{}\"}} {}\n", label(r.id.site),
-                       r.id.rank, prometheus_value(r.loss));
-  family(out, "desloc_rank_tokens_per_second", "gauge", "A rank's tokens per second, last step.");
-  for (const auto& r : s.ranks)
-    out += fmt::format("desloc_rank_tokens_per_second{{site=\"{}\",rank=\"{}\"}} {}\n",
-                       label(r.id.site), r.id.rank, prometheus_value(r.tokens_per_s));
-  family(out, "desloc_rank_wan_bytes_sent_total", "counter",
-         "Wide-area bytes a rank has sent (its share of the cross-site averages).");
-  for (const auto& r : s.ranks)
-    out += fmt::format("desloc_rank_wan_bytes_sent_total{{site=\"{}\",rank=\"{}\"}} {}\n",
-                       label(r.id.site), r.id.rank, r.wan_bytes_sent);
-  family(out, "desloc_rank_connected", "gauge", "1 while a rank's control connection is open.");
-  for (const auto& r : s.ranks)
-    out += fmt::format("desloc_rank_connected{{site=\"{}\",rank=\"{}\"}} {}\n", label(r.id.site),
-                       r.id.rank, r.connected ? 1 : 0);
-  family(out, "desloc_rank_silent_seconds", "gauge", "Seconds since a rank's last frame.");
-  for (const auto& r : s.ranks)
-    out += fmt::format("desloc_rank_silent_seconds{{site=\"{}\",rank=\"{}\"}} {:.3f}\n",
-                       label(r.id.site), r.id.rank, r.silent.count() / 1e3);
-  family(out, "desloc_rank_missing", "gauge",
-         "1 for a registered rank silent past job.heartbeat_timeout_ms.");
-  for (const auto& r : s.ranks)
-    out += fmt::format("desloc_rank_missing{{site=\"{}\",rank=\"{}\"}} {}\n", label(r.id.site),
-                       r.id.rank, missing.count(r.id));
-  return out;
-}
-
-std::string status_json(const JobStatus& s) {
-  nlohmann::json j;
-  j["sites"] = s.sites;
-  j["ranks_per_site"] = s.ranks_per_site;
-  j["train_steps"] = s.steps;
-  j["registered"] = s.registered;
-  j["uptime_s"] = s.uptime_s;
-  j["epoch"] = s.membership ? s.membership->epoch : 0;
-  nlohmann::json ring = nlohmann::json::array();
-  if (s.membership)
-    for (const auto i : s.membership->ring_order) ring.push_back(s.membership->sites.at(i));
-  j["ring"] = ring;
-  j["epoch_note"] = s.membership ? s.membership->note : "";
-  j["departed"] = s.departed;
-  const std::set<RankId> missing(s.missing.begin(), s.missing.end());
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& r : s.ranks)
-    ranks.push_back({{"site", r.id.site},
-                     {"rank", r.id.rank},
-                     {"step", r.step},
-                     {"connected", r.connected},
-                     {"silent_s", r.silent.count() / 1e3},
-                     {"loss", r.loss},
-                     {"tokens_per_s", r.tokens_per_s},
-                     {"wan_bytes_sent", r.wan_bytes_sent},
-                     {"missing", missing.count(r.id) > 0}});
-  j["ranks"] = ranks;
-  return j.dump();
-}
 
 struct StatusServer::Impl {
   Impl(const Coordinator& c, StatusServerOptions o) : coordinator(c), options(std::move(o)) {}
@@ -184,12 +74,12 @@ struct StatusServer::Impl {
     };
     if (options.token) {
       const auto field = req[http::field::authorization];
-      const std::string_view auth(field.data(), field.size());
-      const std::string_view prefix = "Bearer ";
-      if (!auth.starts_with(prefix) || !options.token->matches(auth.substr(prefix.size()))) {
+      if (!authorized(std::string_view(field.data(), field.size()), *options.token)) {
         text(http::status::unauthorized, "text/plain",
-             "a bearer token (the job token) is required\n");
-        res.set(http::field::www_authenticate, "Bearer");
+             "the job token is required: as a bearer token, or as the password (any user name) "
+             "in the browser's prompt\n");
+        res.insert(http::field::www_authenticate, "Bearer");
+        res.insert(http::field::www_authenticate, "Basic realm=\"desloc job\", charset=\"UTF-8\"");
         return res;
       }
     }
@@ -204,17 +94,15 @@ struct StatusServer::Impl {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (path == "/metrics") {
       text(http::status::ok, "text/plain; version=0.0.4; charset=utf-8",
-           prometheus_text(read_status(coordinator, options.sites, options.ranks_per_site,
-                                       options.steps, uptime)));
+           prometheus_text(read_status(coordinator, options.job, uptime)));
     } else if (path == "/api/state") {
       text(http::status::ok, "application/json",
-           status_json(read_status(coordinator, options.sites, options.ranks_per_site,
-                                   options.steps, uptime)));
+           status_json(read_status(coordinator, options.job, uptime)));
+      res.set(http::field::cache_control, "no-store");
     } else if (path == "/") {
-      text(http::status::ok, "text/plain",
-           "desloc coordinator: /metrics (Prometheus), /api/state (JSON)\n");
+      text(http::status::ok, "text/html; charset=utf-8", std::string(dashboard_html()));
     } else {
-      text(http::status::not_found, "text/plain", "not found: /metrics, /api/state\n");
+      text(http::status::not_found, "text/plain", "not found: /, /metrics, /api/state\n");
     }
     return res;
   }

@@ -238,18 +238,34 @@ void read_payload(WireReader& r, Membership& m) {
 }
 
 void write_payload(WireWriter& w, const Heartbeat& m) {
+  const RankReport& p = m.report;
   w.put<std::uint64_t>(m.epoch);
   w.put<std::uint64_t>(m.step);
-  w.put<std::uint32_t>(std::bit_cast<std::uint32_t>(m.loss));
-  w.put<std::uint32_t>(std::bit_cast<std::uint32_t>(m.tokens_per_s));
-  w.put<std::uint64_t>(m.wan_bytes_sent);
+  w.put<std::uint32_t>(std::bit_cast<std::uint32_t>(p.loss));
+  w.put<std::uint32_t>(std::bit_cast<std::uint32_t>(p.tokens_per_s));
+  w.put<std::uint64_t>(p.wan_bytes_sent);
+  for (const std::uint64_t n : p.sync_buckets) w.put<std::uint64_t>(n);
+  w.put<std::uint64_t>(std::bit_cast<std::uint64_t>(p.sync_seconds));
+  for (const LaneReport& lane : p.lanes) {
+    w.put<std::uint64_t>(lane.bytes_sent);
+    w.put<std::uint32_t>(std::bit_cast<std::uint32_t>(lane.recent_bytes_per_s));
+  }
+  w.put<std::uint64_t>(p.guard_rejections);
 }
 void read_payload(WireReader& r, Heartbeat& m) {
+  RankReport& p = m.report;
   m.epoch = r.get<std::uint64_t>("epoch");
   m.step = r.get<std::uint64_t>("step");
-  m.loss = std::bit_cast<float>(r.get<std::uint32_t>("loss"));
-  m.tokens_per_s = std::bit_cast<float>(r.get<std::uint32_t>("tokens_per_s"));
-  m.wan_bytes_sent = r.get<std::uint64_t>("wan_bytes_sent");
+  p.loss = std::bit_cast<float>(r.get<std::uint32_t>("loss"));
+  p.tokens_per_s = std::bit_cast<float>(r.get<std::uint32_t>("tokens_per_s"));
+  p.wan_bytes_sent = r.get<std::uint64_t>("wan_bytes_sent");
+  for (std::uint64_t& n : p.sync_buckets) n = r.get<std::uint64_t>("sync_buckets[]");
+  p.sync_seconds = std::bit_cast<double>(r.get<std::uint64_t>("sync_seconds"));
+  for (LaneReport& lane : p.lanes) {
+    lane.bytes_sent = r.get<std::uint64_t>("lanes[].bytes_sent");
+    lane.recent_bytes_per_s = std::bit_cast<float>(r.get<std::uint32_t>("lanes[].recent_rate"));
+  }
+  p.guard_rejections = r.get<std::uint64_t>("guard_rejections");
 }
 
 void write_payload(WireWriter& w, const Status& m) {
@@ -311,6 +327,12 @@ void read_payload(WireReader& r, Bye& m) {
 }
 
 }  // namespace
+
+std::uint64_t RankReport::syncs() const {
+  std::uint64_t n = 0;
+  for (const std::uint64_t b : sync_buckets) n += b;
+  return n;
+}
 
 std::string_view message_type_name(MessageType type) {
   switch (type) {

@@ -55,20 +55,25 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
 int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
                        const std::string& out_path);
 
+// The coordinator's read-only status endpoint (transport/status_http.hpp): the dashboard at /,
+// /metrics and /api/state.
+struct StatusEndpoint {
+  std::string http;      // "host:port" to serve it on ("" = none)
+  std::string topology;  // a topology.toml whose link rates are the plan the links are held to
+};
+
 // `desloc coordinator`: serves rendezvous on `bind:port` until every rank of the job has
 // registered and later disconnected. Returns a process exit status (0 when every rank reported
 // the last step). SIGINT/SIGTERM stop it early.
-// `http` ("host:port", "" = none) also serves the read-only status endpoint there (/metrics,
-// /api/state; transport/status_http.hpp).
 int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::uint16_t port,
-                    const std::string& http = "");
+                    const StatusEndpoint& status = {});
 
 struct LaunchOptions {
   std::string config_path;               // passed to every rank
   std::string out_dir;                   // override of train.out_dir ("" = keep)
   bool progress = true;                  // the leader's progress lines
   std::vector<std::string> worker_args;  // extra arguments for every rank (e.g. --profile F)
-  std::string http;  // "host:port" of the coordinator's status endpoint ("" = none)
+  StatusEndpoint status;                 // the coordinator's status endpoint, if any
 };
 
 // `desloc launch`: the whole job on this machine over loopback. Returns the exit status: 0,

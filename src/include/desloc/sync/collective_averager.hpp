@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "desloc/sync/averager.hpp"
+#include "desloc/sync/sync_meter.hpp"
 #include "desloc/transport/collective.hpp"
 #include "desloc/transport/ring_order.hpp"
 
@@ -46,6 +47,9 @@ class CollectiveAverager final : public Averager {
   // Wire bytes are what the collectives actually sent, not a formula: `wire` is the WAN
   // group's, `site_wire` the intra-site all-gather's.
   Traffic traffic(int w) const override;
+  // Times every wide-area average into `meter` (for the heartbeats), which must outlive the
+  // averager; nullptr stops it.
+  void set_sync_meter(SyncMeter* meter) { meter_ = meter; }
 
  private:
   // The payload guard's decision on this site's `data`: the control exchange's verdict, or an
@@ -68,6 +72,7 @@ class CollectiveAverager final : public Averager {
   transport::Collective* site_;
   transport::Collective* wan_reverse_;
   Traffic traffic_;
+  SyncMeter* meter_ = nullptr;
   std::vector<float> gathered_;            // R blocks, for the intra-site all-gather
   std::vector<PayloadHealth> health_;      // rows x R, then rows x S: the control exchange
   std::vector<std::byte> encoded_;         // S encoded segments: a compressed average's ring

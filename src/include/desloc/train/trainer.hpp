@@ -11,6 +11,7 @@
 #include "desloc/sync/averager.hpp"
 #include "desloc/train/config.hpp"
 #include "desloc/transport/collective.hpp"
+#include "desloc/transport/wire.hpp"
 
 namespace desloc::train {
 
@@ -63,9 +64,10 @@ struct RankContext {
   transport::Collective* wan_group = nullptr;    // rank r of every site
   transport::Collective* wan_reverse = nullptr;  // the same sites, reversed ring (lane 2), or null
   std::function<void(std::int64_t)> on_step;     // after each step (heartbeats)
-  // After each step's record: this rank's site loss, tokens/s and wide-area bytes sent so far
-  // (what the heartbeats report to the coordinator's status endpoint).
-  std::function<void(float loss, double tokens_per_s, std::uint64_t wan_bytes)> on_progress;
+  // After each step's record: this rank's site loss, tokens/s, wide-area bytes sent so far and
+  // the sites the payload guard has left out (what the heartbeats report to the coordinator's
+  // status endpoint; the caller adds the sync timings).
+  std::function<void(const transport::RankReport&)> on_progress;
   // Where this rank writes metrics and checkpoints. The leader (site 0, rank 0) uses
   // train.out_dir itself; the others use train.out_dir/ranks/<site>-<r>.
   bool leader() const { return site == 0 && rank == 0; }

@@ -11,14 +11,16 @@
 #include <vector>
 
 #include "desloc/transport/auth.hpp"
+#include "desloc/transport/job_history.hpp"
 #include "desloc/transport/wire.hpp"
 
 namespace desloc::transport {
 
 // Version of the control protocol (message meaning), carried in Hello. The frame format has
 // its own kWireVersion.
-// 2: recovery epochs; 3: heartbeats carry the loss, tokens/s and wide-area bytes.
-inline constexpr std::uint16_t kProtocolVersion = 3;
+// 2: recovery epochs; 3: heartbeats carry the loss, tokens/s and wide-area bytes; 4: and the
+// sync-duration histogram, the lanes' bytes and rates, and the payload guard's rejections.
+inline constexpr std::uint16_t kProtocolVersion = 4;
 
 using Clock = std::chrono::steady_clock;
 
@@ -76,9 +78,7 @@ struct RankProgress {
   std::uint64_t step = 0;               // the last step the rank reported in a heartbeat
   bool connected = false;               // its control connection is open
   std::chrono::milliseconds silent{0};  // since its last frame
-  float loss = 0.0f;                    // from its latest heartbeat (0 before its first step)
-  float tokens_per_s = 0.0f;
-  std::uint64_t wan_bytes_sent = 0;
+  RankReport report;                    // from its latest heartbeat
 };
 
 // Accepts ranks until S x R have registered, then broadcasts Membership epoch 1. Runs its
@@ -102,6 +102,8 @@ class Coordinator {
   std::optional<Membership> membership() const;
   // Every registered rank's last reported step and liveness, sorted by (site, rank).
   std::vector<RankProgress> progress() const;
+  // The epochs so far, each site's loss curve and each link's bytes (a copy).
+  JobHistory history() const;
   // Registered ranks silent for longer than heartbeat_timeout, sorted.
   std::vector<RankId> missing() const;
   // Expected ranks that have not registered yet, as "site/rank" or a summary of unseen sites.
@@ -155,7 +157,7 @@ class RankClient {
   // Progress reported in heartbeats.
   void set_step(std::uint64_t step);
   // What the next heartbeats report besides the step (the status endpoint's per-rank figures).
-  void set_progress(float loss, float tokens_per_s, std::uint64_t wan_bytes_sent);
+  void set_report(const RankReport& report);
   // After the membership: the ranks the coordinator reports as disconnected or silent, e.g.
   // "east/0 (disconnected)"; empty while everyone is alive.
   std::vector<std::string> lost_peers() const;

@@ -40,11 +40,10 @@ struct RankRecord {
   // none is open. Events from another connection of the same rank id are stale.
   std::uint64_t connection = 0;
   Clock::time_point last_seen{};
-  bool silent = false;                     // past heartbeat_timeout: listed missing
-  std::uint64_t step = 0;                  // from its latest heartbeat
-  float loss = 0.0f, tokens_per_s = 0.0f;  // from its latest heartbeat
-  std::uint64_t wan_bytes_sent = 0;        // from its latest heartbeat
-  bool finished = false;                   // said Bye: its disconnect is the end of its work
+  bool silent = false;              // past heartbeat_timeout: listed missing
+  std::uint64_t step = 0;           // from its latest heartbeat
+  RankReport report;                // from its latest heartbeat
+  bool finished = false;            // said Bye: its disconnect is the end of its work
   bool joining = false;             // its site left and is rejoining: not in the membership yet
   std::uint64_t rebuilt_epoch = 0;  // reconnected to a restarted coordinator at this epoch
   bool connected() const { return connection != 0; }
@@ -85,8 +84,7 @@ struct HeartbeatEvent {
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;
   Clock::time_point now{};
-  float loss = 0.0f, tokens_per_s = 0.0f;
-  std::uint64_t wan_bytes_sent = 0;
+  RankReport report;
 };
 struct ByeEvent {
   RankId id;

@@ -163,14 +163,43 @@ struct Membership {
   bool operator==(const Membership&) const = default;
 };
 
+// Upper bounds (seconds) of the sync-duration histogram's buckets; a last bucket takes the rest.
+inline constexpr std::array<double, 12> kSyncBucketBounds = {0.005, 0.01, 0.025, 0.05, 0.1,  0.25,
+                                                             0.5,   1.0,  2.5,   5.0,  10.0, 30.0};
+inline constexpr std::size_t kSyncBuckets = kSyncBucketBounds.size() + 1;
+
+// One wide-area lane of a rank: what it sent to its ring neighbour, cumulative, and the rate it
+// achieved over its last few syncs.
+struct LaneReport {
+  std::uint64_t bytes_sent = 0;
+  float recent_bytes_per_s = 0.0f;  // 0 before the lane's first sync
+  bool operator==(const LaneReport&) const = default;
+};
+
+// What a rank reports about its training on every heartbeat (the status endpoint's figures);
+// fixed size on the wire, whatever the job's length.
+struct RankReport {
+  float loss = 0.0f;                 // the rank's site's training loss at the step (0 before one)
+  float tokens_per_s = 0.0f;         // the rank's last step
+  std::uint64_t wan_bytes_sent = 0;  // wide-area bytes this rank has sent (averages' payloads)
+  // Every wide-area average of this rank's shard: how many took how long (bucket i counts the
+  // durations in (bound[i-1], bound[i]]), and their total seconds.
+  std::array<std::uint64_t, kSyncBuckets> sync_buckets{};
+  double sync_seconds = 0.0;
+  // Lane 0 sends to the next site of the ring; lane 1 (the reversed ring, transport.lanes = 2)
+  // to the previous one.
+  std::array<LaneReport, 2> lanes{};
+  std::uint64_t guard_rejections = 0;  // sites the payload guard left out of this rank's averages
+  std::uint64_t syncs() const;         // the sum of sync_buckets
+  bool operator==(const RankReport&) const = default;
+};
+
 // Rank -> coordinator, periodically: liveness plus progress (what the status endpoint shows).
 struct Heartbeat {
   static constexpr MessageType kType = MessageType::kHeartbeat;
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;
-  float loss = 0.0f;                 // the rank's site's training loss at `step` (0 before one)
-  float tokens_per_s = 0.0f;         // the rank's last step
-  std::uint64_t wan_bytes_sent = 0;  // wide-area bytes this rank has sent
+  RankReport report;
   bool operator==(const Heartbeat&) const = default;
 };
 
