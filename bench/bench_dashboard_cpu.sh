@@ -2,7 +2,8 @@
 # bench_dashboard_cpu: what the coordinator's status endpoint costs while the dashboard is open.
 # Runs the quickstart job (configs/quickstart.toml, `desloc launch --http`) twice: once with the
 # endpoint idle, once with headless Chromium holding the dashboard open (it polls /api/state
-# once a second). Samples the launch process's own CPU time (the coordinator, its status
+# once a second; the bench checks that it did). Both runs are scraped for /metrics once a second,
+# as a Prometheus would. Samples the launch process's own CPU time (the coordinator, its status
 # endpoint and launch's supervision; the ranks are other processes) every second and prints,
 # side by side, its CPU use as a percentage of one core per 10 s window (median, min, max) and
 # over the whole run, with the ratio of the two runs. docs/cluster.md.
@@ -19,7 +20,7 @@ while [[ $# -gt 0 ]]; do
     --steps) steps=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --results) results=$2; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench_dashboard_cpu: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -65,14 +66,25 @@ run() {
     stat=$(cat "/proc/$pid/stat" 2>/dev/null) || break
     # utime + stime: fields 14 and 15, after the parenthesised command name.
     awk -v t="$(date +%s.%N)" '{sub(/^.*\) /, ""); print t, $12 + $13}' <<<"$stat" >>"$results/$name.samples"
+    # A scrape a second in both runs, as a Prometheus would; it also counts the page's polls.
+    curl -sf --max-time 2 "http://127.0.0.1:$port/metrics" 2>/dev/null |
+      awk '/^desloc_http_requests_total\{path="\/api\/state"\}/ {print $2}' >"$results/$name.polls.tmp" &&
+      [[ -s $results/$name.polls.tmp ]] && mv "$results/$name.polls.tmp" "$results/$name.polls"
     sleep 1
   done
   wait "$pid" || { cat "$results/$name.log" >&2; echo "bench_dashboard_cpu: $name failed" >&2; exit 1; }
   [[ -n $chrome ]] && { kill "$chrome" 2>/dev/null || true; wait "$chrome" 2>/dev/null || true; }
-  echo "  $name: $((SECONDS - t0)) s sampled"
+  local polls
+  polls=$(cat "$results/$name.polls" 2>/dev/null || echo 0)
+  echo "  $name: $((SECONDS - t0)) s sampled, /api/state requests served: $polls"
+  # The open dashboard must really have polled (about one request a second).
+  if ((browser)) && ((polls < (SECONDS - t0) / 2)); then
+    echo "bench_dashboard_cpu: the dashboard polled only $polls times" >&2
+    exit 1
+  fi
 }
 
-echo "bench_dashboard_cpu: quickstart, $steps steps, endpoint idle"
+echo "bench_dashboard_cpu: quickstart, $steps steps, scraped once a second, no page open"
 run idle 0
 echo "bench_dashboard_cpu: quickstart, $steps steps, dashboard open in headless Chromium"
 run open 1
@@ -93,7 +105,7 @@ open_, open_all = load("open")
 print()
 print("launch process CPU (coordinator + status endpoint + launch), % of one core")
 print(f"{'run':<22}{'median':>9}{'min':>9}{'max':>9}{'whole run':>11}{'windows':>9}")
-for name, w, a in (("endpoint idle", idle, idle_all), ("dashboard open", open_, open_all)):
+for name, w, a in (("scraped, no page", idle, idle_all), ("scraped + page open", open_, open_all)):
     print(f"{name:<22}{statistics.median(w):>9.2f}{min(w):>9.2f}{max(w):>9.2f}{a:>11.2f}{len(w):>9}")
 print(f"dashboard open / idle (whole run): {open_all / idle_all:.2f}x; "
       f"cost of the open dashboard: {open_all - idle_all:+.2f}% of a core")

@@ -15,6 +15,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch
   openmpi-bin libopenmpi-dev
+  munge slurmd slurmctld slurm-client  # the Slurm tests: a one-node cluster (scripts/slurm_local.sh)
   iproute2 iperf3 shellcheck tar gzip time
   prometheus curl  # the status endpoint's test: a real Prometheus scrapes a job
   chromium  # the dashboard's test loads it in a real (headless) browser

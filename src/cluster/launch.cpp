@@ -117,7 +117,7 @@ transport::JobDescription describe_job(const train::JobConfig& cfg, const std::s
     for (const topology::LinkProfile& l : t.links)
       d.planned_bytes_per_s[{l.from, l.to}] =
           l.contended_bps > 0 ? l.contended_bps : l.bandwidth_bps;
-    add("topology", topology);
+    add("topology", std::filesystem::path(topology).filename().string());
   }
   return d;
 }

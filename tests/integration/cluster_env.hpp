@@ -68,6 +68,36 @@ struct Process {
   }
 };
 
+// A desloc job of `sites` (TOML list items) x `ranks`, 20 steps, DES-LOC with Kx = 2.
+inline std::string multi_site_toml(const fs::path& out, const std::string& sites, int ranks) {
+  return tiny_job_toml(out) + "[sync]\nmethod = \"desloc\"\nkx = 2\n[job]\nsites = [" + sites +
+         "]\nranks_per_site = " + std::to_string(ranks) +
+         "\nrendezvous_timeout_s = 20\n[transport]\ndeadline_s = 20\n";
+}
+
+inline std::string with_steps(std::string toml, int steps) {
+  const auto at = toml.find("steps = 20");
+  toml.replace(at, 10, "steps = " + std::to_string(steps));
+  return toml;
+}
+
+// A field of every train and eval record of a metrics file, as its JSON text.
+inline std::vector<std::string> train_field(const fs::path& metrics, const std::string& field) {
+  std::ifstream in(metrics);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"type\":\"train\"") == std::string::npos &&
+        line.find("\"type\":\"eval\"") == std::string::npos)
+      continue;
+    const auto at = line.find("\"" + field + "\":");
+    if (at == std::string::npos) continue;
+    const auto start = at + field.size() + 3;
+    auto end = line.find_first_of(line[start] == '[' ? "]" : ",}", start);
+    out.push_back(line.substr(start, end - start + (line[start] == '[' ? 1 : 0)));
+  }
+  return out;
+}
+
 // The child of `parent` whose command line holds `arg` as one argument; -1 if none.
 inline pid_t child_with_argument(pid_t parent, const std::string& arg) {
   for (const auto& entry : fs::directory_iterator("/proc")) {

@@ -31,34 +31,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-std::string multi_site_toml(const fs::path& out, const std::string& sites, int ranks) {
-  return tiny_job_toml(out) + "[sync]\nmethod = \"desloc\"\nkx = 2\n[job]\nsites = [" + sites +
-         "]\nranks_per_site = " + std::to_string(ranks) +
-         "\nrendezvous_timeout_s = 20\n[transport]\ndeadline_s = 20\n";
-}
-
-std::string with_steps(std::string toml, int steps) {
-  const auto at = toml.find("steps = 20");
-  toml.replace(at, 10, "steps = " + std::to_string(steps));
-  return toml;
-}
-
-std::vector<std::string> train_field(const fs::path& metrics, const std::string& field) {
-  std::ifstream in(metrics);
-  std::vector<std::string> out;
-  for (std::string line; std::getline(in, line);) {
-    if (line.find("\"type\":\"train\"") == std::string::npos &&
-        line.find("\"type\":\"eval\"") == std::string::npos)
-      continue;
-    const auto at = line.find("\"" + field + "\":");
-    if (at == std::string::npos) continue;
-    const auto start = at + field.size() + 3;
-    auto end = line.find_first_of(line[start] == '[' ? "]" : ",}", start);
-    out.push_back(line.substr(start, end - start + (line[start] == '[' ? 1 : 0)));
-  }
-  return out;
-}
-
 // Loss of site s at every step, from the in-process run's loss_by_site arrays.
 std::vector<std::string> site_column(const std::vector<std::string>& arrays, std::size_t s) {
   std::vector<std::string> out;
@@ -174,54 +146,6 @@ TEST(Launch, TwoSitesOfTwoRanksReproduceTheInProcessRunBitForBit) {
 // Issue 17, item 0 (Open MPI): the same job started by `mpirun` (a coordinator, and the four
 // workers taking their identity from OMPI_COMM_WORLD_RANK/SIZE) ends bit-identical to `desloc
 // launch`: every rank's losses and its final x, u and v.
-TEST(Launch, MpirunRunsTheJobAsLaunchDoesBitForBit) {
-  const char* mpirun = "/usr/bin/mpirun";
-  DESLOC_REQUIRE_PROGRAM(mpirun, "openmpi-bin");
-  const fs::path dir = fresh_dir("mpirun");
-  const std::vector<std::string> sites = {"west", "east"};
-  std::string toml = with_steps(multi_site_toml(dir / "launch", "\"west\", \"east\"", 2), 12);
-  toml.replace(toml.find("[job]\n"), 6, "[job]\ntoken = \"mpirun-test\"\n");
-  const fs::path cfg = write_text(dir / "job.toml", toml);
-  const auto launched = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
-  ASSERT_EQ(launched.exit_code, 0) << launched.output;
-
-  Cluster c{dir};
-  c.start(cfg);
-  // As a user runs it (docs/cluster.md); --allow-run-as-root for containers that run as root,
-  // --oversubscribe for four ranks on fewer cores.
-  Process mpi = Process::start(
-      {mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "4", DESLOC_CLI, "worker",
-       "--config", cfg.string(), "--coordinator", "127.0.0.1:" + std::to_string(c.port),
-       "--out-dir", (dir / "mpi").string(), "--no-progress"},
-      dir / "mpirun.log");
-  ASSERT_EQ(mpi.wait(std::chrono::seconds(180)), 0) << mpi.output();
-  EXPECT_EQ(c.coordinator.wait(std::chrono::seconds(30)), 0) << c.coordinator.output();
-
-  for (std::size_t s = 0; s < sites.size(); ++s)
-    for (int r = 0; r < 2; ++r) {
-      const fs::path sub =
-          s == 0 && r == 0 ? fs::path() : fs::path("ranks") / (sites[s] + "-" + std::to_string(r));
-      const fs::path a_dir = dir / "launch" / sub, b_dir = dir / "mpi" / sub;
-      EXPECT_EQ(train_field(b_dir / "metrics.jsonl", "loss_by_site"),
-                train_field(a_dir / "metrics.jsonl", "loss_by_site"))
-          << sites[s] << "/" << r;
-      const auto a =
-          train::load_checkpoint(train::checkpoint_path((a_dir / "checkpoints").string(), 12));
-      const auto b =
-          train::load_checkpoint(train::checkpoint_path((b_dir / "checkpoints").string(), 12));
-      ASSERT_EQ(a.workers.size(), 1u);
-      ASSERT_EQ(b.workers.size(), 1u);
-      const auto& x = a.workers[0];
-      const auto& y = b.workers[0];
-      ASSERT_EQ(x.params.size(), y.params.size());
-      const std::size_t bytes = x.params.size() * sizeof(float);
-      EXPECT_EQ(0, std::memcmp(x.params.data(), y.params.data(), bytes)) << sites[s] << "/" << r;
-      EXPECT_EQ(0, std::memcmp(x.u.data(), y.u.data(), bytes)) << sites[s] << "/" << r;
-      EXPECT_EQ(0, std::memcmp(x.v.data(), y.v.data(), bytes)) << sites[s] << "/" << r;
-      EXPECT_EQ(x.optim_t, y.optim_t);
-    }
-}
-
 // Three sites use both wide-area lanes (transport.lanes = 2 by default): half of every shard
 // goes round the reversed ring, and the in-process run sums it in that order too.
 TEST(Launch, ThreeSitesOfTwoRanksWithBothLanesReproduceTheInProcessRunBitForBit) {

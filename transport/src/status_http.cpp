@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -62,6 +63,15 @@ struct StatusServer::Impl {
   tcp::acceptor acceptor{io};
   std::thread thread;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  // Requests answered, by path (io thread only): "/", "/metrics", "/api/state", then the rest.
+  std::array<std::uint64_t, 4> served{};
+
+  JobStatus status(double uptime) const {
+    JobStatus s = read_status(coordinator, options.job, uptime);
+    s.http_requests = {{"/", served[0]}, {"/metrics", served[1]}, {"/api/state", served[2]},
+                       {"other", served[3]}};
+    return s;
+  }
 
   http::response<http::string_body> answer(const http::request<http::string_body>& req) {
     http::response<http::string_body> res{http::status::ok, req.version()};
@@ -92,12 +102,12 @@ struct StatusServer::Impl {
     const std::string_view path = target.substr(0, target.find('?'));
     const double uptime =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    ++served[path == "/" ? 0 : path == "/metrics" ? 1 : path == "/api/state" ? 2 : 3];
     if (path == "/metrics") {
       text(http::status::ok, "text/plain; version=0.0.4; charset=utf-8",
-           prometheus_text(read_status(coordinator, options.job, uptime)));
+           prometheus_text(status(uptime)));
     } else if (path == "/api/state") {
-      text(http::status::ok, "application/json",
-           status_json(read_status(coordinator, options.job, uptime)));
+      text(http::status::ok, "application/json", status_json(status(uptime)));
       res.set(http::field::cache_control, "no-store");
     } else if (path == "/") {
       text(http::status::ok, "text/html; charset=utf-8", std::string(dashboard_html()));

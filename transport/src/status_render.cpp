@@ -194,6 +194,11 @@ std::string prometheus_text(const JobStatus& s) {
     out += fmt::format("desloc_sync_duration_seconds_count{{{}}} {}\n", labels, cumulative);
   }
 
+  family(out, "desloc_http_requests_total", "counter",
+         "Requests the status endpoint answered, by path (the dashboard polls /api/state).");
+  for (const auto& [path, n] : s.http_requests)
+    out += fmt::format("desloc_http_requests_total{{path=\"{}\"}} {}\n", label(path), n);
+
   const std::vector<LinkStatus> links = link_status(s);
   family(out, "desloc_link_bytes_sent_total", "counter",
          "Wide-area bytes a site's ranks sent on a link (from -> to), all epochs.");

@@ -48,6 +48,8 @@ struct JobStatus {
   std::vector<std::string> departed;  // "site: dropped at epoch N: why"
   JobHistory history;
   double uptime_s = 0.0;
+  // Requests the endpoint answered so far, by path (filled by the server).
+  std::vector<std::pair<std::string, std::uint64_t>> http_requests;
 };
 
 JobStatus read_status(const Coordinator& coordinator, const JobDescription& job, double uptime_s);
