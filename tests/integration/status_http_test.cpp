@@ -20,16 +20,20 @@ using namespace desloc::test;
 
 namespace {
 
+// West and east, DES-LOC with Kx = 4, steps enough to outlast the test (it stops the job).
+std::string endless_two_site_job(const fs::path& out) {
+  std::string toml = tiny_job_toml(out);
+  toml.replace(toml.find("steps = 20"), 10, "steps = 100000");
+  return toml + "[sync]\nmethod = \"desloc\"\nkx = 4\n[job]\nsites = [\"west\", \"east\"]\n";
+}
+
 TEST(StatusHttp, PrometheusScrapesARunningJob) {
   DESLOC_REQUIRE_PROGRAM("/usr/bin/prometheus", "prometheus");
   DESLOC_REQUIRE_PROGRAM("/usr/bin/promtool", "prometheus");
   DESLOC_REQUIRE_PROGRAM("/usr/bin/curl", "curl");
   ASSERT_TRUE(have_prepared_corpus());
   const auto dir = fresh_dir("status_http");
-  std::string toml = tiny_job_toml(dir / "out");
-  toml.replace(toml.find("steps = 20"), 10, "steps = 100000");
-  toml += "[sync]\nmethod = \"desloc\"\nkx = 4\n[job]\nsites = [\"west\", \"east\"]\n";
-  const auto cfg = write_text(dir / "job.toml", toml);
+  const auto cfg = write_text(dir / "job.toml", endless_two_site_job(dir / "out"));
   const auto topology = write_topology(dir / "topology.toml", {"west", "east"}, 800.0);
   Process job = Process::start({DESLOC_CLI, "launch", "--config", cfg.string(), "--http",
                                 "127.0.0.1:0", "--topology", topology.string(), "--quiet"},
@@ -195,10 +199,7 @@ TEST(StatusHttp, BadClientsAreRefusedOrTimedOutAndTheJobTrainsOn) {
   DESLOC_REQUIRE_PROGRAM("/usr/bin/curl", "curl");
   ASSERT_TRUE(have_prepared_corpus());
   const auto dir = fresh_dir("status_http_bad");
-  std::string toml = tiny_job_toml(dir / "out");
-  toml.replace(toml.find("steps = 20"), 10, "steps = 100000");
-  toml += "[sync]\nmethod = \"desloc\"\nkx = 4\n[job]\nsites = [\"west\", \"east\"]\n";
-  const auto cfg = write_text(dir / "job.toml", toml);
+  const auto cfg = write_text(dir / "job.toml", endless_two_site_job(dir / "out"));
   Process job = Process::start(
       {DESLOC_CLI, "launch", "--config", cfg.string(), "--http", "127.0.0.1:0", "--quiet"},
       dir / "launch.log");
