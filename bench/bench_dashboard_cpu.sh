@@ -34,16 +34,21 @@ mkdir -p "$results"
 echo "bench_dashboard_cpu: results in $results"
 hz=$(getconf CLK_TCK)
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
 # run NAME BROWSER(0|1): one quickstart; writes NAME.samples ("seconds ticks" per line).
 run() {
-  local name=$1 browser=$2 port
-  port=$(free_port)
+  local name=$1 browser=$2 port=''
   sed -e "s|^steps = .*|steps = $steps|" "$root/configs/quickstart.toml" >"$results/$name.toml"
   (cd "$root" && exec "$desloc" launch --config "$results/$name.toml" --out-dir "$results/$name" \
-    --force --quiet --http "127.0.0.1:$port") >"$results/$name.log" 2>&1 &
+    --force --quiet --http 127.0.0.1:0) >"$results/$name.log" 2>&1 &
   local pid=$! chrome=''
+  # The port the endpoint took, from launch's "... on http://127.0.0.1:PORT/" line.
+  for _ in $(seq 1 300); do
+    port=$(sed -n 's|.* on http://127\.0\.0\.1:\([0-9][0-9]*\)/.*|\1|p' "$results/$name.log")
+    [[ -n $port ]] && break
+    kill -0 "$pid" 2>/dev/null || { cat "$results/$name.log" >&2; exit 1; }
+    sleep 0.1
+  done
+  [[ -n $port ]] || { echo "bench_dashboard_cpu: no status endpoint in $results/$name.log" >&2; exit 1; }
   # Validate before measuring: the endpoint answers and the job trains.
   for _ in $(seq 1 600); do
     curl -sf "http://127.0.0.1:$port/api/state" 2>/dev/null | grep -q '"step":[1-9]' && break

@@ -113,6 +113,21 @@ TEST(JobHistory, RecordsEachEpochOnceWithItsRing) {
   EXPECT_DOUBLE_EQ(h.epochs()[1].at_s, 3.0);
 }
 
+// desloc_site_rejoins_total is a counter: it must not fall when old epochs are trimmed.
+TEST(JobHistory, RejoinsCountEveryEpochEvenOnceOldEpochsAreTrimmed) {
+  JobHistory h;
+  const std::vector<std::string> sites = {"a", "b"};
+  for (std::uint64_t e = 1; e <= 2 * JobHistory::kMaxEpochs; ++e) {
+    Membership m = membership(e, sites, {"a", "b"}, e == 1 ? "" : "b rejoins");
+    if (e > 1) m.joining = {"b"};
+    h.membership(m, double(e));
+  }
+  EXPECT_EQ(h.epochs().size(), JobHistory::kMaxEpochs);
+  EXPECT_EQ(h.epochs().front().epoch, 1u);
+  EXPECT_EQ(h.epochs().back().epoch, 2 * JobHistory::kMaxEpochs);
+  EXPECT_EQ(h.rejoins(), 2 * JobHistory::kMaxEpochs - 1);
+}
+
 TEST(JobHistory, ALossCurveStaysBoundedAndKeepsItsNewestPoint) {
   JobHistory h;
   h.membership(membership(1, {"a"}, {"a"}), 0.0);

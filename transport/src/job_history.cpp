@@ -6,6 +6,7 @@ namespace desloc::transport {
 
 void JobHistory::membership(const Membership& m, double at_s) {
   if (!epochs_.empty() && epochs_.back().epoch >= m.epoch) return;
+  rejoins_ += m.joining.size();
   EpochEvent e{m.epoch, at_s, {}, m.joining, m.note};
   for (const std::uint32_t i : m.ring_order) e.ring.push_back(m.sites.at(i));
   if (epochs_.size() == kMaxEpochs) epochs_.erase(epochs_.begin() + 1);

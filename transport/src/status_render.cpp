@@ -46,12 +46,6 @@ std::string link_labels(const LinkStatus& l) {
 // A finite number for JSON (nlohmann writes NaN as null, which a chart cannot draw either).
 nlohmann::json finite(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
 
-std::uint64_t rejoins(const JobStatus& s) {
-  std::uint64_t n = 0;
-  for (const EpochEvent& e : s.history.epochs()) n += e.joining.size();
-  return n;
-}
-
 // Each site's state: "live" (in the membership), "joining", "dropped", or "waiting" (before the
 // first membership).
 std::string site_state(const JobStatus& s, const std::string& site) {
@@ -130,10 +124,11 @@ std::string prometheus_text(const JobStatus& s) {
   out += fmt::format("desloc_ranks_registered {}\n", s.registered);
   family(out, "desloc_site_live", "gauge",
          "1 for a site in the current membership, 0 for one dropped or not yet joined.");
-  for (const auto& site : s.job.sites)
-    out +=
-        fmt::format("desloc_site_live{{site=\"{}\"}} {}\n", label(site),
-                    site_state(s, site) == "dropped" || site_state(s, site) == "waiting" ? 0 : 1);
+  for (const auto& site : s.job.sites) {
+    const std::string state = site_state(s, site);
+    out += fmt::format("desloc_site_live{{site=\"{}\"}} {}\n", label(site),
+                       state == "live" || state == "joining" ? 1 : 0);
+  }
   family(out, "desloc_sites_departed_total", "counter", "Sites dropped from the job so far.");
   out += fmt::format("desloc_sites_departed_total {}\n", s.departed.size());
   family(out, "desloc_recoveries_total", "counter",
@@ -142,7 +137,7 @@ std::string prometheus_text(const JobStatus& s) {
   out += fmt::format("desloc_recoveries_total {}\n",
                      s.membership && s.membership->epoch > 0 ? s.membership->epoch - 1 : 0);
   family(out, "desloc_site_rejoins_total", "counter", "Sites that rejoined the job so far.");
-  out += fmt::format("desloc_site_rejoins_total {}\n", rejoins(s));
+  out += fmt::format("desloc_site_rejoins_total {}\n", s.history.rejoins());
 
   const auto per_rank = [&](const char* name, const char* type, const char* help,
                             const auto& value) {

@@ -45,7 +45,10 @@ class JobHistory {
   void heartbeat(const std::string& site, std::uint32_t rank, std::uint64_t step,
                  const RankReport& report);
 
+  // The kept epochs: the first and the newest kMaxEpochs - 1.
   const std::vector<EpochEvent>& epochs() const { return epochs_; }
+  // Sites that rejoined, over every epoch (kept or not).
+  std::uint64_t rejoins() const { return rejoins_; }
   const std::map<std::string, std::vector<LossPoint>>& losses() const { return losses_; }
   const std::map<LinkKey, std::uint64_t>& link_bytes() const { return link_bytes_; }
   // The sites a site's lanes send to under the current membership (lane 0, lane 1), "" for
@@ -57,6 +60,7 @@ class JobHistory {
     std::uint64_t stride = 1;  // steps between kept points, doubled when the curve is full
   };
   std::vector<EpochEvent> epochs_;
+  std::uint64_t rejoins_ = 0;
   std::map<std::string, std::vector<LossPoint>> losses_;
   std::map<std::string, Curve> curves_;
   std::map<LinkKey, std::uint64_t> link_bytes_;
