@@ -33,6 +33,13 @@ command -v chromium >/dev/null || { echo "bench_dashboard_cpu: needs chromium" >
 mkdir -p "$results"
 echo "bench_dashboard_cpu: results in $results"
 hz=$(getconf CLK_TCK)
+# Whatever ends the bench, no browser or job of it is left running.
+children=()
+stop_children() {
+  local child
+  for child in "${children[@]}"; do kill "$child" 2>/dev/null || true; done
+}
+trap stop_children EXIT
 
 # run NAME BROWSER(0|1): one quickstart; writes NAME.samples ("seconds ticks" per line).
 run() {
@@ -41,6 +48,7 @@ run() {
   (cd "$root" && exec "$desloc" launch --config "$results/$name.toml" --out-dir "$results/$name" \
     --force --quiet --http 127.0.0.1:0) >"$results/$name.log" 2>&1 &
   local pid=$! chrome=''
+  children+=("$pid")
   # The port the endpoint took, from launch's "... on http://127.0.0.1:PORT/" line.
   for _ in $(seq 1 300); do
     port=$(sed -n 's|.* on http://127\.0\.0\.1:\([0-9][0-9]*\)/.*|\1|p' "$results/$name.log")
@@ -60,6 +68,7 @@ run() {
       --user-data-dir="$results/chrome" --remote-debugging-port=0 \
       "http://127.0.0.1:$port/" >"$results/chrome.log" 2>&1 &
     chrome=$!
+    children+=("$chrome")
     sleep 3
     curl -sf "http://127.0.0.1:$port/" | grep -q '<title>desloc job</title>' ||
       { echo "bench_dashboard_cpu: the dashboard did not load" >&2; exit 1; }
@@ -103,6 +112,9 @@ def load(name):
     for i in range(10, len(rows), 10):
         (t0, c0), (t1, c1) = rows[i - 10], rows[i]
         windows.append(100.0 * (c1 - c0) / hz / (t1 - t0))
+    if not windows:
+        sys.exit(f"bench_dashboard_cpu: the {name} run sampled {len(rows)} s, too short for a "
+                 "10 s window; give more --steps")
     whole = 100.0 * (rows[-1][1] - rows[0][1]) / hz / (rows[-1][0] - rows[0][0])
     return windows, whole
 idle, idle_all = load("idle")
