@@ -2,7 +2,7 @@
 # netbed_profile: `desloc profile` on a 3-site heterogeneous bed (A-B 1 Gbit, B-C 300 Mbit,
 # A-C 100 Mbit): a real coordinator in site A and one `desloc worker --profile` per site
 # namespace, with round trips of 40, 10 and 60 ms. Every measured directed bandwidth must be
-# within -5% and +10% of 0.956 x its configured rate (1 Gbit: at least 0.90, as in netbed_rates: two cores
+# within -5% and +5% of 0.956 x its configured rate (1 Gbit: at least 0.90, as in netbed_rates: two cores
 # carry both TCP ends and the shaper), every round trip within max(5%, 1 ms) of the configured
 # one, and `desloc plan` must accept the written topology. Then a 1 Gbit, 40 ms pair with Linux's
 # default TCP buffers: the profile must name that link as window-limited.
@@ -18,10 +18,11 @@ desloc=${2:?usage: $0 netbed.sh desloc brown_dir}
 brown=${3:?usage: $0 netbed.sh desloc brown_dir}
 readonly kCeiling=0.956
 readonly kTolerance=0.05
-# Above the rate: a 100 Mbit, 60 ms direction (C -> A) measured 1.072-1.076 x in about one run
-# in three (stop 26, 10 runs); the cause is not found yet (issue 12). An unshaped link would
-# measure many times its rate, so 1.10 still proves the shaping.
-readonly kUpperTolerance=0.10
+# Above the rate: the profile once stopped doubling its transfer at 1 MiB when a first transfer
+# was slowed (slow start, a stalled core), and the shaper's burst then made a 100 Mbit, 60 ms
+# link measure 1.07-1.11 x. It now sizes on the faster of two transfers (profile.cpp); what is
+# left of the burst in a transfer of at least 0.5 s is under 2%.
+readonly kUpperTolerance=0.05
 gbit_min_ratio=${NETBED_GBIT_MIN_RATIO:-0.90}
 
 require_bed_prerequisites
@@ -39,7 +40,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
-start_watchdog 170
+start_watchdog 240
 
 # Round trips differ per link; 32 MiB TCP buffers cover every link's bandwidth-delay product
 # (1 Gbit x 40 ms = 5 MB would not fit Linux's default 4 MiB send buffer: tcp_window.hpp).
