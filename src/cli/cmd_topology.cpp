@@ -320,6 +320,7 @@ int run_simulate(const SimulateOptions& o) {
   base.jitter = o.jitter;
   base.ring = cfg.site_names();
   base.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(base.ring.size()));
+  base.lane_share = cfg.transport.lane_share;
   for (const auto& s : base.ring) topo.site(s);
   // The job's periods and phases, whichever method each row simulates; a job that is not
   // desloc compares against desloc at the paper's ratios Ku = 3 Kx, Kv = 6 Kx.

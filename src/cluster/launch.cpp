@@ -110,7 +110,9 @@ transport::JobDescription describe_job(const train::JobConfig& cfg, const std::s
     add("codecs (x, u, v)", fmt::format("{}, {}, {}", s.codec_x, s.codec_u, s.codec_v));
     if (s.outer != "none") add("outer", fmt::format("{} (lr {})", s.outer, s.outer_lr));
   }
-  add("lanes", cfg.transport.lanes);
+  add("lanes", cfg.transport.lane_share != 0.5f && cfg.transport.lanes == 2
+                   ? fmt::format("2 ({:.3g} of each shard on the ring)", cfg.transport.lane_share)
+                   : fmt::format("{}", cfg.transport.lanes));
   add("sites x ranks", fmt::format("{} x {}", d.sites.size(), cfg.job.ranks_per_site));
   if (!topology.empty()) {
     const topology::Topology t = topology::load_topology(topology);

@@ -488,7 +488,8 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   ctx.device = ss.rank;  // as the site's NCCL communicator (connect_groups)
   ctx.name = ss.name;
   auto bind_groups = [&] {
-    averager.emplace(*ss.wan_group, ss.site_group.get(), ss.wan_reverse.get());
+    averager.emplace(*ss.wan_group, ss.site_group.get(), ss.wan_reverse.get(),
+                     cfg.transport.lane_share);
     sync::PayloadGuard guard;  // names the sites in its warnings (ring positions)
     guard.site_names = ss.sites;
     averager->set_payload_guard(guard);

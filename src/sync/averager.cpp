@@ -10,11 +10,13 @@
 
 namespace desloc::sync {
 
-VirtualAverager::VirtualAverager(int workers, SumOrder order, int shards, int lanes)
+VirtualAverager::VirtualAverager(int workers, SumOrder order, int shards, int lanes,
+                                 double lane_share)
     : workers_(workers),
       order_(order),
       shards_(shards),
       lanes_(lanes),
+      lane_share_(lane_share),
       traffic_(static_cast<std::size_t>(workers)) {
   if (workers < 1) throw ConfigError("sync.workers must be >= 1, got " + std::to_string(workers));
   if (shards < 1) throw ConfigError("ranks per site must be >= 1, got " + std::to_string(shards));
@@ -105,7 +107,8 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
         parts[w] = left_out[w] ? std::span<const float>(zeros).first(b.count)
                                : local[w].subspan(b.offset, b.count);
       sum.resize(b.count);
-      transport::lane_sum_reference(parts, sum, transport::effective_lanes(lanes_, workers_));
+      transport::lane_sum_reference(parts, sum, transport::effective_lanes(lanes_, workers_),
+                                    lane_share_);
       const auto m = static_cast<float>(kept);
       for (float& x : sum) x /= m;
       for (std::size_t w = 0; w < M; ++w)

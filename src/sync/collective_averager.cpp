@@ -14,10 +14,11 @@
 namespace desloc::sync {
 
 CollectiveAverager::CollectiveAverager(transport::Collective& wan, transport::Collective* site,
-                                       transport::Collective* wan_reverse)
+                                       transport::Collective* wan_reverse, double lane_share)
     : wan_(wan),
       site_(site != nullptr && site->size() > 1 ? site : nullptr),
-      wan_reverse_(wan_reverse != nullptr && wan_reverse->size() >= 3 ? wan_reverse : nullptr) {}
+      wan_reverse_(wan_reverse != nullptr && wan_reverse->size() >= 3 ? wan_reverse : nullptr),
+      lane_share_(lane_share) {}
 
 void CollectiveAverager::average(optim::StateKind kind, std::span<const std::span<float>> local) {
   average_across_sites(kind, local);
@@ -69,8 +70,8 @@ void CollectiveAverager::average_across_sites(optim::StateKind kind,
     lanes[0].seconds = seconds_since(t0);
   } else {
     // Two lanes at once, one thread each (a collective serves one thread at a time).
-    const transport::Range a = transport::block(shard.size(), 2, 0);
-    const transport::Range b = transport::block(shard.size(), 2, 1);
+    const transport::Range a = transport::lane_block(shard.size(), lane_share_, 0);
+    const transport::Range b = transport::lane_block(shard.size(), lane_share_, 1);
     wan_reverse_->set_label(label);
     std::exception_ptr lane_error;
     const auto t0 = std::chrono::steady_clock::now();

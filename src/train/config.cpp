@@ -352,6 +352,15 @@ void bind_transport(Binder& b, TransportSection& t) {
   b.integer("lanes", t.lanes,
             "wide-area rings: 2 = also the reversed ring, using both link directions (3+ sites)", 1,
             2);
+  b.real("lane_share", t.lane_share,
+         "with 2 lanes, the part of each shard on the ring (the rest: the reversed ring); 0.5 = "
+         "even, `desloc plan` weighs it by the rings' capacity",
+         0.0, 1.0, true);
+  if (t.lane_share >= 1.0f)
+    throw ConfigError(
+        fmt::format("{}: transport.lane_share = {} leaves the reversed ring nothing: "
+                    "must be > 0 and < 1 (or lanes = 1)",
+                    b.location_of("lane_share"), t.lane_share));
 }
 
 // sync.overlap = "delayed": each tau at least 1 and below its state's period (one average of
@@ -733,6 +742,10 @@ std::string JobConfig::canonical() const {
   // So do the lanes: the second half of each shard sums in the reversed ring's order.
   text += fmt::format(";job:{},{},{}", fmt::join(site_names(), ","), job.ranks_per_site,
                       transport::effective_lanes(transport.lanes, sync.workers));
+  // And where the lanes split each shard (an even split keeps the fingerprint of earlier jobs).
+  if (transport::effective_lanes(transport.lanes, sync.workers) == 2 &&
+      transport.lane_share != 0.5f)
+    text += fmt::format(",{:a}", transport.lane_share);
   return text;
 }
 

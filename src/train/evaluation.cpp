@@ -9,7 +9,7 @@
 namespace desloc::train {
 
 std::vector<float> mean_of(std::vector<SiteReplica>& sites, optim::StateKind kind, int ranks,
-                           int lanes) {
+                           int lanes, double lane_share) {
   auto replicas = views_of(sites);
   const auto all = sync::state_views(replicas, kind);
   std::vector<float> mean(all[0].begin(), all[0].end());
@@ -17,7 +17,8 @@ std::vector<float> mean_of(std::vector<SiteReplica>& sites, optim::StateKind kin
     std::vector<std::vector<float>> copies;
     for (auto& s : all) copies.emplace_back(s.begin(), s.end());
     std::vector<std::span<float>> views(copies.begin(), copies.end());
-    sync::VirtualAverager ring(static_cast<int>(views.size()), sync::SumOrder::kRing, ranks, lanes);
+    sync::VirtualAverager ring(static_cast<int>(views.size()), sync::SumOrder::kRing, ranks, lanes,
+                               lane_share);
     ring.average(kind, views);
     mean = std::move(copies[0]);
   }
@@ -49,7 +50,8 @@ std::optional<Evaluation> Evaluator::evaluate(std::int64_t step, std::vector<Sit
     averager_->average(optim::StateKind::kX, std::span<const std::span<float>>(&view, 1));
     if (!rank_->evaluates) return std::nullopt;
   } else {
-    mean_x = mean_of(sites, optim::StateKind::kX, cfg_.job.ranks_per_site, cfg_.transport.lanes);
+    mean_x = mean_of(sites, optim::StateKind::kX, cfg_.job.ranks_per_site, cfg_.transport.lanes,
+                     cfg_.transport.lane_share);
   }
   std::copy(mean_x.begin(), mean_x.end(), model_.params().begin());
   model_.params_updated();

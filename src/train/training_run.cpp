@@ -131,7 +131,8 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
       outer_(outer_of(cfg.sync)),
       compression_(cfg.sync.compression(), model_->layout().total(),
                    rank != nullptr ? 1 : cfg.sync.workers),
-      virtual_averager_(cfg.sync.workers, sync::SumOrder::kRing, R_, cfg.transport.lanes),
+      virtual_averager_(cfg.sync.workers, sync::SumOrder::kRing, R_, cfg.transport.lanes,
+                        cfg.transport.lane_share),
       averager_(rank != nullptr ? rank->averager : &virtual_averager_),
       reducer_(rank != nullptr ? rank->site_group : nullptr),
       engine_(policy_,
@@ -550,14 +551,14 @@ void TrainingRun::maybe_join(std::int64_t t) {
       static_cast<int>(sites_.size()) >= cfg_.sync.join_workers)
     return;
   using optim::StateKind;
-  const int lanes = cfg_.transport.lanes;
   const std::size_t n = model_->layout().total();
   const bool share_moments = shares_moments(cfg_.sync.method);
-  const auto x = mean_of(sites_, StateKind::kX, R_, lanes);
-  const auto u =
-      share_moments ? mean_of(sites_, StateKind::kU, R_, lanes) : std::vector<float>(n, 0.0f);
-  const auto v =
-      share_moments ? mean_of(sites_, StateKind::kV, R_, lanes) : std::vector<float>(n, 0.0f);
+  const auto mean = [&](StateKind kind) {
+    return mean_of(sites_, kind, R_, cfg_.transport.lanes, cfg_.transport.lane_share);
+  };
+  const auto x = mean(StateKind::kX);
+  const auto u = share_moments ? mean(StateKind::kU) : std::vector<float>(n, 0.0f);
+  const auto v = share_moments ? mean(StateKind::kV) : std::vector<float>(n, 0.0f);
   const std::int64_t optim_t = share_moments ? sites_[0].opt.state().t : 0;
   const std::size_t before = sites_.size();
   while (static_cast<int>(sites_.size()) < cfg_.sync.join_workers) {

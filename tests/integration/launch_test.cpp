@@ -48,12 +48,14 @@ std::vector<std::string> site_column(const std::vector<std::string>& arrays, std
 // keys both have.
 void expect_launch_matches_train(const std::string& tag, const std::vector<std::string>& sites,
                                  int ranks, const std::string& launch_sync = "",
-                                 const std::string& both_sync = "") {
+                                 const std::string& both_sync = "",
+                                 const std::string& transport = "") {
   const fs::path dir = fresh_dir(tag);
   std::string names;
   for (const auto& s : sites) names += (names.empty() ? "\"" : ", \"") + s + "\"";
   // 12 steps with kx = 2: x every 2 steps, u every 6, v every 12; the last step syncs all.
-  std::string toml = with_steps(multi_site_toml(dir / "launch", names, ranks), 12);
+  // [transport] is the last table: `transport` lines join it.
+  std::string toml = with_steps(multi_site_toml(dir / "launch", names, ranks), 12) + transport;
   toml.replace(toml.find("[sync]\n"), 7, "[sync]\n" + both_sync);
   const fs::path cfg = write_text(dir / "job.toml", toml);
   std::string launched_toml = toml;
@@ -150,6 +152,13 @@ TEST(Launch, TwoSitesOfTwoRanksReproduceTheInProcessRunBitForBit) {
 // goes round the reversed ring, and the in-process run sums it in that order too.
 TEST(Launch, ThreeSitesOfTwoRanksWithBothLanesReproduceTheInProcessRunBitForBit) {
   expect_launch_matches_train("launch3x2", {"west", "east", "north"}, 2);
+}
+
+// Capacity-weighted lanes (issue 15, item 3): 70% of every shard round the ring, 30% round the
+// reversed ring; the in-process run splits and sums alike.
+TEST(Launch, WeightedLanesReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x2_share", {"west", "east", "north"}, 2, "", "",
+                              "lane_share = 0.7\n");
 }
 
 // The averages of x, u and v run on a communication thread during the forward and backward

@@ -109,11 +109,12 @@ TEST(CollectiveAverager, RefusesSeveralLocalReplicas) {
 // S sites x R ranks as threads, each with its site group and its WAN group (the two-phase
 // open/connect a `desloc worker` uses): the sharded averager equals VirtualAverager in ring
 // order bit for bit, on random (not closed-form) inputs, for shards that are empty, tiny and
-// unaligned; traffic splits into WAN and intra-site bytes.
-class ShardedAveragerTest : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+// unaligned; traffic splits into WAN and intra-site bytes. With two lanes, `share` of each
+// shard goes round the ring (transport.lane_share) and the lanes' bytes split alike.
+class ShardedAveragerTest : public ::testing::TestWithParam<std::tuple<int, int, int, double>> {};
 
 TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
-  const auto [S, R, L] = GetParam();
+  const auto [S, R, L, share] = GetParam();
   const bool two_lanes = transport::effective_lanes(L, S) == 2;
   Watchdog watchdog(60s);
   for (std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{1003}}) {
@@ -125,7 +126,7 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
     for (int s = 0; s < S; ++s)
       for (std::size_t i = 0; i < n; ++i) expect[std::size_t(s)][i] = value(s, i);
     std::vector<std::span<float>> views(expect.begin(), expect.end());
-    sync::VirtualAverager ring(S, sync::SumOrder::kRing, R, L);
+    sync::VirtualAverager ring(S, sync::SumOrder::kRing, R, L, share);
     ring.average(optim::StateKind::kU, views);
 
     test_support::WorldOptions world;
@@ -134,9 +135,12 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
     world.two_lanes = two_lanes;
     std::vector<std::vector<float>> got(static_cast<std::size_t>(S * R));
     std::vector<sync::Traffic> traffic(static_cast<std::size_t>(S * R));
+    std::vector<transport::RankReport> reports(static_cast<std::size_t>(S * R));
     test_support::run_world(S, R, world, [&](int s, int r, test_support::Groups& g) {
       const auto me = static_cast<std::size_t>(s * R + r);
-      sync::CollectiveAverager avg(*g.wan, g.site.get(), g.reverse.get());
+      sync::CollectiveAverager avg(*g.wan, g.site.get(), g.reverse.get(), share);
+      sync::SyncMeter meter;
+      avg.set_sync_meter(&meter);
       EXPECT_EQ(avg.workers(), S);
       std::vector<float> mine(n);
       for (std::size_t i = 0; i < n; ++i) mine[i] = value(s, i);
@@ -145,6 +149,7 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
       avg.average(optim::StateKind::kU, std::span<const std::span<float>>(&one, 1));
       got[me] = std::move(mine);
       traffic[me] = avg.traffic(0);
+      meter.fill(reports[me]);
     });
     const auto k = static_cast<std::size_t>(optim::StateKind::kU);
     for (int s = 0; s < S; ++s)
@@ -160,17 +165,30 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
           EXPECT_EQ(traffic[me].site_wire[k],
                     (R - 1) * transport::block(n, R, 0).count * sizeof(float));
         }
+        // The lanes carry the shard in the share asked for (chunk headers and rounding aside).
+        const double lane0 = double(reports[me].lanes[0].bytes_sent),
+                     lane1 = double(reports[me].lanes[1].bytes_sent);
+        if (two_lanes && n > 1000) {
+          EXPECT_NEAR(lane0 / (lane0 + lane1), share, 0.05) << "site " << s << " rank " << r;
+        }
+        if (!two_lanes) {
+          EXPECT_EQ(lane1, 0.0);
+        }
       }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(SitesByRanksByLanes, ShardedAveragerTest,
-                         ::testing::Values(std::make_tuple(2, 1, 1), std::make_tuple(3, 1, 1),
-                                           std::make_tuple(2, 2, 1), std::make_tuple(3, 2, 1),
-                                           std::make_tuple(2, 3, 1), std::make_tuple(3, 1, 2),
-                                           std::make_tuple(4, 2, 2), std::make_tuple(5, 1, 2)),
-                         [](const auto& info) {
-                           return std::to_string(std::get<0>(info.param)) + "x" +
-                                  std::to_string(std::get<1>(info.param)) + "_lanes" +
-                                  std::to_string(std::get<2>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    SitesByRanksByLanes, ShardedAveragerTest,
+    ::testing::Values(std::make_tuple(2, 1, 1, 0.5), std::make_tuple(3, 1, 1, 0.5),
+                      std::make_tuple(2, 2, 1, 0.5), std::make_tuple(3, 2, 1, 0.5),
+                      std::make_tuple(2, 3, 1, 0.5), std::make_tuple(3, 1, 2, 0.5),
+                      std::make_tuple(4, 2, 2, 0.5), std::make_tuple(5, 1, 2, 0.5),
+                      std::make_tuple(3, 2, 2, 0.75), std::make_tuple(4, 1, 2, 0.2)),
+    [](const auto& info) {
+      const double share = std::get<3>(info.param);
+      return std::to_string(std::get<0>(info.param)) + "x" +
+             std::to_string(std::get<1>(info.param)) + "_lanes" +
+             std::to_string(std::get<2>(info.param)) +
+             (share == 0.5 ? std::string() : "_share" + std::to_string(int(share * 100)));
+    });

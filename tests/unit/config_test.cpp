@@ -121,6 +121,25 @@ TEST(Config, OutOfRangeFloats) {
   EXPECT_NE(error_of("[schedule]\nlr = 0\n").find("schedule.lr"), std::string::npos);
 }
 
+// transport.lane_share: strictly between 0 and 1, the key named; a weighted split is part of
+// the trajectory (it changes the order of sums) only where two lanes run (3+ sites).
+TEST(Config, LaneShareIsBoundedAndWeighsTheHashOnlyWithTwoLanes) {
+  for (const char* bad : {"0", "1", "1.5", "-0.2"})
+    EXPECT_NE(error_of(std::string("[transport]\nlane_share = ") + bad + "\n")
+                  .find("transport.lane_share"),
+              std::string::npos)
+        << bad;
+  EXPECT_EQ(error_of("[transport]\nlane_share = 0.7\n"), "<no error>");
+  const std::string three = "[sync]\nmethod = \"desloc\"\nworkers = 3\n";
+  const auto even = parse_config(three, "a.toml");
+  const auto weighted = parse_config(three + "[transport]\nlane_share = 0.7\n", "b.toml");
+  EXPECT_NE(even.hash(), weighted.hash());
+  EXPECT_EQ(even.hash(), parse_config(three + "[transport]\nlane_share = 0.5\n", "c.toml").hash());
+  const auto one_lane = parse_config(three + "[transport]\nlanes = 1\n", "d.toml");
+  EXPECT_EQ(one_lane.hash(),
+            parse_config(three + "[transport]\nlanes = 1\nlane_share = 0.7\n", "e.toml").hash());
+}
+
 TEST(Config, SyntaxErrorHasPosition) {
   const auto msg = error_of("[model]\nlayers = = 2\n");
   EXPECT_NE(msg.find("job.toml:2:"), std::string::npos) << msg;

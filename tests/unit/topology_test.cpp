@@ -424,6 +424,49 @@ TEST(Planner, TwoLanesUseBothDirectionsAndHalveTheRingTime) {
   EXPECT_EQ(make_plan(ab, req).chosen.lanes, 1);
 }
 
+// Capacity-weighted lanes (issue 15, item 3): where the ring's direction is 4x faster than the
+// reverse's, the plan puts about 4/5 of each shard on the ring, both lanes then finish
+// together, the all-reduce is faster than at the even split (still priced, as a candidate),
+// and the config fragment carries the share. Alike directions keep 0.5 and no key.
+double forward_fast(char a, char b) {  // A>B, B>C, C>A 1 Gbit; their reverse 250 Mbit
+  const std::string p{a, b};
+  return (p == "AB" || p == "BC" || p == "CA") ? 1000 : 250;
+}
+TEST(Planner, LanesAreWeighedByTheCapacityOfEachDirection) {
+  const Topology t = parse_topology(topology_toml("ABC", 50, forward_fast, 0.0), "fwd.toml");
+  const std::vector<std::string> ring{"A", "B", "C"};
+  const double share = balanced_lane_share(t, ring, 6e6);
+  EXPECT_NEAR(share, 0.8, 0.011);
+  const double even = ring_seconds(t, ring, 6e6, 2), weighed = ring_seconds(t, ring, 6e6, 2, share);
+  // Even: the reverse lane's 3 MB at 250 Mbit bounds it; weighed: 4.8 MB at 1 Gbit and 1.2 MB
+  // at 250 Mbit, each 0.4 of that.
+  EXPECT_NEAR(weighed / even, 0.4, 0.01);
+  PlanRequest req;
+  req.state_bytes = 6e6;
+  req.steps = 100000;
+  req.lanes = 2;
+  const Plan p = make_plan(t, req);
+  EXPECT_EQ(p.chosen.lanes, 2);
+  // The planner may pick either direction as "the ring": its share puts 4/5 on the fast one.
+  const bool forward = p.chosen.order == ring;
+  EXPECT_NEAR(p.chosen.lane_share, forward ? 0.8 : 0.2, 0.011) << p.chosen.describe();
+  EXPECT_NE(p.config_fragment.find("lane_share = "), std::string::npos) << p.config_fragment;
+  EXPECT_NE(p.chosen.describe().find("% on the ring"), std::string::npos);
+  bool priced_even = false;
+  for (const Schedule& c : p.candidates)
+    if (c.kind == "ring" && c.lanes == 2 && c.lane_share == 0.5 && c.order == p.chosen.order) {
+      priced_even = true;
+      EXPECT_GT(c.seconds, p.chosen.seconds * 1.5);
+    }
+  EXPECT_TRUE(priced_even);
+  // Alike directions: the even split, and the fragment says nothing of it.
+  const Topology tri = parse_topology(topology_toml("ABC", 50, triangle, 0.0), "tri.toml");
+  EXPECT_EQ(balanced_lane_share(tri, ring, 6e6), 0.5);
+  const Plan q = make_plan(tri, req);
+  EXPECT_EQ(q.chosen.lane_share, 0.5);
+  EXPECT_EQ(q.config_fragment.find("lane_share"), std::string::npos) << q.config_fragment;
+}
+
 // A link of 1e-17 Mbit/s or a target of 1e-30 once sent the search for Kx on a walk of about
 // 1e20 steps; both are refused from the closed form at once, naming what Kx they would need.
 TEST(Planner, AbsurdLinksAndTargetsAreRefusedAtOnce) {

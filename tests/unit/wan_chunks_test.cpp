@@ -100,6 +100,42 @@ TEST(RingOrder, BlocksCoverTheBufferInOrder) {
     }
 }
 
+// transport.lane_share: the even share is block(count, 2, lane) exactly (the split of every
+// earlier job), any share covers the buffer in two ranges in order, and lane_sum_reference
+// sums the ring's part in ring order and the rest in the reversed ring's.
+TEST(RingOrder, LaneBlocksSplitByShareAndTheEvenShareIsTheOldHalving) {
+  for (std::size_t count : {0u, 1u, 2u, 5u, 9u, 1001u}) {
+    for (int lane : {0, 1}) {
+      EXPECT_EQ(lane_block(count, 0.5, lane).offset, block(count, 2, lane).offset) << count;
+      EXPECT_EQ(lane_block(count, 0.5, lane).count, block(count, 2, lane).count) << count;
+    }
+    for (double share : {0.01, 0.2, 0.5, 0.73, 0.99}) {
+      const Range a = lane_block(count, share, 0), b = lane_block(count, share, 1);
+      EXPECT_EQ(a.offset, 0u);
+      EXPECT_EQ(b.offset, a.count);
+      EXPECT_EQ(a.count + b.count, count);
+      EXPECT_EQ(a.count, static_cast<std::size_t>(std::ceil(double(count) * share)));
+    }
+  }
+  const std::size_t n = 100;
+  std::vector<std::vector<float>> in(4, std::vector<float>(n));
+  for (std::size_t s = 0; s < in.size(); ++s)
+    for (std::size_t i = 0; i < n; ++i)
+      in[s][i] = std::ldexp(float(i % 7) + 0.1f * float(s), -int(s));
+  std::vector<std::span<const float>> views(in.begin(), in.end());
+  std::vector<float> got(n), want(n);
+  lane_sum_reference(views, got, 2, 0.8);
+  // Elements [0, 80) are one ring all-reduce of their own, [80, 100) one on the reversed ring.
+  std::vector<std::span<const float>> head(in.size()), tail(in.size());
+  for (int s = 0; s < 4; ++s) {
+    head[std::size_t(s)] = views[std::size_t(s)].first(80);
+    tail[std::size_t(reversed_rank(s, 4))] = views[std::size_t(s)].subspan(80);
+  }
+  ring_sum_reference(head, std::span<float>(want).first(80));
+  ring_sum_reference(tail, std::span<float>(want).subspan(80));
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+}
+
 TEST(ChunkHeaders, MismatchedStepIsAnErrorNamingBothSteps) {
   CollectiveOptions options;
   options.chunk_headers = true;

@@ -33,7 +33,8 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
   // of them per x window.
   const double exchange = exchange_seconds(t, ring.order);
   auto seconds = [&](int parts, std::size_t k = 0) {  // one fragment's average of state k
-    return ring_seconds(t, ring.order, req.state_bytes * req.wire_ratio[k] / parts, ring.lanes) +
+    return ring_seconds(t, ring.order, req.state_bytes * req.wire_ratio[k] / parts, ring.lanes,
+                        ring.lane_share) +
            req.codec_s[k] / parts;
   };
   for (std::int64_t kx = std::max<std::int64_t>(lowest, 2); kx <= highest; ++kx) {
@@ -90,6 +91,7 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
         job.codec_s = req.codec_s;
         job.ring = ring.order;
         job.lanes = ring.lanes;
+        job.lane_share = ring.lane_share;
         job.delay = {c.tau, c.tau, c.tau};
         const SimResult r = simulate(t, job);
         c.overhead = r.compute_s > 0 ? r.total_s / r.compute_s - 1 : 0;
@@ -105,21 +107,31 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
 
 std::string Schedule::describe() const {
   if (kind == "star") return "star at " + order.at(0);
-  return fmt::format("ring {} -> {}{}", fmt::join(order, " -> "), order.at(0),
-                     lanes == 2 ? " and its reverse (2 lanes)" : "");
+  if (lanes != 2) return fmt::format("ring {} -> {}", fmt::join(order, " -> "), order.at(0));
+  return fmt::format(
+      "ring {} -> {} and its reverse (2 lanes{})", fmt::join(order, " -> "), order.at(0),
+      lane_share == 0.5 ? "" : fmt::format(", {:.0f}% on the ring", 100 * lane_share));
 }
 
 double half_life(double beta) { return std::log(0.5) / std::log(beta); }
 
+namespace {
+std::vector<std::string> reversed_ring(const std::vector<std::string>& order) {
+  std::vector<std::string> reversed{order[0]};
+  reversed.insert(reversed.end(), order.rbegin(), order.rend() - 1);
+  return reversed;
+}
+}  // namespace
+
 double ring_seconds(const Topology& t, const std::vector<std::string>& order, double bytes,
-                    int lanes) {
+                    int lanes, double lane_share) {
   const std::size_t n = order.size();
   if (n < 2) return 0;
   if (lanes == 2 && n >= 3) {
-    std::vector<std::string> reversed{order[0]};
-    reversed.insert(reversed.end(), order.rbegin(), order.rend() - 1);
-    return std::max(ring_seconds(t, order, std::ceil(bytes / 2), 1),
-                    ring_seconds(t, reversed, std::floor(bytes / 2), 1));
+    // As transport::lane_block splits: ceil(share x count) on the ring.
+    const double first = std::ceil(bytes * lane_share);
+    return std::max(ring_seconds(t, order, first, 1),
+                    ring_seconds(t, reversed_ring(order), std::max(0.0, bytes - first), 1));
   }
   double worst = 0;
   for (std::size_t i = 0; i < n; ++i)
@@ -127,6 +139,25 @@ double ring_seconds(const Topology& t, const std::vector<std::string>& order, do
         worst,
         t.link(order[i], order[(i + 1) % n]).transfer_seconds(bytes / static_cast<double>(n)));
   return 2.0 * static_cast<double>(n - 1) * worst;
+}
+
+double balanced_lane_share(const Topology& t, const std::vector<std::string>& order, double bytes) {
+  if (order.size() < 3) return 0.5;
+  const std::vector<std::string> reversed = reversed_ring(order);
+  // The ring's time grows with its share and the reverse's falls: bisect for the crossing.
+  const auto gap = [&](double s) {
+    return ring_seconds(t, order, bytes * s, 1) - ring_seconds(t, reversed, bytes * (1 - s), 1);
+  };
+  double lo = 0.0, hi = 1.0;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = (lo + hi) / 2;
+    (gap(mid) < 0 ? lo : hi) = mid;
+  }
+  // A multiple of 0.01, for the config: of the two around the crossing, the faster.
+  const double k = std::clamp(std::floor(lo * 100), 1.0, 98.0);
+  const double down = k / 100, up = (k + 1) / 100;
+  const auto time = [&](double s) { return ring_seconds(t, order, bytes, 2, s); };
+  return time(up) <= time(down) ? up : down;
 }
 
 double exchange_seconds(const Topology& t, const std::vector<std::string>& order) {
@@ -206,7 +237,7 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   // Sites beyond 9 would make (n-1)! too large; then the order is improved greedily.
   std::vector<std::string> order = names;
   const int L = names.size() >= 3 ? req.lanes : 1;
-  Schedule best_ring{"ring", order, L, ring_seconds(t, order, P, L), bottleneck(t, order, L)};
+  Schedule best_ring{"ring", order, L, 0.5, ring_seconds(t, order, P, L), bottleneck(t, order, L)};
   if (names.size() <= 9) {
     std::vector<std::string> rest(names.begin() + 1, names.end());
     std::sort(rest.begin(), rest.end());
@@ -214,7 +245,8 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
       std::vector<std::string> o{names[0]};
       o.insert(o.end(), rest.begin(), rest.end());
       const double secs = ring_seconds(t, o, P, L);
-      if (secs < best_ring.seconds - 1e-12) best_ring = {"ring", o, L, secs, bottleneck(t, o, L)};
+      if (secs < best_ring.seconds - 1e-12)
+        best_ring = {"ring", o, L, 0.5, secs, bottleneck(t, o, L)};
     } while (std::next_permutation(rest.begin(), rest.end()));
   } else {
     // Nearest-fastest-neighbour: from each site, go to the unvisited site with the fastest link.
@@ -227,22 +259,32 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
       o.push_back(*it);
       left.erase(it);
     }
-    best_ring = {"ring", o, L, ring_seconds(t, o, P, L), bottleneck(t, o, L)};
+    best_ring = {"ring", o, L, 0.5, ring_seconds(t, o, P, L), bottleneck(t, o, L)};
+  }
+  // The order is chosen at the even split; then its lanes are weighed by capacity.
+  const Schedule even_ring = best_ring;
+  if (L == 2) {
+    best_ring.lane_share = balanced_lane_share(t, best_ring.order, P);
+    best_ring.seconds = ring_seconds(t, best_ring.order, P, L, best_ring.lane_share);
   }
   plan.chosen = best_ring;
   plan.candidates.push_back(best_ring);
   if (names.size() > 1) {
-    Schedule config_ring{"ring", names, L, ring_seconds(t, names, P, L), bottleneck(t, names, L)};
+    const double share = L == 2 ? balanced_lane_share(t, names, P) : 0.5;
+    Schedule config_ring{
+        "ring", names, L, share, ring_seconds(t, names, P, L, share), bottleneck(t, names, L)};
     if (config_ring.order != best_ring.order) plan.candidates.push_back(config_ring);
+    if (best_ring.lane_share != 0.5) plan.candidates.push_back(even_ring);  // what weighing buys
     if (L == 2)  // what the second lane buys
-      plan.candidates.push_back({"ring", best_ring.order, 1, ring_seconds(t, best_ring.order, P, 1),
+      plan.candidates.push_back({"ring", best_ring.order, 1, 0.5,
+                                 ring_seconds(t, best_ring.order, P, 1),
                                  bottleneck(t, best_ring.order, 1)});
     for (const auto& root : names) {
       double b = std::numeric_limits<double>::infinity();
       for (const auto& s : names)
         if (s != root)
           b = std::min({b, t.link(s, root).bandwidth_bps, t.link(root, s).bandwidth_bps});
-      plan.candidates.push_back({"star", {root}, 1, star_seconds(t, root, P), b});
+      plan.candidates.push_back({"star", {root}, 1, 0.5, star_seconds(t, root, P), b});
     }
   }
   const double sync = plan.chosen.seconds + codec_s;
@@ -473,7 +515,7 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   plan.config_fragment = fmt::format(
       "# from `desloc plan`: {}, predicted overhead {:.2f}%\n[sync]\nmethod = \"desloc\"\n"
       "kx = {}\nku = {}\nkv = {}\nphase_x = 0\nphase_u = {}\nphase_v = {}\n{}{}\n[job]\n"
-      "sites = [{}]  # the ring order\n\n[transport]\nlanes = {}\n",
+      "sites = [{}]  # the ring order\n\n[transport]\nlanes = {}\n{}",
       plan.chosen.describe(), 100 * plan.overhead, plan.kx, plan.ku, plan.kv, plan.phase_u,
       plan.phase_v,
       plan.delay > 0
@@ -484,7 +526,12 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
                                              : "")
           : "",
       req.codec_keys.empty() ? "" : req.codec_keys + "\n", fmt::join(quoted, ", "),
-      plan.chosen.lanes);
+      plan.chosen.lanes,
+      plan.chosen.lane_share != 0.5
+          ? fmt::format(
+                "lane_share = {:.2f}  # of each shard on the ring; the rest on its reverse\n",
+                plan.chosen.lane_share)
+          : "");
   return plan;
 }
 

@@ -35,12 +35,12 @@ SimResult simulate(const Topology& t, const SimJob& job) {
   std::array<double, 3> sync{}, per_state_bytes{};
   for (std::size_t k = 0; k < 3; ++k) {
     const double bytes = job.state_bytes * job.wire_ratio[k] / double(parts[k]);
-    sync[k] =
-        ring_seconds(t, ring, bytes, job.lanes) + (n > 1 ? job.codec_s[k] / double(parts[k]) : 0.0);
+    sync[k] = ring_seconds(t, ring, bytes, job.lanes, job.lane_share) +
+              (n > 1 ? job.codec_s[k] / double(parts[k]) : 0.0);
     per_state_bytes[k] = n > 1 ? bytes * 2.0 * double(n - 1) / double(n) : 0.0;
   }
   // The gradient (DDP) travels whole.
-  const double grad_sync = ring_seconds(t, ring, job.state_bytes, job.lanes);
+  const double grad_sync = ring_seconds(t, ring, job.state_bytes, job.lanes, job.lane_share);
   const double grad_bytes = n > 1 ? job.state_bytes * 2.0 * double(n - 1) / double(n) : 0.0;
 
   std::vector<double> clock(n, 0.0), compute(n, 0.0);

@@ -139,9 +139,10 @@ enum class SumOrder {
 class VirtualAverager final : public Averager {
  public:
   // `lanes` (kRing): 2 splits each shard over the ring and the reversed ring, as the networked
-  // averager does with transport.lanes = 2.
+  // averager does with transport.lanes = 2, `lane_share` of it on the ring
+  // (transport::lane_block).
   explicit VirtualAverager(int workers, SumOrder order = SumOrder::kExact, int shards = 1,
-                           int lanes = 1);
+                           int lanes = 1, double lane_share = 0.5);
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   // In one process the sites' requests are one: returns `stop`.
   bool exchange_control(std::span<const DueAverage> due, bool stop) override;
@@ -168,6 +169,7 @@ class VirtualAverager final : public Averager {
   SumOrder order_;
   int shards_;
   int lanes_;
+  double lane_share_;
   std::vector<Traffic> traffic_;
   // A compressed average's buffers, kept between averages: fresh ones of a large state's size
   // cost page faults that made the ring's codec work 4.5x its price (bench_codec --ring).

@@ -26,12 +26,14 @@ class CollectiveAverager final : public Averager {
   // `wan` is this rank's WAN group (size S, rank = the site's ring position); `site` is the
   // site's group (size R, rank = r), or nullptr when R = 1; `wan_reverse`, when given, is the
   // same sites in the reversed ring (rank = transport::reversed_rank), the second lane: the
-  // shard's second half travels it concurrently, on the links' other direction. All must
+  // shard's second part travels it concurrently, on the links' other direction; `lane_share`
+  // of the shard takes the ring, the rest the reversed ring (transport::lane_block). All must
   // outlive the averager.
   // Every rank must call average() for the same states in the same order (the SyncPolicy
   // guarantees that: it is a function of t).
   explicit CollectiveAverager(transport::Collective& wan, transport::Collective* site = nullptr,
-                              transport::Collective* wan_reverse = nullptr);
+                              transport::Collective* wan_reverse = nullptr,
+                              double lane_share = 0.5);
   // `local` holds exactly one replica, identical on every rank of a site.
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   // The payload guard and the WAN all-reduce of this rank's shard, divided: only the WAN
@@ -71,6 +73,7 @@ class CollectiveAverager final : public Averager {
   transport::Collective& wan_;
   transport::Collective* site_;
   transport::Collective* wan_reverse_;
+  double lane_share_;
   Traffic traffic_;
   SyncMeter* meter_ = nullptr;
   std::vector<float> gathered_;            // R blocks, for the intra-site all-gather

@@ -78,6 +78,10 @@ struct TransportSection {
   // Wide-area rings per WAN group: 2 sends half of each shard round the reversed ring too, so
   // both directions of every link carry data (from 3 sites on; see transport/ring_order.hpp).
   int lanes = 2;
+  // With two lanes, the part of each shard that goes round the ring; the rest goes round the
+  // reversed ring (transport::lane_block). 0.5 splits evenly; `desloc plan` chooses it from the
+  // two rings' capacity when the links' directions differ.
+  float lane_share = 0.5f;
 };
 
 struct JobConfig {

@@ -4,8 +4,10 @@
 // Cost model (alpha-beta, per directed link): a ring all-reduce of P bytes over n sites takes
 // 2(n-1) steps, each moving P/n bytes over every ring link at once, so
 //   T_ring = 2(n-1) * max over ring links (latency + P / (n * bandwidth)).
-// With two lanes (transport.lanes = 2, 3+ sites) half of P goes round the reversed ring at the
-// same time, on the links' other direction: T = max(T_ring(P/2), T_reversed(P/2)).
+// With two lanes (transport.lanes = 2, 3+ sites) a part s of P goes round the ring and the rest
+// round the reversed ring at the same time, on the links' other direction:
+// T = max(T_ring(s P), T_reversed((1 - s) P)). The plan weighs s by capacity: the s where the
+// two lanes finish together (transport.lane_share; 0.5 where both directions are alike).
 // Sharding over R ranks per site changes nothing: the R wide-area groups share each link.
 // A star at root r (every other site sends P to r, r sends the sum back) takes
 //   T_star = max_leaf (latency + P / bw(leaf -> r)) + max_leaf (latency + P / bw(r -> leaf)).
@@ -64,6 +66,7 @@ struct Schedule {
   std::string kind;                // "ring" or "star"
   std::vector<std::string> order;  // ring order, or {root} for a star
   int lanes = 1;                   // rings: 2 = also the reversed ring
+  double lane_share = 0.5;         // with 2 lanes: the part of each shard on the ring
   double seconds = 0;              // predicted all-reduce time of one state
   double bottleneck_bps = 0;       // slowest link used, payload bytes/s
   std::string describe() const;    // "ring A -> B -> C -> A [both directions]" or "star at B"
@@ -96,7 +99,10 @@ double half_life(double beta);
 
 // Predicted all-reduce time of `bytes` over `order` as a ring / as a star at `root`.
 double ring_seconds(const Topology& t, const std::vector<std::string>& order, double bytes,
-                    int lanes = 1);
+                    int lanes = 1, double lane_share = 0.5);
+// The lane share (a multiple of 0.01 in [0.01, 0.99]) at which the ring and its reverse finish
+// `bytes` together: the minimax of the two lanes' times. 0.5 where both directions are alike.
+double balanced_lane_share(const Topology& t, const std::vector<std::string>& order, double bytes);
 double star_seconds(const Topology& t, const std::string& root, double bytes);
 // A delayed average's control exchange over `order`: an all-gather of a few bytes per site,
 // half a ring all-reduce's hops. The only part of a delayed average that blocks.

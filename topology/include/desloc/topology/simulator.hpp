@@ -40,6 +40,7 @@ struct SimJob {
   std::array<double, 3> wire_ratio{1.0, 1.0, 1.0};
   std::array<double, 3> codec_s{};
   int lanes = 1;              // 2 = also the reversed ring (3+ sites)
+  double lane_share = 0.5;    // with 2 lanes: the part on the ring (transport.lane_share)
   bool overlap = false;       // the unbounded what-if
   bool overlap_step = false;  // sync.overlap = "step"
   // sync.overlap = "delayed": tau of x, u and v (all 0 = not delayed).

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <span>
 #include <stdexcept>
@@ -57,21 +58,31 @@ inline void ring_sum_reference(std::span<const std::span<const float>> inputs,
   }
 }
 
-// Lanes. A ring sends on one direction of each link only; with two lanes a buffer's first half
-// (block(count, 2, 0)) goes round the ring in site order and its second half round the
+// Lanes. A ring sends on one direction of each link only; with two lanes a buffer's first part
+// (lane_block(count, share, 0)) goes round the ring in site order and the rest round the
 // reversed ring, so both directions of every link carry data. In the reversed ring, site s
 // has group rank reversed_rank(s, n) (its successor is site s - 1).
 constexpr int reversed_rank(int site, int n) { return (n - site) % n; }
 // Two sites already use both directions of their one link; a second lane helps from three on.
 constexpr int effective_lanes(int lanes, int sites) { return sites >= 3 && lanes >= 2 ? 2 : 1; }
 
+// The split of `count` elements over the two lanes (transport.lane_share): the first
+// ceil(count x share) go round the ring, the rest round the reversed ring. share = 0.5 is the
+// even split, block(count, 2, lane). Where one direction of the rings is slower, a share in
+// proportion to the two rings' capacity makes both lanes finish together (`desloc plan`).
+inline Range lane_block(std::size_t count, double share, int lane) {
+  const auto first =
+      std::min(count, static_cast<std::size_t>(std::ceil(static_cast<double>(count) * share)));
+  return lane == 0 ? Range{0, first} : Range{first, count - first};
+}
+
 // What lane-split ring all-reduces leave, bit for bit; inputs are indexed by site. lanes == 1
 // is ring_sum_reference.
 inline void lane_sum_reference(std::span<const std::span<const float>> inputs, std::span<float> out,
-                               int lanes) {
+                               int lanes, double share = 0.5) {
   if (lanes <= 1) return ring_sum_reference(inputs, out);
   const int n = static_cast<int>(inputs.size());
-  const Range first = block(out.size(), 2, 0), second = block(out.size(), 2, 1);
+  const Range first = lane_block(out.size(), share, 0), second = lane_block(out.size(), share, 1);
   std::vector<std::span<const float>> half(inputs.size());
   for (std::size_t s = 0; s < inputs.size(); ++s)
     half[s] = inputs[s].subspan(first.offset, first.count);
