@@ -9,7 +9,9 @@
 //     namespace). Ranks find each other through files in DIR; the rank validates, warms up,
 //     times `repeats` all-reduces of B bytes and writes one JSON record to FILE. --idle-ms
 //     leaves the links idle that long before each all-reduce, as DES-LOC's syncs do (TCP's
-//     congestion window restarts after an idle period: docs/transport.md).
+//     congestion window restarts after an idle period: docs/transport.md). --lane-share S
+//     (3+ ranks) times the trainer's own average instead (sync::CollectiveAverager) over the
+//     ring and its reverse, S of the buffer on the ring: bench/bench_lanes.sh compares shares.
 //
 //   bench_wan_allreduce report --scenario DIR      one scenario's table, from the ranks' records
 //   bench_wan_allreduce summary --results DIR      one row per scenario and the targets
@@ -23,6 +25,8 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -30,6 +34,8 @@
 
 #include "bench_wan_allreduce_common.hpp"
 #include "desloc/core/error.hpp"
+#include "desloc/sync/collective_averager.hpp"
+#include "desloc/transport/ring_order.hpp"
 #include "desloc/transport/ucx_collective.hpp"
 #include "harness.hpp"
 #include "lm_bench_common.hpp"
@@ -125,6 +131,7 @@ struct RankOptions {
   int repeats = 5;
   int deadline_s = 120;
   int idle_ms = 0;
+  double lane_share = 0;  // > 0: two lanes through CollectiveAverager, this part on the ring
 };
 
 // Runs one all-reduce of the pattern and checks every element against the closed form.
@@ -144,12 +151,31 @@ void checked_all_reduce(transport::Collective& c, std::vector<float>& x,
                     bench::fmt(expected[bad % bench::wan::kPeriod], 1));
 }
 
+// The same through the trainer's averager (both lanes): `expected` holds the means.
+void checked_average(transport::Collective& c, sync::CollectiveAverager& avg, std::vector<float>& x,
+                     const std::vector<float>& expected, double* ms, int idle_ms) {
+  bench::wan::fill_pattern(x.data(), x.size(), c.rank());
+  if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(idle_ms));
+  c.barrier();
+  std::span<float> one(x);
+  const double t0 = bench::now_s();
+  avg.average(optim::StateKind::kU, std::span<const std::span<float>>(&one, 1));
+  const double t1 = bench::now_s();
+  if (ms) *ms = 1e3 * (t1 - t0);
+  const std::size_t bad = bench::wan::first_mismatch(x.data(), x.size(), expected);
+  if (bad != x.size())
+    throw DataError("rank " + std::to_string(c.rank()) + ": average wrong at element " +
+                    std::to_string(bad) + ": got " + bench::fmt(x[bad], 3) + ", expected " +
+                    bench::fmt(expected[bad % bench::wan::kPeriod], 3));
+}
+
 int run_rank(int argc, char** argv) {
   RankOptions o;
   bench::Flags(
       "bench_wan_allreduce rank --rank R --size N --exchange-dir DIR --out FILE [--bytes B] "
       "[--device DEV] [--rndv-thresh inf|auto|BYTES] [--chunk-bytes B] [--inflight K] "
-      "[--spin-iterations N] [--warmup W] [--repeats R] [--deadline-s S] [--idle-ms T]")
+      "[--spin-iterations N] [--warmup W] [--repeats R] [--deadline-s S] [--idle-ms T] "
+      "[--lane-share S]")
       .add("--rank", o.rank)
       .add("--size", o.size)
       .add("--exchange-dir", o.exchange_dir)
@@ -164,6 +190,7 @@ int run_rank(int argc, char** argv) {
       .add("--repeats", o.repeats)
       .add("--deadline-s", o.deadline_s)
       .add("--idle-ms", o.idle_ms)
+      .add("--lane-share", o.lane_share)
       .parse(argc, argv);
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size)
     throw ConfigError("--rank must lie in [0, --size); got rank " + std::to_string(o.rank) +
@@ -174,6 +201,8 @@ int run_rank(int argc, char** argv) {
     throw ConfigError("--bytes must be a positive multiple of 4 (float32)");
   if (o.repeats < 1 || o.warmup < 0) throw ConfigError("--repeats >= 1 and --warmup >= 0");
   if (o.idle_ms < 0) throw ConfigError("--idle-ms must be >= 0");
+  if (o.lane_share != 0 && !(o.lane_share > 0 && o.lane_share < 1 && o.size >= 3))
+    throw ConfigError("--lane-share must lie in (0, 1), with --size >= 3 (two lanes)");
   if (o.device.empty()) {
     const char* d = std::getenv("UCX_NET_DEVICES");
     if (!d || !*d)
@@ -192,19 +221,37 @@ int run_rank(int argc, char** argv) {
   ucx.rndv_thresh = o.rndv_thresh == "auto" ? "" : o.rndv_thresh;
   ucx.spin_iterations = o.spin_iterations;
   auto c = transport::make_ucx_collective(o.rank, o.size, exchange, copt, ucx);
+  // The second lane: the reversed ring, its own group (rank reversed_rank), its own addresses.
+  std::unique_ptr<transport::Collective> reverse;
+  std::optional<sync::CollectiveAverager> averager;
+  if (o.lane_share > 0) {
+    FileAddressExchange reverse_exchange(fs::path(o.exchange_dir) / "reverse");
+    reverse = transport::make_ucx_collective(transport::reversed_rank(o.rank, o.size), o.size,
+                                             reverse_exchange, copt, ucx);
+    averager.emplace(*c, nullptr, reverse.get(), o.lane_share);
+  }
 
   std::vector<float> x(static_cast<std::size_t>(o.bytes) / sizeof(float));
-  const std::vector<float> expected = bench::wan::expected_sums(o.size);
+  std::vector<float> expected = bench::wan::expected_sums(o.size);
+  if (averager) {
+    // The average divides the sum by the ranks, correctly rounded, as this does.
+    for (float& e : expected) e /= static_cast<float>(o.size);
+  }
+  const auto checked = [&](double* ms, int idle_ms) {
+    if (!averager) return checked_all_reduce(*c, x, expected, ms, idle_ms);
+    checked_average(*c, *averager, x, expected, ms, idle_ms);
+  };
   // The first all-reduce also connects the ring; it is validated like every later one.
-  checked_all_reduce(*c, x, expected, nullptr);
-  for (int i = 0; i < o.warmup; ++i) checked_all_reduce(*c, x, expected, nullptr, o.idle_ms);
+  checked(nullptr, 0);
+  for (int i = 0; i < o.warmup; ++i) checked(nullptr, o.idle_ms);
   std::vector<double> ms(static_cast<std::size_t>(o.repeats));
-  for (double& m : ms) checked_all_reduce(*c, x, expected, &m, o.idle_ms);
+  for (double& m : ms) checked(&m, o.idle_ms);
   c->barrier();  // nobody tears down while a peer still needs its data
+  if (reverse) reverse->barrier();
   const std::string extra =
       "\"rndv_thresh\":\"" + o.rndv_thresh + "\",\"chunk_bytes\":" + std::to_string(o.chunk_bytes) +
       ",\"inflight\":" + std::to_string(o.inflight) + ",\"idle_ms\":" + std::to_string(o.idle_ms) +
-      ",\"device\":\"" + o.device + "\"";
+      ",\"device\":\"" + o.device + "\",\"lane_share\":" + bench::fmt(o.lane_share, 4);
   if (!bench::wan::write_record(o.out, "desloc", o.rank, o.size, x.size() * sizeof(float), o.warmup,
                                 1 + o.warmup + o.repeats, ms, extra))
     throw bench::BenchError("cannot write " + o.out);

@@ -34,6 +34,13 @@ class Flags {
   Flags& add(const char* name, std::int64_t& v) {
     return bind(name, [&v](const char* s) { v = std::atoll(s); });
   }
+  Flags& add(const char* name, double& v) {
+    return bind(name, [&v](const char* s) {
+      char* end = nullptr;
+      v = std::strtod(s, &end);
+      if (end == s || *end != '\0') throw ConfigError(std::string("bad number '") + s + "'");
+    });
+  }
   // A comma-separated list of integers, e.g. --kx 16,256.
   Flags& add(const char* name, std::vector<std::int64_t>& v) {
     return bind(name, [&v](const char* s) {
