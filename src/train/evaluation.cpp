@@ -35,7 +35,9 @@ Evaluator::Evaluator(const JobConfig& cfg, model::Model& model, const data::Data
 void Evaluator::bind(RankContext* rank) {
   rank_ = rank;
   averager_.reset();
-  if (rank != nullptr) averager_.emplace(*rank->wan_group, rank->site_group, rank->wan_reverse);
+  if (rank != nullptr)
+    averager_.emplace(*rank->wan_group, rank->site_group, rank->wan_reverse,
+                      cfg_.transport.lane_share);
 }
 
 std::optional<Evaluation> Evaluator::evaluate(std::int64_t step, std::vector<SiteReplica>& sites) {
