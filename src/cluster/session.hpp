@@ -25,6 +25,10 @@ struct Session {
   std::unique_ptr<transport::Collective> site_group;   // null when R = 1
   std::unique_ptr<transport::Collective> wan_group;    // rank r of every site
   std::unique_ptr<transport::Collective> wan_reverse;  // lane 2: the reversed ring, or null
+  // Hierarchical DES-LOC (job.regions): rank r of the live sites of this site's region, in the
+  // region's ring order; null without regions or when the region has one live site.
+  std::unique_ptr<transport::Collective> region_group;
+  std::vector<int> region_sites;  // their positions in `sites` (ring positions), in that order
   // Profiling only, rank 0 of each site: pairs[k] is a 2-rank group with site k's rank 0
   // (the lower site index is rank 0); null for this site and for other ranks.
   std::vector<std::unique_ptr<transport::Collective>> pairs;

@@ -17,6 +17,8 @@
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/sync/collective_averager.hpp"
+#include "desloc/sync/regional_averager.hpp"
+#include "desloc/sync/sync_policy.hpp"
 #include "desloc/transport/control_plane.hpp"
 #include "desloc/transport/nccl_collective.hpp"
 #include "desloc/transport/ring_order.hpp"
@@ -144,11 +146,27 @@ namespace {
 // rank 0), 3 the wide-area group's second lane (the reversed ring), 4 + k (profiling, rank 0
 // only) a pair with site k. An entry is empty when its group has one member.
 struct Ports {
-  std::unique_ptr<transport::UcxPort> site, wan, reverse;
+  std::unique_ptr<transport::UcxPort> site, wan, reverse, region;
   std::vector<std::unique_ptr<transport::UcxPort>> pairs;
   std::vector<std::uint8_t> packed;
 };
-constexpr int kSiteSlot = 0, kWanSlot = 1, kNcclSlot = 2, kReverseSlot = 3, kPairSlot = 4;
+constexpr int kSiteSlot = 0, kWanSlot = 1, kNcclSlot = 2, kReverseSlot = 3, kRegionSlot = 4,
+              kPairSlot = 5;
+
+// The sites of `site`'s region (job.regions) that are in `sites`, in the region's ring order;
+// empty without regions.
+std::vector<std::string> live_region(const train::JobConfig& cfg,
+                                     const std::vector<std::string>& sites,
+                                     const std::string& site) {
+  for (const auto& region : cfg.job.regions) {
+    if (std::find(region.begin(), region.end(), site) == region.end()) continue;
+    std::vector<std::string> live;
+    for (const auto& s : region)
+      if (std::find(sites.begin(), sites.end(), s) != sites.end()) live.push_back(s);
+    return live;
+  }
+  return {};
+}
 
 // Fault injection for the fault suite, from $DESLOC_INJECT_CRASH (read in epoch 1 only):
 //   SITE:STEP:x|u|v  every rank of SITE kills itself halfway through its wide-area ring of that
@@ -207,6 +225,9 @@ Ports open_ports(const train::JobConfig& cfg, const Session& ss, bool pair_group
   if (S > 1) p.wan = transport::open_ucx_port(ucx_options(cfg.transport, true));
   if (transport::effective_lanes(cfg.transport.lanes, S) == 2)
     p.reverse = transport::open_ucx_port(ucx_options(cfg.transport, true));
+  // Opened whenever there are regions: a recovery opens ports before it knows who survives.
+  if (!cfg.job.regions.empty())
+    p.region = transport::open_ucx_port(ucx_options(cfg.transport, true));
   transport::WorkerAddress nccl_id;
   if (nccl && ss.rank == 0) {
     const auto id = transport::nccl_unique_id();
@@ -215,7 +236,8 @@ Ports open_ports(const train::JobConfig& cfg, const Session& ss, bool pair_group
   std::vector<transport::WorkerAddress> addresses{
       p.site ? p.site->address() : transport::WorkerAddress{},
       p.wan ? p.wan->address() : transport::WorkerAddress{}, nccl_id,
-      p.reverse ? p.reverse->address() : transport::WorkerAddress{}};
+      p.reverse ? p.reverse->address() : transport::WorkerAddress{},
+      p.region ? p.region->address() : transport::WorkerAddress{}};
   p.pairs.resize(static_cast<std::size_t>(S));
   for (int k = 0; k < S; ++k) {
     if (pair_groups && ss.rank == 0 && k != ss.site_index)
@@ -294,6 +316,28 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
         unpack_address(next.worker_address, kReverseSlot,
                        fmt::format("{}/{}", next.site, next.rank)),
         o);
+  }
+  ss.region_group.reset();
+  ss.region_sites.clear();
+  if (const auto region = live_region(cfg, sites, site); !region.empty()) {
+    for (const auto& s : region)
+      ss.region_sites.push_back(
+          static_cast<int>(std::find(sites.begin(), sites.end(), s) - sites.begin()));
+    const int n = static_cast<int>(region.size());
+    if (n > 1) {
+      const int me =
+          static_cast<int>(std::find(region.begin(), region.end(), site) - region.begin());
+      auto o = base;
+      o.chunk_headers = cfg.transport.chunk_headers;
+      for (const auto& s : region) o.peer_names.push_back(fmt::format("{}/{}", s, ss.rank));
+      const auto& next =
+          member(m, region[std::size_t((me + 1) % n)], static_cast<std::uint32_t>(ss.rank));
+      ss.region_group = transport::connect_ucx_collective(
+          std::move(ports.region), me, n,
+          unpack_address(next.worker_address, kRegionSlot,
+                         fmt::format("{}/{}", next.site, next.rank)),
+          o);
+    }
   }
   ss.pairs.clear();
   ss.pairs.resize(static_cast<std::size_t>(S));
@@ -433,6 +477,7 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
   for (int attempt = 1;; ++attempt) {
     // Tear the broken epoch's groups down first (they abort what is in flight).
     pairs.clear();
+    region_group.reset();
     wan_reverse.reset();
     wan_group.reset();
     site_group.reset();
@@ -481,6 +526,12 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
 train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& opts) {
   Session ss = join_job(cfg, opts, false);
   std::optional<sync::CollectiveAverager> averager;
+  // Hierarchical DES-LOC: the region's averager (over the region group; a region of one live
+  // site averages with itself) and the two levels as one.
+  std::optional<sync::CollectiveAverager> region_averager;
+  std::optional<sync::VirtualAverager> lone_region;
+  std::optional<sync::RegionalAverager> regional;
+  const sync::SyncPolicy policy(cfg.sync);
   sync::SyncMeter meter;  // outlives the averagers of every epoch: its counters only grow
   train::RankContext ctx;
   ctx.site = ss.home_site;
@@ -494,10 +545,30 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
     guard.site_names = ss.sites;
     averager->set_payload_guard(guard);
     averager->set_sync_meter(&meter);
+    regional.reset();
+    region_averager.reset();
+    lone_region.reset();
+    sync::Averager* bound = &*averager;
+    if (!cfg.job.regions.empty()) {
+      sync::PayloadGuard region_guard;
+      for (int p : ss.region_sites) region_guard.site_names.push_back(ss.sites[std::size_t(p)]);
+      sync::Averager* region = nullptr;
+      if (ss.region_group) {
+        region_averager.emplace(*ss.region_group, ss.site_group.get(), nullptr,
+                                cfg.transport.lane_share);
+        region = &*region_averager;
+      } else {
+        lone_region.emplace(1);
+        region = &*lone_region;
+      }
+      region->set_payload_guard(region_guard);
+      regional.emplace(*averager, *region, policy.schedule(), ss.region_sites);
+      bound = &*regional;
+    }
     ctx.wan_successor =
         ss.S > 1 ? fmt::format("{}/{}", ss.sites[std::size_t((ss.site_index + 1) % ss.S)], ss.rank)
                  : std::string();
-    ctx.averager = &*averager;
+    ctx.averager = bound;
     ctx.site_group = ss.site_group.get();
     ctx.wan_group = ss.wan_group.get();
     ctx.wan_reverse = ss.wan_reverse.get();
@@ -522,6 +593,9 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   if (cfg.job.on_site_failure == "continue") {
     ctx.recovery_pending = [&ss] { return ss.client->recovery_pending(); };
     ctx.recover = [&](std::span<const std::int64_t> snapshots, const std::string& reason) {
+      regional.reset();
+      region_averager.reset();
+      lone_region.reset();
       averager.reset();
       const std::int64_t resume = ss.recover(cfg, snapshots, reason);
       bind_groups();
@@ -560,6 +634,7 @@ void Session::leave() {
   if (site_group) site_group->barrier();
   if (wan_group) wan_group->barrier();
   if (wan_reverse) wan_reverse->barrier();
+  if (region_group) region_group->barrier();
 }
 
 }  // namespace desloc::cluster

@@ -19,6 +19,14 @@ SyncSchedule SyncConfig::schedule() const {
   return s;
 }
 
+SyncSchedule SyncConfig::region_schedule() const {
+  SyncSchedule s = schedule();
+  s.kx = region_kx;
+  s.ku = effective_region_ku();
+  s.kv = effective_region_kv();
+  return s;
+}
+
 CompressionConfig SyncConfig::compression() const {
   CompressionConfig c;
   c.codec[static_cast<std::size_t>(optim::StateKind::kX)] =
@@ -36,6 +44,19 @@ CompressionConfig SyncConfig::compression() const {
   return c;
 }
 
-SyncPolicy::SyncPolicy(SyncConfig cfg) : cfg_(std::move(cfg)), schedule_(cfg_.schedule()) {}
+SyncPolicy::SyncPolicy(SyncConfig cfg) : cfg_(std::move(cfg)), schedule_(cfg_.schedule()) {
+  if (cfg_.regional()) region_ = cfg_.region_schedule();
+}
+
+SyncDecision SyncPolicy::at(std::int64_t t) const {
+  SyncDecision d = schedule_.at(t);
+  if (region_) {
+    const SyncDecision r = region_->at(t);
+    d.x = d.x || r.x;
+    d.u = d.u || r.u;
+    d.v = d.v || r.v;
+  }
+  return d;
+}
 
 }  // namespace desloc::sync

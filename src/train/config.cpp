@@ -11,6 +11,7 @@
 #include <cctype>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -103,6 +104,24 @@ class Binder {
                                         where(file_, n->source()), section_, key, v, list));
       }
       out = std::move(v);
+    }
+  }
+
+  void string_lists(const char* key, std::vector<std::vector<std::string>>& out, const char* doc) {
+    if (describe(key, "[]", doc)) return;
+    if (const toml::node* n = take(key)) {
+      const toml::array* a = n->as_array();
+      if (a == nullptr) type_error(key, *n, "an array of arrays of strings");
+      out.clear();
+      for (const toml::node& e : *a) {
+        const toml::array* inner = e.as_array();
+        if (inner == nullptr) type_error(key, e, "an array of arrays of strings");
+        out.emplace_back();
+        for (const toml::node& s : *inner) {
+          if (!s.is_string()) type_error(key, s, "an array of arrays of strings");
+          out.back().push_back(s.as_string()->get());
+        }
+      }
     }
   }
 
@@ -237,6 +256,16 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
   b.integer64("ku", s.ku, "desloc: first-moment period Ku (0 = 3 * kx)", 0);
   b.comment_next();
   b.integer64("kv", s.kv, "desloc: second-moment period Kv (0 = 6 * kx)", 0);
+  b.comment_next();
+  b.integer64("region_kx", s.region_kx,
+              "with job.regions: x's average inside a region every region_kx steps (divides kx)", 0,
+              INT64_MAX / 6);
+  b.comment_next();
+  b.integer64("region_ku", s.region_ku,
+              "with job.regions, desloc: u's inside a region (0 = 3 * region_kx; divides ku)", 0);
+  b.comment_next();
+  b.integer64("region_kv", s.region_kv,
+              "with job.regions, desloc: v's inside a region (0 = 6 * region_kx; divides kv)", 0);
   b.integer64("phase_x", s.phase_x, "x is averaged at steps t with (t - phase_x) mod kx == 0", 0);
   b.comment_next();
   b.integer64("phase_u", s.phase_u, "desloc: phase of the u average", 0);
@@ -307,6 +336,11 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
 void bind_job(Binder& b, JobSection& j) {
   b.strings("sites", j.sites,
             "site names in wide-area ring order; [] = site0..site{M-1} from sync.workers");
+  b.comment_next();
+  b.string_lists(
+      "regions", j.regions,
+      "hierarchical DES-LOC: the sites in regions, e.g. [[\"A\", \"B\"], [\"C\", \"D\"]], "
+      "each in its ring order; with sync.region_kx");
   b.integer("ranks_per_site", j.ranks_per_site,
             "ranks (processes) per site R; they all-reduce gradients every step", 1, 1024);
   b.string("coordinator", j.coordinator, "host:port of `desloc coordinator` (launch picks a port)");
@@ -571,6 +605,102 @@ void check_sync(const Binder& b, const sync::SyncConfig& s) {
         b.location_of("join_workers"), s.join_workers, s.workers));
 }
 
+// job.regions and sync.region_*: every site of the job in exactly one region, periods that
+// divide the job-wide ones, and only the modes the two levels are built for so far.
+void check_regions(const Binder& b, const toml::table& root, const std::string& file,
+                   const JobConfig& job) {
+  const sync::SyncConfig& s = job.sync;
+  const auto sync_at = [&](const char* key) {
+    const auto* n = root.at_path(std::string("sync.") + key).node();
+    return n != nullptr ? where(file, n->source()) : file;
+  };
+  const auto& regions = job.job.regions;
+  if (regions.empty()) {
+    for (const char* key : {"region_kx", "region_ku", "region_kv"})
+      if (root.at_path(std::string("sync.") + key).node() != nullptr)
+        throw ConfigError(
+            fmt::format("{}: sync.{} is set, but job.regions is not: name the "
+                        "regions, or remove it",
+                        sync_at(key), key));
+    return;
+  }
+  const std::string at = b.location_of("regions");
+  const std::vector<std::string> sites = job.site_names();
+  std::map<std::string, std::size_t> region_of;
+  for (std::size_t g = 0; g < regions.size(); ++g) {
+    if (regions[g].empty())
+      throw ConfigError(fmt::format("{}: job.regions: region {} is empty", at, g + 1));
+    for (const std::string& site : regions[g]) {
+      if (std::find(sites.begin(), sites.end(), site) == sites.end())
+        throw ConfigError(
+            fmt::format("{}: job.regions names '{}', which is not a site of the job "
+                        "(job.sites: {})",
+                        at, site, fmt::join(sites, ", ")));
+      if (const auto [it, fresh] = region_of.emplace(site, g); !fresh)
+        throw ConfigError(fmt::format("{}: job.regions puts '{}' in region {} and in region {}", at,
+                                      site, it->second + 1, g + 1));
+    }
+  }
+  for (const std::string& site : sites)
+    if (!region_of.contains(site))
+      throw ConfigError(fmt::format("{}: job.regions leaves site '{}' in no region", at, site));
+  if (!s.regional())
+    throw ConfigError(
+        fmt::format("{}: job.regions is set, but sync.region_kx is not: give the "
+                    "period of the averages inside a region",
+                    at));
+  const bool desloc = s.method == SyncMethod::kDesloc;
+  if (s.method != SyncMethod::kFavg && s.method != SyncMethod::kLocalAdam && !desloc)
+    throw ConfigError(
+        fmt::format("{}: job.regions needs sync.method = \"desloc\", \"local_adam\" "
+                    "or \"favg\" (got \"{}\")",
+                    at, to_string(s.method)));
+  for (const char* key : {"region_ku", "region_kv"})
+    if (root.at_path(std::string("sync.") + key).node() != nullptr && !desloc)
+      throw ConfigError(
+          fmt::format("{}: sync.{} is set, but method = \"{}\" averages u and v "
+                      "with x; use sync.region_kx",
+                      sync_at(key), key, to_string(s.method)));
+  struct Level {
+    const char* key;
+    std::int64_t region, global, phase;
+    const char* global_key;
+    const char* phase_key;
+  };
+  for (const Level& l :
+       {Level{"region_kx", s.region_kx, s.kx, s.phase_x, "kx", "phase_x"},
+        Level{"region_ku", s.effective_region_ku(), s.effective_ku(), s.phase_u, "ku", "phase_u"},
+        Level{"region_kv", s.effective_region_kv(), s.effective_kv(), s.phase_v, "kv",
+              "phase_v"}}) {
+    if (!desloc && l.key != std::string("region_kx")) continue;
+    if (l.region >= l.global || l.global % l.region != 0)
+      throw ConfigError(fmt::format(
+          "{}: sync.{} = {} must divide sync.{} = {} and be shorter: a job-wide average must "
+          "fall on a step the regions average too",
+          sync_at(l.key), l.key, l.region, l.global_key, l.global));
+    if (l.phase >= l.region)
+      throw ConfigError(fmt::format("{}: sync.{} = {} must be smaller than sync.{} = {}",
+                                    sync_at(l.phase_key), l.phase_key, l.phase, l.key, l.region));
+  }
+  // Built so far: blocking or step-overlapped fp32 averages of whole states.
+  const auto refuse = [&](const char* key, const std::string& value) {
+    throw ConfigError(
+        fmt::format("{}: sync.{} = {} with job.regions is not supported yet "
+                    "(regions average whole fp32 states, blocking or with "
+                    "overlap = \"step\")",
+                    sync_at(key), key, value));
+  };
+  if (s.delays()) refuse("overlap", "\"" + s.overlap + "\"");
+  if (s.fragments > 1) refuse("fragments", std::to_string(s.fragments));
+  if (s.fragments_u > 0) refuse("fragments_u", std::to_string(s.fragments_u));
+  if (s.fragments_v > 0) refuse("fragments_v", std::to_string(s.fragments_v));
+  for (const auto& [key, codec] : {std::pair{"codec_x", s.codec_x}, std::pair{"codec_u", s.codec_u},
+                                   std::pair{"codec_v", s.codec_v}})
+    if (codec != "fp32") refuse(key, "\"" + codec + "\"");
+  if (s.outer != "none") refuse("outer", "\"" + s.outer + "\"");
+  if (s.join_step > 0) refuse("join_step", std::to_string(s.join_step));
+}
+
 struct Section {
   const char* name;
   std::function<void(Binder&, JobConfig&)> bind;
@@ -651,6 +781,7 @@ JobConfig from_table(const toml::table& root, const std::string& file,
         throw ConfigError(fmt::format("{}: sync.join_workers = {} must exceed the {} sites", file,
                                       job.sync.join_workers, m));
     }
+    if (std::string(sec.name) == "job") check_regions(b, root, file, job);
   }
   for (auto&& [k, v] : root) {
     if (!known.contains(std::string(k.str())))
@@ -742,6 +873,13 @@ std::string JobConfig::canonical() const {
   // So do the lanes: the second half of each shard sums in the reversed ring's order.
   text += fmt::format(";job:{},{},{}", fmt::join(site_names(), ","), job.ranks_per_site,
                       transport::effective_lanes(transport.lanes, sync.workers));
+  // Regions decide which sites each average sums (one level keeps earlier fingerprints).
+  if (!job.regions.empty()) {
+    for (const auto& region : job.regions)
+      text += fmt::format(";region:{}", fmt::join(region, ","));
+    text += fmt::format(";region_k:{},{},{}", sync.region_kx, sync.effective_region_ku(),
+                        sync.effective_region_kv());
+  }
   // And where the lanes split each shard (an even split keeps the fingerprint of earlier jobs).
   if (transport::effective_lanes(transport.lanes, sync.workers) == 2 &&
       transport.lane_share != 0.5f)

@@ -75,12 +75,7 @@ void TrainingRun::recover(const std::string& what) {
   const auto t_fail = Clock::now();
   const std::int64_t failed_at = step_ + 1;
   const std::uint64_t wire_now = traffic_of(0).total_wire();
-  const sync::Traffic old = averager_->traffic(0);
-  for (std::size_t k = 0; k < old.wire.size(); ++k) {
-    traffic_base_.payload[k] += old.payload[k];
-    traffic_base_.wire[k] += old.wire[k];
-    traffic_base_.site_wire[k] += old.site_wire[k];
-  }
+  traffic_base_ += averager_->traffic(0);
   evaluator_.unbind();
   averager_ = nullptr;
   cluster::Recovery::Rollback back = recovery_->recover(failed_at, what, wire_now);

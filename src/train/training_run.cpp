@@ -149,6 +149,19 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
   sync::PayloadGuard guard;
   guard.site_names = cfg.site_names();
   virtual_averager_.set_payload_guard(guard);
+  if (!networked_ && !cfg.job.regions.empty()) {
+    const auto names = cfg.site_names();
+    std::vector<std::vector<int>> groups;
+    for (const auto& region : cfg.job.regions) {
+      groups.emplace_back();
+      for (const auto& site : region)
+        groups.back().push_back(
+            static_cast<int>(std::find(names.begin(), names.end(), site) - names.begin()));
+    }
+    region_averager_.emplace(std::move(groups), cfg.sync.workers, R_, guard);
+    regional_.emplace(virtual_averager_, *region_averager_, policy_.schedule());
+    averager_ = &*regional_;
+  }
   evaluator_.bind(rank_);
   if (networked_ && rank_->recover) recovery_.emplace(*rank_);
   result_.unigram_entropy_nats = dataset_.unigram_entropy_nats;
@@ -580,11 +593,7 @@ void TrainingRun::maybe_join(std::int64_t t) {
 
 sync::Traffic TrainingRun::traffic_of(int w) const {
   sync::Traffic t = averager_->traffic(w);
-  for (std::size_t k = 0; k < t.wire.size(); ++k) {
-    t.payload[k] += traffic_base_.payload[k];
-    t.wire[k] += traffic_base_.wire[k];
-    t.site_wire[k] += traffic_base_.site_wire[k];
-  }
+  t += traffic_base_;
   return t;
 }
 

@@ -16,6 +16,7 @@
 #include "desloc/model/model.hpp"
 #include "desloc/sync/averager.hpp"
 #include "desloc/sync/outer_optimizer.hpp"
+#include "desloc/sync/regional_averager.hpp"
 #include "desloc/sync/site_reducer.hpp"
 #include "desloc/sync/sync_engine.hpp"
 #include "desloc/sync/sync_policy.hpp"
@@ -96,6 +97,9 @@ class TrainingRun {
   std::optional<sync::OuterNesterov> outer_;
   sync::CompressionState compression_;  // inactive unless a sync.codec_* is set
   sync::VirtualAverager virtual_averager_;
+  // With job.regions in one process: each region's own averages, and the two levels as one.
+  std::optional<sync::GroupedAverager> region_averager_;
+  std::optional<sync::RegionalAverager> regional_;
   sync::Averager* averager_;  // a networked rank's changes when a recovery rebuilds the groups
   sync::SiteReducer reducer_;
   sync::SyncEngine engine_;

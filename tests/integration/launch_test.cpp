@@ -49,13 +49,14 @@ std::vector<std::string> site_column(const std::vector<std::string>& arrays, std
 void expect_launch_matches_train(const std::string& tag, const std::vector<std::string>& sites,
                                  int ranks, const std::string& launch_sync = "",
                                  const std::string& both_sync = "",
-                                 const std::string& transport = "") {
+                                 const std::string& transport = "", const std::string& job = "") {
   const fs::path dir = fresh_dir(tag);
   std::string names;
   for (const auto& s : sites) names += (names.empty() ? "\"" : ", \"") + s + "\"";
   // 12 steps with kx = 2: x every 2 steps, u every 6, v every 12; the last step syncs all.
   // [transport] is the last table: `transport` lines join it.
   std::string toml = with_steps(multi_site_toml(dir / "launch", names, ranks), 12) + transport;
+  toml.replace(toml.find("[job]\n"), 6, "[job]\n" + job);
   toml.replace(toml.find("[sync]\n"), 7, "[sync]\n" + both_sync);
   const fs::path cfg = write_text(dir / "job.toml", toml);
   std::string launched_toml = toml;
@@ -152,6 +153,21 @@ TEST(Launch, TwoSitesOfTwoRanksReproduceTheInProcessRunBitForBit) {
 // goes round the reversed ring, and the in-process run sums it in that order too.
 TEST(Launch, ThreeSitesOfTwoRanksWithBothLanesReproduceTheInProcessRunBitForBit) {
   expect_launch_matches_train("launch3x2", {"west", "east", "north"}, 2);
+}
+
+// Hierarchical DES-LOC (issue 15, item 2): x averaged inside each region every step and over
+// all four sites every 2 (u: 3 and 6, v: 6 and 12); each region is a ring of its own over its
+// sites' rank-r ranks. The launched ranks equal the in-process run bit for bit, blocking and
+// with the averages overlapping the step, with one rank per site and with two.
+constexpr const char* kRegions = "regions = [[\"west\", \"east\"], [\"north\", \"south\"]]\n";
+TEST(Launch, HierarchicalDeslocReproducesTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch4x1_regions", {"west", "east", "north", "south"}, 1, "",
+                              "region_kx = 1\n", "", kRegions);
+}
+
+TEST(Launch, HierarchicalDeslocOfTwoRanksOverlappingReproducesTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch4x2_regions", {"west", "east", "north", "south"}, 2,
+                              "overlap = \"step\"\n", "region_kx = 1\n", "", kRegions);
 }
 
 // Capacity-weighted lanes (issue 15, item 3): 70% of every shard round the ring, 30% round the

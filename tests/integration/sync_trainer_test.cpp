@@ -59,6 +59,45 @@ TEST_F(SyncTrainer, DeslocWithEqualPeriodsIsLocalAdamBitwise) {
       << "x was averaged at t=12, then each worker stepped locally";
 }
 
+// Hierarchical DES-LOC (issue 15, item 2): regions [[A, B], [C, D]] with region_kx = 2 under
+// kx = 4 train neither like flat DES-LOC at kx = 2 nor at kx = 4, and their wide-area bytes lie
+// between the two: the region averages cross 2-site rings (1x the payload per average, against
+// 1.5x over all four sites). Which sites each average mixes is RegionalAverager's unit test.
+constexpr const char* kFourSites = "[job]\nsites = [\"A\", \"B\", \"C\", \"D\"]\n";
+TEST_F(SyncTrainer, RegionsTrainBetweenFlatDeslocAtTheirTwoPeriodsAndSendBytesInBetween) {
+  const auto regional =
+      job(fresh_dir("regions"), std::string("method = \"desloc\"\nkx = 4\nregion_kx = 2\n") +
+                                    kFourSites + "regions = [[\"A\", \"B\"], [\"C\", \"D\"]]\n");
+  const auto fast =
+      job(fresh_dir("flat2"), std::string("method = \"desloc\"\nkx = 2\n") + kFourSites);
+  const auto slow =
+      job(fresh_dir("flat4"), std::string("method = \"desloc\"\nkx = 4\n") + kFourSites);
+  const auto r = train::run_training(regional, {.progress = 0});
+  const auto f = train::run_training(fast, {.progress = 0});
+  const auto l = train::run_training(slow, {.progress = 0});
+  EXPECT_NE(final_state(regional).workers[0].params, final_state(fast).workers[0].params);
+  EXPECT_NE(final_state(regional).workers[0].params, final_state(slow).workers[0].params);
+  EXPECT_LT(r.bytes_sent_per_worker, f.bytes_sent_per_worker);
+  EXPECT_GT(r.bytes_sent_per_worker, l.bytes_sent_per_worker);
+}
+
+// One region holding every site in the ring's order, one lane: the region averages are the
+// job-wide ones, so the run equals flat DES-LOC at the region's periods bit for bit, with the
+// same bytes.
+TEST_F(SyncTrainer, OneRegionOfEverySiteIsFlatDeslocAtTheRegionPeriods) {
+  const std::string lanes = "[transport]\nlanes = 1\n";
+  const auto regional = job(fresh_dir("one_region"),
+                            std::string("method = \"desloc\"\nkx = 4\nregion_kx = 2\n") +
+                                kFourSites + "regions = [[\"A\", \"B\", \"C\", \"D\"]]\n" + lanes);
+  const auto flat =
+      job(fresh_dir("flat"), std::string("method = \"desloc\"\nkx = 2\n") + kFourSites + lanes);
+  const auto a = train::run_training(regional, {.progress = 0});
+  const auto b = train::run_training(flat, {.progress = 0});
+  test::expect_bitwise_equal(final_state(regional), final_state(flat));
+  EXPECT_EQ(a.last_val_loss, b.last_val_loss);
+  EXPECT_EQ(a.bytes_sent_per_worker, b.bytes_sent_per_worker);
+}
+
 // sync.overlap = "step" starts a step's averages of x, u and v before its gradient and
 // finishes them before its update: the same numbers as the blocking step, bit for bit, for
 // every method that averages states (the outer step and favg_reset's zeroing included).

@@ -140,6 +140,44 @@ TEST(Config, LaneShareIsBoundedAndWeighsTheHashOnlyWithTwoLanes) {
             parse_config(three + "[transport]\nlanes = 1\nlane_share = 0.7\n", "e.toml").hash());
 }
 
+// job.regions and sync.region_*: refused at load with the key named (issue 15, bad input).
+TEST(Config, RegionsAreRefusedWhenTheyDoNotPartitionTheSitesOrThePeriodsDoNotNest) {
+  const std::string sites = "[job]\nsites = [\"A\", \"B\", \"C\", \"D\"]\n";
+  const std::string two = "regions = [[\"A\", \"B\"], [\"C\", \"D\"]]\n";
+  const std::string desloc = "[sync]\nmethod = \"desloc\"\nkx = 4\nregion_kx = 2\n";
+  EXPECT_EQ(error_of(desloc + sites + two), "<no error>");
+  const struct {
+    std::string text, needle;
+  } cases[] = {
+      {desloc + sites + "regions = [[\"A\", \"B\"], [\"B\", \"C\", \"D\"]]\n",
+       "puts 'B' in region 1 and in region 2"},
+      {desloc + sites + "regions = [[\"A\", \"B\"], [\"C\", \"E\", \"D\"]]\n",
+       "job.regions names 'E', which is not a site"},
+      {desloc + sites + "regions = [[\"A\", \"B\"], [\"C\"]]\n", "leaves site 'D' in no region"},
+      {desloc + sites + "regions = [[\"A\", \"B\", \"C\", \"D\"], []]\n", "region 2 is empty"},
+      {desloc + sites + "regions = [\"A\", \"B\"]\n", "job.regions"},
+      {"[sync]\nmethod = \"desloc\"\nkx = 4\n" + sites + two, "sync.region_kx is not"},
+      {desloc + sites, "sync.region_kx is set, but job.regions is not"},
+      {"[sync]\nmethod = \"desloc\"\nkx = 4\nregion_kx = 3\n" + sites + two,
+       "sync.region_kx = 3 must divide sync.kx = 4"},
+      {"[sync]\nmethod = \"desloc\"\nkx = 4\nregion_kx = 4\n" + sites + two,
+       "sync.region_kx = 4 must divide sync.kx = 4 and be shorter"},
+      {desloc + "region_ku = 5\n" + sites + two, "sync.region_ku = 5 must divide sync.ku = 12"},
+      {"[sync]\nmethod = \"local_adam\"\nkx = 4\nregion_kx = 2\nregion_ku = 2\n" + sites + two,
+       "sync.region_ku is set, but method = \"local_adam\""},
+      {"[sync]\nmethod = \"ddp\"\nregion_kx = 2\n" + sites + two, "job.regions needs sync.method"},
+      {desloc + "overlap = \"delayed\"\ndelay = 1\n" + sites + two,
+       "sync.overlap = \"delayed\" with job.regions is not supported yet"},
+      {desloc + "codec_x = \"int8\"\n" + sites + two, "sync.codec_x = \"int8\" with job.regions"},
+      {desloc + "phase_x = 3\n" + sites + two,
+       "sync.phase_x = 3 must be smaller than sync.region_kx"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of(c.text);
+    EXPECT_NE(e.find(c.needle), std::string::npos) << e << "\n--- for ---\n" << c.text;
+  }
+}
+
 TEST(Config, SyntaxErrorHasPosition) {
   const auto msg = error_of("[model]\nlayers = = 2\n");
   EXPECT_NE(msg.find("job.toml:2:"), std::string::npos) << msg;

@@ -27,8 +27,27 @@ struct Traffic {
   std::array<std::uint64_t, 4> wire{};
   // Intra-site bytes the sharded averager's all-gather sent (0 with one rank per site).
   std::array<std::uint64_t, 4> site_wire{};
+  // With job.regions: the wide-area bytes of the averages inside a region, counted as `wire`
+  // counts the job-wide ones (RegionalAverager).
+  std::array<std::uint64_t, 4> region_wire{};
   std::uint64_t total_payload() const { return payload[0] + payload[1] + payload[2] + payload[3]; }
-  std::uint64_t total_wire() const { return wire[0] + wire[1] + wire[2] + wire[3]; }
+  // Every wide-area byte: the job-wide averages' and the regions'.
+  std::uint64_t total_wire() const {
+    return wire[0] + wire[1] + wire[2] + wire[3] + total_region_wire();
+  }
+  std::uint64_t total_region_wire() const {
+    return region_wire[0] + region_wire[1] + region_wire[2] + region_wire[3];
+  }
+  // Adds every counter of `o`.
+  Traffic& operator+=(const Traffic& o) {
+    for (std::size_t k = 0; k < 4; ++k) {
+      payload[k] += o.payload[k];
+      wire[k] += o.wire[k];
+      site_wire[k] += o.site_wire[k];
+      region_wire[k] += o.region_wire[k];
+    }
+    return *this;
+  }
 };
 
 // One state due for an average at this step, as the control exchange sees it: the replicas

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "desloc/core/sync_schedule.hpp"
@@ -56,9 +57,25 @@ struct SyncConfig {
   std::string codec_v = "fp32";
   int codec_block = static_cast<int>(kDefaultCodecBlock);  // elements per scale
   bool error_feedback = false;  // keep what quantisation dropped and send it next time
+  // Hierarchical DES-LOC (with job.regions): the periods of the averages inside a region, each
+  // dividing its job-wide period; 0 = one level. ku and kv default to 3 and 6 region_kx
+  // (desloc); the other methods average u and v with x. A step due at both levels averages
+  // over every site.
+  std::int64_t region_kx = 0;
+  std::int64_t region_ku = 0;
+  std::int64_t region_kv = 0;
 
   std::int64_t effective_ku() const { return ku > 0 ? ku : 3 * kx; }
   std::int64_t effective_kv() const { return kv > 0 ? kv : 6 * kx; }
+  bool regional() const { return region_kx > 0; }
+  std::int64_t effective_region_ku() const {
+    if (method != SyncMethod::kDesloc) return region_kx;
+    return region_ku > 0 ? region_ku : 3 * region_kx;
+  }
+  std::int64_t effective_region_kv() const {
+    if (method != SyncMethod::kDesloc) return region_kx;
+    return region_kv > 0 ? region_kv : 6 * region_kx;
+  }
   bool averages_params() const { return desloc::averages_params(method); }
   bool overlaps() const { return overlap != "none"; }
   bool delays() const { return overlap == "delayed" || overlap == "delayed_naive"; }
@@ -71,6 +88,9 @@ struct SyncConfig {
   }
   // The schedule these settings describe (ku and kv resolved), as the simulator takes it.
   SyncSchedule schedule() const;
+  // The schedule of the averages inside a region (regional() only): the region periods, the
+  // same method and phases.
+  SyncSchedule region_schedule() const;
   // The codecs by state (an unknown name reads as fp32: the config loader refuses it first).
   CompressionConfig compression() const;
 };
@@ -79,8 +99,13 @@ class SyncPolicy {
  public:
   explicit SyncPolicy(SyncConfig cfg);  // cfg must already be validated
   // t is the 1-based number of the step being taken (the first update is t = 1).
-  // A state with period K and phase p is due when t >= 1 and (t - p) mod K == 0.
-  SyncDecision at(std::int64_t t) const { return schedule_.at(t); }
+  // A state with period K and phase p is due when t >= 1 and (t - p) mod K == 0. With regions,
+  // a state is due when it is due at either level.
+  SyncDecision at(std::int64_t t) const;
+  // The job-wide averages due at t: with regions, a due state missing here averages inside
+  // the region only (RegionalAverager).
+  SyncDecision global_at(std::int64_t t) const { return schedule_.at(t); }
+  const SyncSchedule& schedule() const { return schedule_; }
   const SyncConfig& config() const { return cfg_; }
   // Mean payload per step in units of the model size: 1 for DDP, 1/Kx + 1/Ku + 1/Kv for DES-LOC.
   double state_syncs_per_step() const { return schedule_.state_syncs_per_step(); }
@@ -88,6 +113,7 @@ class SyncPolicy {
  private:
   SyncConfig cfg_;
   SyncSchedule schedule_;
+  std::optional<SyncSchedule> region_;
 };
 
 }  // namespace desloc::sync

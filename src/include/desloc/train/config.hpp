@@ -39,7 +39,11 @@ struct RunConfig {
 // with R * data.batch sequences per step.
 struct JobSection {
   std::vector<std::string> sites;  // names, in wide-area ring order; empty = site0..site{M-1}
-  int ranks_per_site = 1;          // R
+  // Hierarchical DES-LOC: sites grouped into regions, each a list of sites in its ring order.
+  // Inside a region x, u and v are also averaged every sync.region_k* steps (over the region's
+  // own links); the sync.k* averages span every site. Empty: one level.
+  std::vector<std::vector<std::string>> regions;
+  int ranks_per_site = 1;                       // R
   std::string coordinator = "127.0.0.1:29500";  // host:port of `desloc coordinator`
   std::string token_file;                       // file holding the job's shared secret
   std::string token;                // the secret inline (token_file is better: configs get copied)

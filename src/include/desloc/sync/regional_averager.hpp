@@ -1,0 +1,77 @@
+// Hierarchical DES-LOC (job.regions, sync.region_k*): two averagers behind one. A state due in
+// the job-wide schedule at step t is averaged over every site (`global`); a state due only in
+// the regions' schedule is averaged over the sites of each region (`region`). The sync engine
+// sees one Averager and the union of the two schedules (SyncPolicy::at), so blocking and
+// step-overlapped averages work unchanged, and so does the payload guard, judged per level.
+//
+// Stop requests travel with the job-wide control exchange only: every site must stop after the
+// same step, and a region's exchange reaches only its own sites. So a stop takes effect at the
+// next step with a job-wide average.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "desloc/core/sync_schedule.hpp"
+#include "desloc/sync/averager.hpp"
+
+namespace desloc::sync {
+
+class RegionalAverager final : public Averager {
+ public:
+  // `global` and `region` must outlive this. `global_schedule` is the job-wide schedule
+  // (SyncPolicy::schedule()). `region_sites[p]` is the job-wide site index (ring position) of
+  // position p of the region averager, for naming the sites its guard rejects; empty when the
+  // region averager already reports job-wide indices (GroupedAverager).
+  RegionalAverager(Averager& global, Averager& region, desloc::SyncSchedule global_schedule,
+                   std::vector<int> region_sites = {});
+  void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
+  void average_across_sites(optim::StateKind kind,
+                            std::span<const std::span<float>> local) override;
+  void complete_average(optim::StateKind kind, std::span<const std::span<float>> local) override;
+  bool exchange_control(std::span<const DueAverage> due, bool stop) override;
+  int workers() const override { return global_.workers(); }
+  // The job-wide averager's traffic, with the region averager's wide-area bytes as region_wire.
+  Traffic traffic(int w) const override;
+
+ private:
+  // Opens step_ on both averagers once (begin_step is the engine's call on this one).
+  void open_step();
+  bool job_wide(optim::StateKind kind) const;
+  Averager& route(optim::StateKind kind) { return job_wide(kind) ? global_ : region_; }
+  // Moves what the two averagers' guards rejected into rejections().
+  void collect_rejections();
+
+  Averager& global_;
+  Averager& region_;
+  desloc::SyncSchedule schedule_;
+  std::vector<int> region_sites_;
+  std::int64_t opened_ = -1;
+};
+
+// The region level in one process: each region's replicas (by job-wide site index, in the
+// region's ring order) averaged by a VirtualAverager of their own, in ring order like the
+// networked region groups. Rejections are reported by job-wide site index.
+class GroupedAverager final : public Averager {
+ public:
+  GroupedAverager(std::vector<std::vector<int>> groups, int workers, int shards,
+                  const PayloadGuard& guard);
+  void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
+  bool exchange_control(std::span<const DueAverage> due, bool stop) override;
+  int workers() const override { return workers_; }
+  Traffic traffic(int w) const override;
+
+ private:
+  void open_step();
+  std::vector<std::span<float>> subset(std::size_t g,
+                                       std::span<const std::span<float>> local) const;
+  void collect_rejections(std::size_t g);
+
+  std::vector<std::vector<int>> groups_;
+  int workers_;
+  std::vector<std::unique_ptr<VirtualAverager>> averagers_;
+  std::int64_t opened_ = -1;
+};
+
+}  // namespace desloc::sync

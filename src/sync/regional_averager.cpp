@@ -1,0 +1,159 @@
+// Hierarchical DES-LOC's averagers (regional_averager.hpp).
+#include "desloc/sync/regional_averager.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "desloc/core/error.hpp"
+
+namespace desloc::sync {
+
+RegionalAverager::RegionalAverager(Averager& global, Averager& region, SyncSchedule global_schedule,
+                                   std::vector<int> region_sites)
+    : global_(global),
+      region_(region),
+      schedule_(std::move(global_schedule)),
+      region_sites_(std::move(region_sites)) {}
+
+void RegionalAverager::open_step() {
+  if (opened_ == step_) return;
+  global_.begin_step(step_);
+  region_.begin_step(step_);
+  opened_ = step_;
+}
+
+bool RegionalAverager::job_wide(optim::StateKind kind) const {
+  const SyncDecision d = schedule_.at(step_);
+  switch (kind) {
+    case optim::StateKind::kX:
+      return d.x;
+    case optim::StateKind::kU:
+      return d.u;
+    case optim::StateKind::kV:
+      return d.v;
+    default:
+      return true;  // the gradient (DDP) has no region level
+  }
+}
+
+void RegionalAverager::collect_rejections() {
+  for (Rejection r : global_.rejections()) rejections_.push_back(std::move(r));
+  global_.clear_rejections();
+  for (Rejection r : region_.rejections()) {
+    if (!region_sites_.empty()) r.site = region_sites_.at(static_cast<std::size_t>(r.site));
+    rejections_.push_back(std::move(r));
+  }
+  region_.clear_rejections();
+}
+
+void RegionalAverager::average(optim::StateKind kind, std::span<const std::span<float>> local) {
+  open_step();
+  route(kind).average(kind, local);
+  collect_rejections();
+}
+
+void RegionalAverager::average_across_sites(optim::StateKind kind,
+                                            std::span<const std::span<float>> local) {
+  open_step();
+  route(kind).average_across_sites(kind, local);
+}
+
+void RegionalAverager::complete_average(optim::StateKind kind,
+                                        std::span<const std::span<float>> local) {
+  open_step();
+  route(kind).complete_average(kind, local);
+  collect_rejections();
+}
+
+bool RegionalAverager::exchange_control(std::span<const DueAverage> due, bool stop) {
+  open_step();
+  std::vector<DueAverage> job, region;
+  for (const DueAverage& d : due) (job_wide(d.kind) ? job : region).push_back(d);
+  bool any_stop = false;
+  if (!job.empty()) any_stop = global_.exchange_control(job, stop);
+  if (!region.empty()) region_.exchange_control(region, false);
+  collect_rejections();
+  return any_stop;
+}
+
+Traffic RegionalAverager::traffic(int w) const {
+  Traffic t = global_.traffic(w);
+  const Traffic r = region_.traffic(w);
+  for (std::size_t k = 0; k < 4; ++k) {
+    t.payload[k] += r.payload[k];
+    t.site_wire[k] += r.site_wire[k];
+    t.region_wire[k] += r.wire[k] + r.region_wire[k];
+  }
+  return t;
+}
+
+GroupedAverager::GroupedAverager(std::vector<std::vector<int>> groups, int workers, int shards,
+                                 const PayloadGuard& guard)
+    : groups_(std::move(groups)), workers_(workers) {
+  averagers_.reserve(groups_.size());
+  for (const auto& g : groups_) {
+    averagers_.push_back(
+        std::make_unique<VirtualAverager>(static_cast<int>(g.size()), SumOrder::kRing, shards, 1));
+    PayloadGuard mine = guard;
+    mine.site_names.clear();
+    for (int w : g) mine.site_names.push_back(guard.site_name(w));
+    averagers_.back()->set_payload_guard(std::move(mine));
+  }
+}
+
+void GroupedAverager::open_step() {
+  if (opened_ == step_) return;
+  for (auto& a : averagers_) a->begin_step(step_);
+  opened_ = step_;
+}
+
+std::vector<std::span<float>> GroupedAverager::subset(
+    std::size_t g, std::span<const std::span<float>> local) const {
+  if (local.size() != static_cast<std::size_t>(workers_))
+    throw Error("grouped averager: got " + std::to_string(local.size()) + " replicas for " +
+                std::to_string(workers_) + " sites");
+  std::vector<std::span<float>> out;
+  for (int w : groups_[g]) out.push_back(local[static_cast<std::size_t>(w)]);
+  return out;
+}
+
+void GroupedAverager::collect_rejections(std::size_t g) {
+  for (Rejection r : averagers_[g]->rejections()) {
+    r.site = groups_[g].at(static_cast<std::size_t>(r.site));
+    rejections_.push_back(std::move(r));
+  }
+  averagers_[g]->clear_rejections();
+}
+
+void GroupedAverager::average(optim::StateKind kind, std::span<const std::span<float>> local) {
+  open_step();
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const auto views = subset(g, local);
+    averagers_[g]->average(kind, views);
+    collect_rejections(g);
+  }
+}
+
+bool GroupedAverager::exchange_control(std::span<const DueAverage> due, bool stop) {
+  open_step();
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<std::vector<std::span<float>>> views;
+    views.reserve(due.size());
+    for (const DueAverage& d : due) views.push_back(subset(g, d.local));
+    std::vector<DueAverage> mine;
+    for (std::size_t k = 0; k < due.size(); ++k) mine.push_back({due[k].kind, views[k], nullptr});
+    averagers_[g]->exchange_control(mine, stop);
+    collect_rejections(g);
+  }
+  return stop;
+}
+
+Traffic GroupedAverager::traffic(int w) const {
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (std::size_t i = 0; i < groups_[g].size(); ++i)
+      if (groups_[g][i] == w) return averagers_[g]->traffic(static_cast<int>(i));
+  throw Error("grouped averager: site " + std::to_string(w) + " is in no region");
+}
+
+}  // namespace desloc::sync
