@@ -101,6 +101,14 @@ transport::JobDescription describe_job(const train::JobConfig& cfg, const std::s
       add("kv", s.effective_kv());
     }
     add("phases (x, u, v)", fmt::format("{}, {}, {}", s.phase_x, s.phase_u, s.phase_v));
+    if (!cfg.job.regions.empty()) {
+      std::vector<std::string> regions;
+      for (const auto& r : cfg.job.regions)
+        regions.push_back(fmt::format("[{}]", fmt::join(r, ", ")));
+      add("regions", fmt::format("{}", fmt::join(regions, " ")));
+      add("region kx, ku, kv",
+          fmt::format("{}, {}, {}", s.region_kx, s.effective_region_ku(), s.effective_region_kv()));
+    }
     add("overlap", s.overlap);
     if (s.delays()) {
       const auto tau = s.effective_delays();

@@ -89,6 +89,7 @@ train::TrainRecord read_train_record(const JsonValue& r, const std::string& wher
       out.loss_by_site.push_back(v.is_number() ? static_cast<float>(v.number)
                                                : std::numeric_limits<float>::quiet_NaN());
   out.site_bytes_sent = count<std::uint64_t>(r, "site_bytes_sent");
+  out.region_bytes_sent = count<std::uint64_t>(r, "region_bytes_sent");
   return out;
 }
 

@@ -75,11 +75,11 @@ std::string TrainRecord::to_json() const {
       R"("tokens":{},"workers":{},"synced":"{}","bytes_sent":{},)"
       R"("bytes_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},)"
       R"("payload_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},"bytes_sent_by_worker":[{}],)"
-      R"("loss_by_site":[{}],"site_bytes_sent":{}}})",
+      R"("loss_by_site":[{}],"site_bytes_sent":{},"region_bytes_sent":{}}})",
       step, json_number(loss), json_number(lr), json_number(grad_norm), json_number(tokens_per_s),
       json_number(step_ms), tokens, workers, synced, wire[0] + wire[1] + wire[2] + wire[3], wire[0],
       wire[1], wire[2], wire[3], payload[0], payload[1], payload[2], payload[3], by_worker, by_site,
-      site_bytes_sent);
+      site_bytes_sent, region_bytes_sent);
 }
 
 std::string EvalRecord::to_json() const {

@@ -505,6 +505,7 @@ void TrainingRun::record_step(const StepResult& s) {
   const sync::Traffic traffic = traffic_of(0);
   r.wire = traffic.wire;
   r.payload = traffic.payload;
+  r.region_bytes_sent = traffic.total_region_wire();
   // Every replica's wire total: equal under a ring, except for sites that joined late.
   for (std::size_t i = 0; i < sites_.size(); ++i)
     r.wire_by_worker.push_back(traffic_of(static_cast<int>(i)).total_wire());

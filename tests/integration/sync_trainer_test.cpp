@@ -79,6 +79,15 @@ TEST_F(SyncTrainer, RegionsTrainBetweenFlatDeslocAtTheirTwoPeriodsAndSendBytesIn
   EXPECT_NE(final_state(regional).workers[0].params, final_state(slow).workers[0].params);
   EXPECT_LT(r.bytes_sent_per_worker, f.bytes_sent_per_worker);
   EXPECT_GT(r.bytes_sent_per_worker, l.bytes_sent_per_worker);
+  // Per level in the metrics: at step 2 only the regions averaged (x: 2-site rings), at 4 all.
+  const auto region =
+      field_per_step(regional.train.out_dir + "/metrics.jsonl", "region_bytes_sent");
+  const auto job_wide = field_per_step(regional.train.out_dir + "/metrics.jsonl", "bytes_sent");
+  ASSERT_GE(region.size(), 4u);
+  EXPECT_NE(region[1], "0");
+  EXPECT_EQ(job_wide[1], "0");
+  EXPECT_EQ(region[3], region[1]) << "step 4's x average spans every site";
+  EXPECT_NE(job_wide[3], "0");
 }
 
 // One region holding every site in the ring's order, one lane: the region averages are the

@@ -158,6 +158,7 @@ TEST(MetricsRecords, WhatTheTrainerWritesTheReportReadsBack) {
   t.wire_by_worker = {3000, 3000};
   t.loss_by_site = {2.1f, 2.15890122f};
   t.site_bytes_sent = 77;
+  t.region_bytes_sent = 99;
   const auto back = read_train_record(parse_json(t.to_json(), "t"), "t");
   EXPECT_EQ(back.step, t.step);
   EXPECT_EQ(back.loss, 2.129542);  // written with 7 significant digits
@@ -173,6 +174,7 @@ TEST(MetricsRecords, WhatTheTrainerWritesTheReportReadsBack) {
   EXPECT_EQ(back.wire_by_worker, t.wire_by_worker);
   EXPECT_EQ(back.loss_by_site, t.loss_by_site);  // exact: 9 significant digits
   EXPECT_EQ(back.site_bytes_sent, t.site_bytes_sent);
+  EXPECT_EQ(back.region_bytes_sent, t.region_bytes_sent);
 
   train::RunRecord h;
   h.name = "quick \"start\"";

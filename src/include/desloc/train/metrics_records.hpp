@@ -39,6 +39,9 @@ struct TrainRecord {  // after every step
   std::vector<std::uint64_t> wire_by_worker;  // every replica's total wire bytes
   std::vector<float> loss_by_site;            // exact (round-trips a float)
   std::uint64_t site_bytes_sent = 0;          // the site group's bytes (networked)
+  // With job.regions: the wide-area bytes of the averages inside the region (`wire` holds the
+  // job-wide ones); bytes_sent_by_worker counts both.
+  std::uint64_t region_bytes_sent = 0;
   std::string to_json() const;
 };
 
