@@ -329,6 +329,7 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
           static_cast<int>(std::find(region.begin(), region.end(), site) - region.begin());
       auto o = base;
       o.chunk_headers = cfg.transport.chunk_headers;
+      o.crash_in = crash;  // $DESLOC_INJECT_CRASH at a step only the regions average
       for (const auto& s : region) o.peer_names.push_back(fmt::format("{}/{}", s, ss.rank));
       const auto& next =
           member(m, region[std::size_t((me + 1) % n)], static_cast<std::uint32_t>(ss.rank));

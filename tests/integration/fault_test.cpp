@@ -215,6 +215,53 @@ TEST(FaultSuite, SiteKilledMidRunIsDroppedAndTheSurvivorsFinish) {
              "dropped east, finished on 2 sites");
 }
 
+// Hierarchical DES-LOC (issue 15, item 2): regions [west, east] and [north], x averaged inside
+// a region every 2 steps and over all sites every 4. east dies; west is left alone in its
+// region: the survivors' new epoch rebuilds the region rings from the live sites, and both
+// finish, near the fault-free run.
+constexpr const char* kRegionsJob = "regions = [[\"west\", \"east\"], [\"north\"]]\n";
+TEST(FaultSuite, SiteKilledInsideARegionIsDroppedAndTheSurvivorsFinish) {
+  Job job("kill_region", 1, 1, kRegionsJob, {}, "", "region_kx = 2\n");
+  ASSERT_TRUE(job.reach(kSteps / 3)) << job.ranks[0][0].output();
+  ::kill(job.ranks[1][0].pid, SIGKILL);
+  EXPECT_EQ(job.ranks[1][0].wait(5s), 128 + SIGKILL);
+  ASSERT_TRUE(wait_for_text(job.ranks[0][0], "rolled back to step", 30s))
+      << job.ranks[0][0].output();
+  const double val = expect_leader_finishes(job);
+  EXPECT_EQ(job.ranks[2][0].wait(60s), 0) << job.ranks[2][0].output();
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_NEAR(val, ref, kLossTolerance);
+  report_row("kill -9 a site of a 2-site region (regions [west, east] [north], region_kx 2)", -1,
+             -1, val - ref,
+             last_field(job.leader_metrics(), "recovery", "bytes_resent").value_or(-1),
+             "dropped east, west alone in its region, finished on 2 sites");
+}
+
+// east dies halfway through its region's ring at a step only the regions average (602: x is
+// due every 2 steps inside regions, every 4 over all sites): west's partial region sum is
+// never applied, the survivors roll back to the point kept before that step.
+TEST(FaultSuite, SiteDyingHalfwayThroughARegionAverageIsSurvived) {
+  Job job("mid_region", 1, 1, kRegionsJob, {{"DESLOC_INJECT_CRASH", "east:602:x"}}, "",
+          "region_kx = 2\n");
+  Process& east = job.ranks[1][0];
+  EXPECT_EQ(east.wait(120s), 128 + SIGKILL) << east.output();
+  EXPECT_NE(east.output().find("killing this process halfway through all_reduce"),
+            std::string::npos)
+      << east.output();
+  ASSERT_TRUE(wait_for_text(job.ranks[0][0], "rolled back to step", 30s))
+      << job.ranks[0][0].output();
+  const double val = expect_leader_finishes(job);
+  EXPECT_EQ(job.ranks[2][0].wait(60s), 0) << job.ranks[2][0].output();
+  EXPECT_EQ(last_field(job.leader_metrics(), "recovery", "step").value_or(-1), 601.0);
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_NEAR(val, ref, kLossTolerance);
+  report_row(
+      "every rank of a site dies halfway through its region's x average (regions [west, "
+      "east] [north])",
+      -1, -1, val - ref, last_field(job.leader_metrics(), "recovery", "bytes_resent").value_or(-1),
+      "partial region average discarded, rolled back to step 601, finished on 2 sites");
+}
+
 // Every rank of east kills itself halfway through its wide-area ring of one average: the
 // others hold a partial sum that must never be applied.
 // `sync`: extra [sync] keys (delayed averages: the death happens on the communication thread
