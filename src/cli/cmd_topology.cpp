@@ -1,6 +1,7 @@
 // `desloc plan` and `desloc simulate`: choose periods and a ring order from a measured topology,
 // and predict a job on one.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
@@ -328,6 +329,12 @@ int run_simulate(const SimulateOptions& o) {
   if (sync.method != SyncMethod::kDesloc) sync = {.kx = cfg.sync.kx};
   sync.method = SyncMethod::kDesloc;
   base.schedule = sync.schedule();
+  if (!cfg.job.regions.empty()) {
+    auto regional = cfg.sync;
+    regional.method = SyncMethod::kDesloc;
+    base.regions = cfg.job.regions;
+    base.region_schedule = regional.region_schedule();
+  }
   std::printf(
       "simulate: %zu sites, %.3g parameters (%.2f MB per state), %lld steps, Kx %lld, "
       "Ku %lld, Kv %lld, %s syncs%s, compute jitter %.2f\n",
@@ -346,6 +353,15 @@ int run_simulate(const SimulateOptions& o) {
             : std::string()))
           .c_str(),
       o.jitter);
+  if (!base.regions.empty()) {
+    std::vector<std::string> regions;
+    for (const auto& r : base.regions) regions.push_back(fmt::format("[{}]", fmt::join(r, ", ")));
+    std::printf("regions %s: inside each, Kx %lld, Ku %lld, Kv %lld (methods that average x)\n",
+                fmt::format("{}", fmt::join(regions, " ")).c_str(),
+                static_cast<long long>(base.region_schedule.kx),
+                static_cast<long long>(base.region_schedule.ku),
+                static_cast<long long>(base.region_schedule.kv));
+  }
   if (!codecs.keys.empty()) {
     std::string line = codecs.keys;
     std::replace(line.begin(), line.end(), '\n', ' ');
@@ -361,6 +377,7 @@ int run_simulate(const SimulateOptions& o) {
   for (const auto& method : methods) {
     auto job = base;
     job.schedule.method = method;
+    job.region_schedule.method = method;
     const auto r = topology::simulate(topo, job);
     if (method == SyncMethod::kNone) none_total = r.total_s;
     const std::string total = r.total_s >= 86400  ? fmt::format("{:.2f} days", r.total_s / 86400)

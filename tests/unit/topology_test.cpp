@@ -386,6 +386,43 @@ TEST(Simulator, CountsExactlyTheAveragesTheTrainerMakes) {
     }
 }
 
+// Hierarchical DES-LOC (issue 15, item 6): regions [A, B] and [C, D] on 1 Gbit, 20 Mbit
+// between them. Over 24 steps with Kx = 8 (Ku 24, Kv 48) and region Kx = 2 (Ku 6, Kv 12), the
+// regions alone average x 9 times, u 3 and v 2 (each region at once), the job 4 times
+// (x at 8, 16, 24; u at 24): the closed form of the blocking run.
+double two_regions(char a, char b) {
+  const bool same = (a <= 'B') == (b <= 'B');
+  return same ? 1000 : 20;
+}
+TEST(Simulator, RegionsAverageOverTheirOwnRingsAndOnlyTheirSitesWait) {
+  const Topology t = parse_topology(topology_toml("ABCD", 100, two_regions, 1.0), "r.toml");
+  SimJob job;
+  job.state_bytes = 4e6;
+  job.steps = 24;
+  job.ring = {"A", "B", "C", "D"};
+  job.schedule = {SyncMethod::kDesloc, 8, 24, 48, 0, 0, 0};
+  job.regions = {{"A", "B"}, {"C", "D"}};
+  job.region_schedule = {SyncMethod::kDesloc, 2, 6, 12, 0, 0, 0};
+  const SimResult r = simulate(t, job);
+  const double region = ring_seconds(t, {"A", "B"}, 4e6), global = ring_seconds(t, job.ring, 4e6);
+  EXPECT_EQ(r.syncs, 4 + 2 * 14);
+  EXPECT_NEAR(r.total_s, 24 * 0.1 + 14 * region + 4 * global, 1e-9);
+  EXPECT_NEAR(r.bytes_per_site, 14 * 4e6 + 4 * 4e6 * 1.5, 1.0);
+  // Flat at the region's periods: every one of those averages crosses the 20 Mbit links.
+  SimJob flat = job;
+  flat.regions.clear();
+  flat.schedule = job.region_schedule;
+  EXPECT_GT(simulate(t, flat).total_s, r.total_s * 3);
+  // Overlapped with the step: a region average (2 x 32 ms on 1 Gbit) hides under 100 ms.
+  SimJob step = job;
+  step.overlap_step = true;
+  EXPECT_LT(simulate(t, step).total_s, r.total_s - 10 * region);
+  // Delayed averages are not modelled with regions.
+  SimJob delayed = job;
+  delayed.delay = {1, 1, 1};
+  EXPECT_THROW(simulate(t, delayed), ConfigError);
+}
+
 TEST(Simulator, ComputeNoiseMakesSitesWaitAtSyncs) {
   const Topology t = parse_topology(topology_toml("ABC", 100, triangle), "tri.toml");
   SimJob job;

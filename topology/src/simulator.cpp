@@ -39,6 +39,35 @@ SimResult simulate(const Topology& t, const SimJob& job) {
               (n > 1 ? job.codec_s[k] / double(parts[k]) : 0.0);
     per_state_bytes[k] = n > 1 ? bytes * 2.0 * double(n - 1) / double(n) : 0.0;
   }
+  // Regions: each region's sites (indices into t.sites) and its seconds and bytes per site for
+  // one average of state k over its own ring.
+  const bool regional = !job.regions.empty() && averages_params(plan.method);
+  if (regional && (job.overlap || job.delayed() || plan.fragments > 1))
+    throw ConfigError(
+        "simulate: regions are modelled with blocking or step-overlapped averages of whole "
+        "states only");
+  struct Region {
+    std::vector<std::size_t> sites;
+    std::array<double, 3> seconds{}, bytes{};
+  };
+  std::vector<Region> regions;
+  for (const auto& names : regional ? job.regions : std::vector<std::vector<std::string>>{}) {
+    Region g;
+    for (const auto& name : names) {
+      t.site(name);  // a ConfigError naming it when the topology lacks it
+      g.sites.push_back(static_cast<std::size_t>(
+          std::find_if(t.sites.begin(), t.sites.end(),
+                       [&](const SiteProfile& s) { return s.name == name; }) -
+          t.sites.begin()));
+    }
+    const double m = double(names.size());
+    for (std::size_t k = 0; k < 3; ++k) {
+      const double bytes = job.state_bytes * job.wire_ratio[k];
+      g.seconds[k] = ring_seconds(t, names, bytes, 1) + (m > 1 ? job.codec_s[k] : 0.0);
+      g.bytes[k] = m > 1 ? bytes * 2.0 * (m - 1) / m : 0.0;
+    }
+    regions.push_back(std::move(g));
+  }
   // The gradient (DDP) travels whole.
   const double grad_sync = ring_seconds(t, ring, job.state_bytes, job.lanes, job.lane_share);
   const double grad_bytes = n > 1 ? job.state_bytes * 2.0 * double(n - 1) / double(n) : 0.0;
@@ -73,6 +102,40 @@ SimResult simulate(const Topology& t, const SimJob& job) {
     for (std::size_t s = 0; s < n; ++s) {
       dts[s] = t.sites[s].step_s * (job.jitter > 0 ? std::exp(noise(gen)) : 1.0);
       compute[s] += dts[s];
+    }
+    // States due only inside the regions: each region averages over its own ring after its
+    // sites' compute (at the step's start under sync.overlap = "step", unless a job-wide
+    // average is due too), and only its sites wait for each other. dts is added below.
+    if (regional) {
+      const SyncDecision rd = job.region_schedule.at(step);
+      const bool only[3] = {rd.x && !due.x, rd.u && !due.u, rd.v && !due.v};
+      const bool under_step = job.overlap_step && states == 0;
+      double longest = 0;
+      for (const Region& g : regions) {
+        double cost_g = 0;
+        for (std::size_t k = 0; k < 3; ++k)
+          if (only[k] && g.sites.size() > 1) {
+            cost_g += g.seconds[k];
+            r.syncs += 1;
+            if (std::find(g.sites.begin(), g.sites.end(), 0) != g.sites.end())
+              r.bytes_per_site += g.bytes[k];
+          }
+        if (cost_g == 0) continue;
+        longest = std::max(longest, cost_g);
+        double start = 0;
+        for (std::size_t s : g.sites)
+          start = std::max(start, clock[s] + (under_step ? 0.0 : dts[s]));
+        for (std::size_t s : g.sites) {
+          if (under_step) {
+            waited += start - clock[s] + std::max(0.0, cost_g - dts[s]);
+            clock[s] = start + std::max(dts[s], cost_g) - dts[s];
+          } else {
+            waited += start - (clock[s] + dts[s]);
+            clock[s] = start + cost_g - dts[s];
+          }
+        }
+      }
+      r.comm_s += longest;
     }
     r.syncs += states;  // every average counts once, whatever the model does with its time
     r.bytes_per_site += bytes;

@@ -50,6 +50,12 @@ struct SimJob {
   // drawn from a fixed seed, so a slow step makes the others wait at the next sync.
   double jitter = 0.0;
   std::uint64_t seed = 1;
+  // Hierarchical DES-LOC (job.regions): each region's sites in its ring order, and the
+  // regions' schedule. A state due there but not in `schedule` is averaged by every region
+  // over its own ring, at once: only a region's sites wait for each other. Blocking and
+  // step-overlapped syncs only (ConfigError otherwise).
+  std::vector<std::vector<std::string>> regions;
+  SyncSchedule region_schedule{};
 };
 
 struct SimResult {
