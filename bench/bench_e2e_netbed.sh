@@ -40,6 +40,9 @@ fragments=1
 max_delay=0
 codec=''
 pin=0
+rtts=''
+regions=''
+region_kx=8
 bed=e2e$$
 bed=${bed:0:8}
 
@@ -49,6 +52,7 @@ usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--links A-B=1gbit,.
        [--target NATS] [--methods none,ddp,local_adam,desloc] [--results DIR] [--quick]
        [--rtt T] [--tcp-buffer BYTES] [--budget SECONDS] [--plan] [--target-overhead F]
        [--delay TAU] [--fragments P] [--max-delay N] [--codec NAME] [--pin] [--starved]
+       [--rtts A-B=2ms,...] [--regions A+B,C+D] [--region-kx K] [--regional]
 
 Runs as root (network namespaces). Defaults: 3 sites on 100 Mbit links, 300 steps of the
 quickstart model (B = 8 per site, one rank per site), Kx = $kx, target validation loss
@@ -72,6 +76,15 @@ $target nats. Method none is the compute-only reference (no communication at all
   --codec    sync.codec_x, codec_u and codec_v of the DES-LOC methods (bf16, int8, int4,
              int2; with error feedback), also in the config \`desloc plan\` prices;
              CODEC/VCODEC gives v its own (e.g. int2/sqrt-int2)
+  --rtts     per-pair round trips (netbed.sh --rtt syntax) instead of one --rtt for all
+  --regions  regions for the desloc-regions method: sites joined by '+', regions by ','
+             (job.regions); desloc-regions is desloc (the plan's Kx with --plan, rounded up to
+             a multiple of --region-kx) plus averages inside each region every --region-kx
+             steps (default $region_kx)
+  --regional the hierarchical headline: 4 sites as 2 regions of 2, 1 Gbit and 2 ms round
+             trips inside a region, 20 Mbit and 40 ms between them; --budget 180 --plan
+             --methods none,desloc,desloc-regions,desloc-regions-overlap --region-kx 8
+             (about 15 minutes)
   --pin      pin site i's worker to CPU i mod nproc (taskset), so that a site's compute and
              its communication thread share one core, as they would on a dedicated host
   --budget   train every method for about SECONDS of step time (evaluation excluded) instead
@@ -114,6 +127,13 @@ while [[ $# -gt 0 ]]; do
     --max-delay) max_delay=$2; shift 2 ;;
     --codec) codec=$2; shift 2 ;;
     --pin) pin=1; shift ;;
+    --rtts) rtts=$2; shift 2 ;;
+    --regions) regions=$2; shift 2 ;;
+    --region-kx) region_kx=$2; shift 2 ;;
+    --regional) sites=A,B,C,D; rate=20mbit; links=A-B=1gbit,C-D=1gbit
+      rtts=A-B=2ms,C-D=2ms,A-C=40ms,A-D=40ms,B-C=40ms,B-D=40ms; regions=A+B,C+D
+      budget=180; plan=1; target=3.0; methods=none,desloc,desloc-regions,desloc-regions-overlap
+      shift ;;
     --starved) rate=5mbit; rtt=40ms; budget=240; plan=1; target=3.0
       methods=none,ddp,local_adam,desloc,desloc-delayed; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -141,15 +161,26 @@ trap cleanup EXIT
 IFS=, read -r -a site_list <<<"$sites"
 shaping=(--default-rate "$rate")
 [[ -z $links ]] || shaping+=(--rate "$links")
-if [[ -n $rtt ]]; then
+[[ -z $rtt || -z $rtts ]] || die "--rtt and --rtts exclude each other"
+if [[ -n $rtt$rtts ]]; then
   [[ -x $build/src/desloc-netdelay ]] || die "--rtt needs $build/src/desloc-netdelay (cmake --build $build)"
   NETBED_NETDELAY=$(cd "$build/src" && pwd)/desloc-netdelay
   export NETBED_NETDELAY
-  pairs=''
-  for ((i = 0; i < ${#site_list[@]}; i++)); do
-    for ((j = i + 1; j < ${#site_list[@]}; j++)); do pairs+="${pairs:+,}${site_list[i]}-${site_list[j]}=$rtt"; done
-  done
+  pairs=$rtts
+  if [[ -n $rtt ]]; then
+    for ((i = 0; i < ${#site_list[@]}; i++)); do
+      for ((j = i + 1; j < ${#site_list[@]}; j++)); do pairs+="${pairs:+,}${site_list[i]}-${site_list[j]}=$rtt"; done
+    done
+  fi
   shaping+=(--rtt "$pairs")
+fi
+regions_toml=''
+if [[ -n $regions ]]; then
+  IFS=, read -r -a region_list <<<"$regions"
+  for g in "${region_list[@]}"; do
+    regions_toml+="${regions_toml:+, }[\"${g//+/\", \"}\"]"
+  done
+  regions_toml="regions = [$regions_toml]"
 fi
 [[ -z $tcp_buffer ]] || shaping+=(--tcp-buffer "$tcp_buffer")
 "$netbed" up --name "$bed" --sites "$sites" "${shaping[@]}" >"$results/netbed.txt"
@@ -157,10 +188,11 @@ coord_addr=$("$netbed" env --name "$bed" --site "${site_list[0]}" | sed -n 's/^D
 quoted=$(printf '"%s", ' "${site_list[@]}")
 quoted=${quoted%, }
 
-base_method() { local m=${1%-overlap}; echo "${m%-delayed}"; }
+base_method() { local m=${1%-overlap}; m=${m%-regions}; echo "${m%-delayed}"; }
+
 
 write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file, $3 = steps
-  local period='' lanes_line='' name overlap=''
+  local period='' lanes_line='' name overlap='' job_regions=''
   name=$(base_method "$1")
   case $1 in
     *-overlap) overlap='overlap = "step"' ;;
@@ -170,6 +202,14 @@ write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file,
   case $1 in
     desloc-delayed) period=${delayed_sync:-"kx = $kx"}
       [[ -z $delayed_sync ]] || overlap=$delayed_overlap ;;
+    desloc-regions*)
+      [[ -n $regions_toml ]] || die "desloc-regions needs --regions"
+      # The flat plan's Kx rounded up to a multiple of --region-kx (Ku = 3 Kx and Kv = 6 Kx,
+      # the plan's ratios), phases 0: every job-wide average falls on a region step.
+      local k=${plan_kx:-$kx}
+      k=$(((k + region_kx - 1) / region_kx * region_kx))
+      period="kx = $k"$'\n'"region_kx = $region_kx"
+      job_regions=$regions_toml ;;
     desloc*) period=${desloc_sync:-"kx = $kx"} ;;
     local_adam*|favg*) period="kx = ${la_kx:-$kx}" ;;
   esac
@@ -218,6 +258,7 @@ $period
 $overlap
 [job]
 sites = [$quoted]
+$job_regions
 ranks_per_site = 1
 token = "bench-e2e"
 rendezvous_timeout_s = 60
@@ -275,6 +316,7 @@ if [[ $plan -eq 1 ]]; then
     { cat "$results/plan.txt" >&2; die "desloc plan refused the profiled bed"; }
   desloc_sync=$(sed -n '/^\[sync\]/,/^\[/{/^\(kx\|ku\|kv\|phase_[xuv]\) *=/p}' "$results/plan.toml")
   kx=$(sed -n 's/^kx *= *\([0-9]*\).*/\1/p' "$results/plan.toml")
+  plan_kx=$kx
   la_kx=$((2 * kx))
   lanes=$(sed -n 's/^lanes *= *\([0-9]*\).*/\1/p' "$results/plan.toml")
   ring=$(sed -n 's/^sites *= *\[\([^]]*\)\].*/\1/p' "$results/plan.toml")

@@ -79,7 +79,8 @@ def load(results, method, target):
         to_target=to_target, total=sum(l["step_ms"] for l in train[1:]) / 1e3,
         val=last_eval["val_loss"] if last_eval else float("nan"),
         bpb=(last_eval.get("val_bpb") or float("nan")) if last_eval else float("nan"),
-        bytes=train[-1]["bytes_sent"],
+        # Every wide-area byte: the job-wide averages' and (hierarchical) the regions'.
+        bytes=train[-1]["bytes_sent"] + train[-1].get("region_bytes_sent", 0),
         synced=[l["step_ms"] for l in train[1:] if l["synced"]],
         sync_steps={l["step"] for l in train[1:] if l["synced"]},
         quiet=[l["step_ms"] for l in train[1:] if not l["synced"]],
@@ -102,8 +103,10 @@ def desloc_analysis(a, name, d, base, payload_rate):
         print(f"{name}: steps without a sync / compute-only steps: {steal:.3f} "
               f"(progress must not steal compute; target <= 1.05)")
         ok &= steal <= 1.05
-    # Delayed averages leave the wire steps after their sync step: nothing to price there.
-    if d["synced"] and d["sync_bytes"] and not name.endswith("-delayed"):
+    # Delayed averages leave the wire steps after their sync step: nothing to price there; a
+    # hierarchical run's sync steps are mostly the regions', on other links.
+    if (d["synced"] and d["sync_bytes"] and statistics.median(d["sync_bytes"]) > 0
+            and not name.endswith("-delayed") and "-regions" not in name):
         # A sync starts when the last site arrives; the others wait for it first. The last
         # site to arrive (the smallest step time at that sync) sees the sync alone.
         per_rank = rank_steps(a.results, name)
@@ -178,6 +181,17 @@ def equal_time(rows, budget):
         cells = [loss_at(r["curve"], t * 1.02) for t in marks]  # 2%: a run ends near, not at, t
         print(f"{m:<15} {r['steps']:>6} {r['curve'][-1][0] if r['curve'] else 0:>9.1f} " +
               " ".join(f"{c:>8.4f}" if c is not None else f"{'-':>8}" for c in cells))
+    flat, regional = rows.get("desloc"), rows.get("desloc-regions")
+    if flat and regional and flat["curve"] and regional["curve"]:
+        goal, flat_time = flat["curve"][-1][1], flat["curve"][-1][0]
+        hit = next((c for c, v in regional["curve"] if v <= goal), None)
+        at = loss_at(regional["curve"], flat_time * 1.02)
+        print(f"\nHierarchical against flat DES-LOC: at the flat run's end ({flat_time:.1f} s) "
+              f"val {flat['curve'][-1][1]:.4f} flat, "
+              + (f"{at:.4f} hierarchical" if at is not None else "hierarchical not evaluated yet"))
+        print(f"  training time to the flat run's final validation loss {goal:.4f}: "
+              + (f"{hit:.1f} s, {hit / flat_time:.3f}x the flat run's" if hit is not None
+                 else "not reached"))
     ddp = rows.get("ddp")
     if not ddp or not ddp["curve"]:
         return
