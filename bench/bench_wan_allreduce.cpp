@@ -134,39 +134,38 @@ struct RankOptions {
   double lane_share = 0;  // > 0: two lanes through CollectiveAverager, this part on the ring
 };
 
-// Runs one all-reduce of the pattern and checks every element against the closed form.
-void checked_all_reduce(transport::Collective& c, std::vector<float>& x,
-                        const std::vector<float>& expected, double* ms, int idle_ms = 0) {
+// Runs `op` (an all-reduce, or an average) on the pattern, timed from a barrier, and checks
+// every element against `expected` (the closed-form sums, or means).
+template <typename Op>
+void checked_run(transport::Collective& c, std::vector<float>& x,
+                 const std::vector<float>& expected, double* ms, int idle_ms, const char* what,
+                 Op op) {
   bench::wan::fill_pattern(x.data(), x.size(), c.rank());
   if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(idle_ms));
   c.barrier();  // every rank starts the timed operation together
   const double t0 = bench::now_s();
-  c.all_reduce_sum(x);
+  op();
   const double t1 = bench::now_s();
   if (ms) *ms = 1e3 * (t1 - t0);
   const std::size_t bad = bench::wan::first_mismatch(x.data(), x.size(), expected);
   if (bad != x.size())
-    throw DataError("rank " + std::to_string(c.rank()) + ": all-reduce result wrong at element " +
-                    std::to_string(bad) + ": got " + bench::fmt(x[bad], 1) + ", expected " +
-                    bench::fmt(expected[bad % bench::wan::kPeriod], 1));
+    throw DataError("rank " + std::to_string(c.rank()) + ": " + what + " result wrong at element " +
+                    std::to_string(bad) + ": got " + bench::fmt(x[bad], 3) + ", expected " +
+                    bench::fmt(expected[bad % bench::wan::kPeriod], 3));
+}
+
+void checked_all_reduce(transport::Collective& c, std::vector<float>& x,
+                        const std::vector<float>& expected, double* ms, int idle_ms = 0) {
+  checked_run(c, x, expected, ms, idle_ms, "all-reduce", [&] { c.all_reduce_sum(x); });
 }
 
 // The same through the trainer's averager (both lanes): `expected` holds the means.
 void checked_average(transport::Collective& c, sync::CollectiveAverager& avg, std::vector<float>& x,
                      const std::vector<float>& expected, double* ms, int idle_ms) {
-  bench::wan::fill_pattern(x.data(), x.size(), c.rank());
-  if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(idle_ms));
-  c.barrier();
   std::span<float> one(x);
-  const double t0 = bench::now_s();
-  avg.average(optim::StateKind::kU, std::span<const std::span<float>>(&one, 1));
-  const double t1 = bench::now_s();
-  if (ms) *ms = 1e3 * (t1 - t0);
-  const std::size_t bad = bench::wan::first_mismatch(x.data(), x.size(), expected);
-  if (bad != x.size())
-    throw DataError("rank " + std::to_string(c.rank()) + ": average wrong at element " +
-                    std::to_string(bad) + ": got " + bench::fmt(x[bad], 3) + ", expected " +
-                    bench::fmt(expected[bad % bench::wan::kPeriod], 3));
+  checked_run(c, x, expected, ms, idle_ms, "average", [&] {
+    avg.average(optim::StateKind::kU, std::span<const std::span<float>>(&one, 1));
+  });
 }
 
 int run_rank(int argc, char** argv) {
