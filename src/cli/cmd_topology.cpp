@@ -223,14 +223,26 @@ int run_plan(const PlanOptions& o) {
     plan = plan_with(cfg, req, false);
   }
   for (const auto& line : plan.explanation) std::printf("%s\n", line.c_str());
+  // Issue 15: the regions of the config, or the ones the bandwidth matrix suggests, priced as
+  // hierarchical DES-LOC beside the flat plan.
+  std::optional<topology::RegionPlan> hierarchical;
   if (sites.size() >= 3) {
-    // Issue 15: the grouping two-level DES-LOC would use. The plan above stays flat.
-    for (const auto& line : topology::propose_regions(topo).explanation)
-      std::printf("%s (the plan above is flat: two-level averaging is not built yet)\n",
-                  line.c_str());
+    std::vector<std::vector<std::string>> regions = cfg.job.regions;
+    if (regions.empty()) {
+      const topology::RegionProposal proposal = topology::propose_regions(topo);
+      for (const auto& line : proposal.explanation) std::printf("%s\n", line.c_str());
+      regions = proposal.regions;
+    }
+    if (regions.size() >= 2 && !plan.chosen.order.empty())
+      hierarchical =
+          topology::plan_regions(topo, plan, regions, req.state_bytes, req.target_overhead);
+    if (hierarchical)
+      for (const auto& line : hierarchical->explanation) std::printf("%s\n", line.c_str());
   }
   for (const auto& line : plan.warnings) std::printf("warning: %s\n", line.c_str());
   std::printf("\n%s", plan.config_fragment.c_str());
+  if (hierarchical && hierarchical->worthwhile)
+    std::printf("\n%s", hierarchical->config_fragment.c_str());
   if (!out.empty()) {
     const auto& text = plan.config_fragment;
     write_file_atomic(out, text);

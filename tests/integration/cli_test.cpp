@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <random>
+#include <regex>
 #include <thread>
 
 #include "cluster_env.hpp"
@@ -574,7 +575,9 @@ TEST(Cli, PlanWarnsBeyondTheValidatedPeriodsAndAutoPricesTheAlternatives) {
   EXPECT_NE(run_command(cli() + " plan --auto --delayed" + args).exit_code, 0);
 }
 
-// Issue 15, item 1: plan proposes regions from the bandwidth matrix, with its reasons.
+// Issue 15, items 1 and 4: plan proposes regions from the bandwidth matrix, with its reasons,
+// and prices hierarchical DES-LOC over them beside the flat plan; its keys make a config that
+// loads.
 TEST(Cli, PlanProposesRegionsFromTheBandwidthMatrix) {
   const auto dir = fresh_dir("plan_regions");
   const std::vector<std::string> sites = {"a1", "a2", "b1", "b2"};
@@ -593,5 +596,21 @@ TEST(Cli, PlanProposesRegionsFromTheBandwidthMatrix) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "regions: proposed 2 regions: [a1, a2] [b1, b2]")) << r.output;
   EXPECT_TRUE(contains(r.output, "50.0x apart")) << r.output;
-  EXPECT_TRUE(contains(r.output, "two-level averaging is not built yet")) << r.output;
+  EXPECT_TRUE(contains(r.output, "hierarchical: regions [a1, a2] [b1, b2]")) << r.output;
+  const auto at = r.output.find("# hierarchical DES-LOC");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string fragment = r.output.substr(at);
+  std::smatch kx, region_kx;
+  ASSERT_TRUE(std::regex_search(fragment, kx, std::regex("\nkx = (\\d+)"))) << fragment;
+  ASSERT_TRUE(std::regex_search(fragment, region_kx, std::regex("region_kx = (\\d+)"))) << fragment;
+  EXPECT_LT(std::stoll(region_kx[1]), std::stoll(kx[1]));
+  EXPECT_EQ(std::stoll(kx[1]) % std::stoll(region_kx[1]), 0);
+  write_text(dir / "hierarchical.toml",
+             set_key(tiny_job_toml(dir / "out"), "train", "steps", "10000") +
+                 "[sync]\nmethod = \"desloc\"\nkx = " + kx[1].str() +
+                 "\nregion_kx = " + region_kx[1].str() +
+                 "\n[job]\nsites = [\"a1\", \"a2\", \"b1\", \"b2\"]\n"
+                 "regions = [[\"a1\", \"a2\"], [\"b1\", \"b2\"]]\n");
+  const auto check = run_command(cli() + " config --check " + (dir / "hierarchical.toml").string());
+  EXPECT_EQ(check.exit_code, 0) << check.output;
 }

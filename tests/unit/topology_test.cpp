@@ -423,6 +423,35 @@ TEST(Simulator, RegionsAverageOverTheirOwnRingsAndOnlyTheirSitesWait) {
   EXPECT_THROW(simulate(t, delayed), ConfigError);
 }
 
+// The hierarchical price beside a flat plan (issue 15, item 4): on 1 Gbit regions under
+// 20 Mbit between them, the regions can average far more often at the same target, and the
+// job-wide Kx is the flat plan's rounded up to a multiple of theirs. A region as slow as the
+// links between regions gains nothing, and says so.
+TEST(Planner, RegionsArePricedBesideTheFlatPlan) {
+  const Topology t = parse_topology(topology_toml("ABCD", 100, two_regions, 1.0), "r.toml");
+  PlanRequest req;
+  req.state_bytes = 4e6;
+  req.steps = 1000000;
+  req.lanes = 2;
+  const Plan flat = make_plan(t, req);
+  const RegionPlan r = plan_regions(t, flat, {{"A", "B"}, {"C", "D"}}, 4e6, req.target_overhead);
+  EXPECT_TRUE(r.worthwhile);
+  EXPECT_NEAR(r.region_seconds, ring_seconds(t, {"A", "B"}, 4e6), 1e-12);
+  EXPECT_LT(r.region_kx * 10, flat.kx);
+  EXPECT_LE(r.region_overhead, req.target_overhead + 1e-12);
+  EXPECT_GT(overhead(r.region_seconds, flat.step_s, r.region_kx - 1, 3 * (r.region_kx - 1),
+                     6 * (r.region_kx - 1), false),
+            req.target_overhead);
+  EXPECT_EQ(r.kx % r.region_kx, 0);
+  EXPECT_GE(r.kx, flat.kx);
+  EXPECT_LT(r.kx, flat.kx + r.region_kx);
+  EXPECT_NE(r.config_fragment.find("regions = [[\"A\", \"B\"], [\"C\", \"D\"]]"), std::string::npos)
+      << r.config_fragment;
+  const RegionPlan slow = plan_regions(t, flat, {{"A", "C"}, {"B", "D"}}, 4e6, 0.05);
+  EXPECT_FALSE(slow.worthwhile);
+  EXPECT_NE(slow.explanation.back().find("not worth it"), std::string::npos);
+}
+
 TEST(Simulator, ComputeNoiseMakesSitesWaitAtSyncs) {
   const Topology t = parse_topology(topology_toml("ABC", 100, triangle), "tri.toml");
   SimJob job;

@@ -204,6 +204,55 @@ std::string mbit(double bytes_per_s) { return fmt::format("{:.0f} Mbit/s", bytes
 
 }  // namespace
 
+RegionPlan plan_regions(const Topology& t, const Plan& flat,
+                        const std::vector<std::vector<std::string>>& regions, double state_bytes,
+                        double target_overhead) {
+  RegionPlan r;
+  r.regions = regions;
+  std::string slowest;
+  for (const auto& g : regions) {
+    const double secs = ring_seconds(t, g, state_bytes, 1);
+    if (secs > r.region_seconds || slowest.empty()) {
+      r.region_seconds = std::max(r.region_seconds, secs);
+      slowest = fmt::format("[{}]", fmt::join(g, ", "));
+    }
+  }
+  // Ku = 3 Kx and Kv = 6 Kx inside the regions too: T (1 + 1/3 + 1/6) / (Kx step) <= target.
+  const double window = 1.5 * r.region_seconds / (target_overhead * flat.step_s);
+  r.region_kx = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(window - 1e-9)));
+  r.region_overhead =
+      overhead(r.region_seconds, flat.step_s, r.region_kx, 3 * r.region_kx, 6 * r.region_kx, false);
+  r.worthwhile = r.region_kx < flat.kx;
+  r.kx = (flat.kx + r.region_kx - 1) / r.region_kx * r.region_kx;
+  std::vector<std::string> shown;
+  for (const auto& g : regions) shown.push_back(fmt::format("[{}]", fmt::join(g, ", ")));
+  r.explanation.push_back(fmt::format(
+      "hierarchical: regions {}: the slowest region's ring ({}) averages a state in {:.3f} s, so "
+      "inside the regions Kx = {} (Ku {}, Kv {}) costs {:.2f}% at the {:.1f}% target; the "
+      "job-wide averages keep Kx = {} (the flat plan's {} rounded up to a multiple of {}), "
+      "about {:.2f}% more overhead in all",
+      fmt::join(shown, " "), slowest, r.region_seconds, r.region_kx, 3 * r.region_kx,
+      6 * r.region_kx, 100 * r.region_overhead, 100 * target_overhead, r.kx, flat.kx, r.region_kx,
+      100 * r.region_overhead));
+  if (!r.worthwhile)
+    r.explanation.push_back(fmt::format(
+        "hierarchical: not worth it here: the regions could average no more often than the flat "
+        "plan does (Kx {} inside against {})",
+        r.region_kx, flat.kx));
+  std::vector<std::string> quoted;
+  for (const auto& g : regions) {
+    std::vector<std::string> q;
+    for (const auto& s : g) q.push_back("\"" + s + "\"");
+    quoted.push_back(fmt::format("[{}]", fmt::join(q, ", ")));
+  }
+  r.config_fragment = fmt::format(
+      "# hierarchical DES-LOC (docs/sync.md): set these beside the fragment above\n"
+      "[sync]\nkx = {}\nku = {}\nkv = {}\nphase_u = 0\nphase_v = 0\nregion_kx = {}\n[job]\n"
+      "regions = [{}]\n",
+      r.kx, 3 * r.kx, 6 * r.kx, r.region_kx, fmt::join(quoted, ", "));
+  return r;
+}
+
 Plan make_plan(const Topology& t, const PlanRequest& req) {
   if (!(req.state_bytes > 0)) throw ConfigError("plan: the model has no parameters to average");
   if (!(req.target_overhead > 0) || !std::isfinite(req.target_overhead))

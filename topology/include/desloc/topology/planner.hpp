@@ -112,6 +112,22 @@ double exchange_seconds(const Topology& t, const std::vector<std::string>& order
 double overhead(double sync_s, double step_s, std::int64_t kx, std::int64_t ku, std::int64_t kv,
                 bool overlap);
 
+// Hierarchical DES-LOC beside a flat plan (issue 15): the period of the averages inside the
+// regions, each over its own ring (one lane), at the same overhead target, and the flat plan's
+// Kx rounded up to a multiple of it for the job-wide averages.
+struct RegionPlan {
+  std::vector<std::vector<std::string>> regions;
+  double region_seconds = 0;  // the slowest region's all-reduce of one state
+  std::int64_t region_kx = 0, kx = 0;
+  double region_overhead = 0;  // the regions' averages against compute, at region_kx
+  bool worthwhile = false;     // region_kx < kx: the regions average more often than the flat plan
+  std::vector<std::string> explanation;
+  std::string config_fragment;  // the keys to add to the flat plan's
+};
+RegionPlan plan_regions(const Topology& t, const Plan& flat,
+                        const std::vector<std::vector<std::string>>& regions, double state_bytes,
+                        double target_overhead);
+
 // ConfigError when the request is invalid (no bytes, target <= 0) or the target cannot be met
 // within req.steps; that message says which Kx the target needs and the overhead at the
 // largest Kx allowed.
