@@ -366,10 +366,8 @@ int run_simulate(const SimulateOptions& o) {
           .c_str(),
       o.jitter);
   if (!base.regions.empty()) {
-    std::vector<std::string> regions;
-    for (const auto& r : base.regions) regions.push_back(fmt::format("[{}]", fmt::join(r, ", ")));
     std::printf("regions %s: inside each, Kx %lld, Ku %lld, Kv %lld (methods that average x)\n",
-                fmt::format("{}", fmt::join(regions, " ")).c_str(),
+                topology::describe_regions(base.regions).c_str(),
                 static_cast<long long>(base.region_schedule.kx),
                 static_cast<long long>(base.region_schedule.ku),
                 static_cast<long long>(base.region_schedule.kv));

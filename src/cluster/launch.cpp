@@ -24,6 +24,7 @@
 #include "desloc/cluster/cluster.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
+#include "desloc/topology/regions.hpp"
 #include "desloc/topology/topology.hpp"
 #include "desloc/transport/control_plane.hpp"
 #include "desloc/transport/status_http.hpp"
@@ -102,10 +103,7 @@ transport::JobDescription describe_job(const train::JobConfig& cfg, const std::s
     }
     add("phases (x, u, v)", fmt::format("{}, {}, {}", s.phase_x, s.phase_u, s.phase_v));
     if (!cfg.job.regions.empty()) {
-      std::vector<std::string> regions;
-      for (const auto& r : cfg.job.regions)
-        regions.push_back(fmt::format("[{}]", fmt::join(r, ", ")));
-      add("regions", fmt::format("{}", fmt::join(regions, " ")));
+      add("regions", topology::describe_regions(cfg.job.regions));
       add("region kx, ku, kv",
           fmt::format("{}, {}, {}", s.region_kx, s.effective_region_ku(), s.effective_region_kv()));
     }

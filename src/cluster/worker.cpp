@@ -18,7 +18,6 @@
 #include "desloc/core/log.hpp"
 #include "desloc/sync/collective_averager.hpp"
 #include "desloc/sync/regional_averager.hpp"
-#include "desloc/sync/sync_policy.hpp"
 #include "desloc/transport/control_plane.hpp"
 #include "desloc/transport/nccl_collective.hpp"
 #include "desloc/transport/ring_order.hpp"
@@ -532,7 +531,6 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   std::optional<sync::CollectiveAverager> region_averager;
   std::optional<sync::VirtualAverager> lone_region;
   std::optional<sync::RegionalAverager> regional;
-  const sync::SyncPolicy policy(cfg.sync);
   sync::SyncMeter meter;  // outlives the averagers of every epoch: its counters only grow
   train::RankContext ctx;
   ctx.site = ss.home_site;
@@ -563,7 +561,7 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
         region = &*lone_region;
       }
       region->set_payload_guard(region_guard);
-      regional.emplace(*averager, *region, policy.schedule(), ss.region_sites);
+      regional.emplace(*averager, *region, cfg.sync.schedule(), ss.region_sites);
       bound = &*regional;
     }
     ctx.wan_successor =

@@ -79,13 +79,12 @@ bool RegionalAverager::exchange_control(std::span<const DueAverage> due, bool st
 
 Traffic RegionalAverager::traffic(int w) const {
   Traffic t = global_.traffic(w);
-  const Traffic r = region_.traffic(w);
-  for (std::size_t k = 0; k < 4; ++k) {
-    t.payload[k] += r.payload[k];
-    t.site_wire[k] += r.site_wire[k];
-    t.region_wire[k] += r.wire[k] + r.region_wire[k];
+  Traffic r = region_.traffic(w);
+  for (std::size_t k = 0; k < 4; ++k) {  // the region averager's wide-area bytes are the regions'
+    r.region_wire[k] += r.wire[k];
+    r.wire[k] = 0;
   }
-  return t;
+  return t += r;
 }
 
 GroupedAverager::GroupedAverager(std::vector<std::vector<int>> groups, int workers, int shards,

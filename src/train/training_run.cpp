@@ -159,7 +159,7 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
             static_cast<int>(std::find(names.begin(), names.end(), site) - names.begin()));
     }
     region_averager_.emplace(std::move(groups), cfg.sync.workers, R_, guard);
-    regional_.emplace(virtual_averager_, *region_averager_, policy_.schedule());
+    regional_.emplace(virtual_averager_, *region_averager_, cfg.sync.schedule());
     averager_ = &*regional_;
   }
   evaluator_.bind(rank_);

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "desloc/core/error.hpp"
+#include "desloc/topology/regions.hpp"
 #include "desloc/topology/simulator.hpp"
 
 namespace desloc::topology {
@@ -213,8 +214,8 @@ RegionPlan plan_regions(const Topology& t, const Plan& flat,
   for (const auto& g : regions) {
     const double secs = ring_seconds(t, g, state_bytes, 1);
     if (secs > r.region_seconds || slowest.empty()) {
-      r.region_seconds = std::max(r.region_seconds, secs);
-      slowest = fmt::format("[{}]", fmt::join(g, ", "));
+      r.region_seconds = secs;
+      slowest = describe_regions({g});
     }
   }
   // Ku = 3 Kx and Kv = 6 Kx inside the regions too: T (1 + 1/3 + 1/6) / (Kx step) <= target.
@@ -224,14 +225,12 @@ RegionPlan plan_regions(const Topology& t, const Plan& flat,
       overhead(r.region_seconds, flat.step_s, r.region_kx, 3 * r.region_kx, 6 * r.region_kx, false);
   r.worthwhile = r.region_kx < flat.kx;
   r.kx = (flat.kx + r.region_kx - 1) / r.region_kx * r.region_kx;
-  std::vector<std::string> shown;
-  for (const auto& g : regions) shown.push_back(fmt::format("[{}]", fmt::join(g, ", ")));
   r.explanation.push_back(fmt::format(
       "hierarchical: regions {}: the slowest region's ring ({}) averages a state in {:.3f} s, so "
       "inside the regions Kx = {} (Ku {}, Kv {}) costs {:.2f}% at the {:.1f}% target; the "
       "job-wide averages keep Kx = {} (the flat plan's {} rounded up to a multiple of {}), "
       "about {:.2f}% more overhead in all",
-      fmt::join(shown, " "), slowest, r.region_seconds, r.region_kx, 3 * r.region_kx,
+      describe_regions(regions), slowest, r.region_seconds, r.region_kx, 3 * r.region_kx,
       6 * r.region_kx, 100 * r.region_overhead, 100 * target_overhead, r.kx, flat.kx, r.region_kx,
       100 * r.region_overhead));
   if (!r.worthwhile)

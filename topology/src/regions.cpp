@@ -117,15 +117,19 @@ RegionProposal propose_regions(const Topology& t) {
     best.regions.clear();
     return best;
   }
-  std::vector<std::string> listed;
-  for (const auto& r : best.regions) listed.push_back(fmt::format("[{}]", fmt::join(r, ", ")));
   best.explanation.push_back(fmt::format(
       "regions: proposed {} regions: {}. Every pair inside a region has at least {} (slowest "
       "{}); every pair between regions at most {} (fastest {}): {:.1f}x apart (a region needs "
       "{:.0f}x). Two-level DES-LOC would average often inside them and rarely across them",
-      best.regions.size(), fmt::join(listed, " "), mbit(best.inside_min_bps), best.slowest_inside,
-      mbit(best.between_max_bps), best.fastest_between, best_gap, kRegionGap));
+      best.regions.size(), describe_regions(best.regions), mbit(best.inside_min_bps),
+      best.slowest_inside, mbit(best.between_max_bps), best.fastest_between, best_gap, kRegionGap));
   return best;
+}
+
+std::string describe_regions(const std::vector<std::vector<std::string>>& regions) {
+  std::vector<std::string> listed;
+  for (const auto& r : regions) listed.push_back(fmt::format("[{}]", fmt::join(r, ", ")));
+  return fmt::format("{}", fmt::join(listed, " "));
 }
 
 }  // namespace desloc::topology

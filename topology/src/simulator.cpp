@@ -53,13 +53,8 @@ SimResult simulate(const Topology& t, const SimJob& job) {
   std::vector<Region> regions;
   for (const auto& names : regional ? job.regions : std::vector<std::vector<std::string>>{}) {
     Region g;
-    for (const auto& name : names) {
-      t.site(name);  // a ConfigError naming it when the topology lacks it
-      g.sites.push_back(static_cast<std::size_t>(
-          std::find_if(t.sites.begin(), t.sites.end(),
-                       [&](const SiteProfile& s) { return s.name == name; }) -
-          t.sites.begin()));
-    }
+    for (const auto& name : names)  // t.site() throws naming a site the topology lacks
+      g.sites.push_back(static_cast<std::size_t>(&t.site(name) - t.sites.data()));
     const double m = double(names.size());
     for (std::size_t k = 0; k < 3; ++k) {
       const double bytes = job.state_bytes * job.wire_ratio[k];

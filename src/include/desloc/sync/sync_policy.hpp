@@ -102,10 +102,6 @@ class SyncPolicy {
   // A state with period K and phase p is due when t >= 1 and (t - p) mod K == 0. With regions,
   // a state is due when it is due at either level.
   SyncDecision at(std::int64_t t) const;
-  // The job-wide averages due at t: with regions, a due state missing here averages inside
-  // the region only (RegionalAverager).
-  SyncDecision global_at(std::int64_t t) const { return schedule_.at(t); }
-  const SyncSchedule& schedule() const { return schedule_; }
   const SyncConfig& config() const { return cfg_; }
   // Mean payload per step in units of the model size: 1 for DDP, 1/Kx + 1/Ku + 1/Kv for DES-LOC.
   double state_syncs_per_step() const { return schedule_.state_syncs_per_step(); }

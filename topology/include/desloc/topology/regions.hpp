@@ -33,4 +33,7 @@ struct RegionProposal {
 // inside pair and its fastest between pair wins if that gap is at least kRegionGap.
 RegionProposal propose_regions(const Topology& t);
 
+// Regions as messages show them: "[A, B] [C, D]".
+std::string describe_regions(const std::vector<std::vector<std::string>>& regions);
+
 }  // namespace desloc::topology
