@@ -14,10 +14,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
+// Only exchanges that span every site count: the rollback points kept before them are what
+// every survivor holds (Recovery::keep). With regions, sites of different regions drift apart
+// between job-wide averages by up to their period, so points kept before the regions' own
+// averages could leave survivors of different regions without a common one (the fault suite
+// hit that).
 bool TrainingRun::talks_across_sites(std::int64_t t) const {
   const bool eval_due =
       (cfg_.train.eval_every > 0 && t % cfg_.train.eval_every == 0) || t == total_;
-  return policy_.at(t).any() || (eval_due && evaluator_.talks_across_sites());
+  return policy_.global_at(t).any() || (eval_due && evaluator_.talks_across_sites());
 }
 
 void TrainingRun::before_step(std::int64_t t) {

@@ -102,6 +102,9 @@ class SyncPolicy {
   // A state with period K and phase p is due when t >= 1 and (t - p) mod K == 0. With regions,
   // a state is due when it is due at either level.
   SyncDecision at(std::int64_t t) const;
+  // The averages due at t that span every site: without regions, at(t). Only these are a
+  // barrier for the whole job (a region's averages wait for its own sites only).
+  SyncDecision global_at(std::int64_t t) const { return schedule_.at(t); }
   const SyncConfig& config() const { return cfg_; }
   // Mean payload per step in units of the model size: 1 for DDP, 1/Kx + 1/Ku + 1/Kv for DES-LOC.
   double state_syncs_per_step() const { return schedule_.state_syncs_per_step(); }
