@@ -20,6 +20,7 @@ usage:
                [--default-rate 1gbit] [--shaper htb|tbf] [--subnet 10.77.0.0/24]
                [--rtt A-B=40ms,A>C=10ms,...] [--jitter A-B=1ms,...] [--loss A-B=0.1%,...]
                [--tcp-buffer BYTES] [--no-slow-start-after-idle]
+  $prog rate   --name BED --rate A-B=10mbit,A>C=1gbit,...
   $prog down   --name BED
   $prog status [--name BED]
   $prog env    --name BED --site A
@@ -44,6 +45,8 @@ usage:
   --no-slow-start-after-idle sets net.ipv4.tcp_slow_start_after_idle=0 in every site: a
          connection idle for a retransmission timeout keeps its congestion window instead of
          restarting from the initial one (Linux's default is 1; docs/transport.md).
+  rate changes the given links' rates while the bed is up (and jobs run on it): a live
+         throttle or its restoration. htb beds only.
 Runs as root. 'up' removes everything it made if it fails; 'down' is idempotent and also
 terminates processes still running inside the bed's namespaces.
 EOF
@@ -529,6 +532,50 @@ cmd_status() {
   done < <(bed_sites "$bed")
 }
 
+# ---- rate: change links' shaping live ----------------------------------------------------------
+cmd_rate() {
+  local bed='' rates_csv='' item pair r a b idx site addr dev
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --name) bed=${2:-}; shift 2 ;;
+      --rate) rates_csv=${2:-}; shift 2 ;;
+      *) die "rate: unknown argument '$1'" ;;
+    esac
+  done
+  valid_bed "$bed" || die "rate: bad or missing --name '$bed'"
+  [[ -n $rates_csv ]] || die "rate: --rate A-B=R[,A>C=R...] is required"
+  require_root
+  require_netns
+  local -A index_of=() dev_of=()
+  while read -r idx site addr dev; do index_of[$site]=$idx; dev_of[$site]=$dev; : "$addr"; done < <(bed_sites "$bed")
+  [[ ${#index_of[@]} -gt 0 ]] || die "rate: bed '$bed' is not up"
+  local -a changes=()
+  IFS=',' read -ra items <<<"$rates_csv"
+  for item in "${items[@]}"; do
+    [[ $item == *=* ]] || die "rate: '$item' is not A-B=RATE or A>B=RATE"
+    pair=${item%%=*}; r=${item#*=}
+    valid_rate "$r" || die "rate: '$r' in '$item' is not a tc rate (e.g. 100mbit)"
+    if [[ $pair == *-* ]]; then a=${pair%%-*}; b=${pair#*-}; changes+=("$a $b $r" "$b $a $r")
+    elif [[ $pair == *'>'* ]]; then a=${pair%%>*}; b=${pair#*>}; changes+=("$a $b $r")
+    else die "rate: '$pair' is not A-B or A>B"; fi
+    for site in "$a" "$b"; do
+      [[ -n ${index_of[$site]:-} ]] || die "rate: no site '$site' in bed '$bed' (sites: ${!index_of[*]})"
+    done
+    [[ $a != "$b" ]] || die "rate: '$pair' names one site twice"
+  done
+  local change ns cls
+  for change in "${changes[@]}"; do
+    read -r a b r <<<"$change"
+    ns=$(ns_site "$bed" "$a")
+    cls="1:$(printf %x "${index_of[$b]}")"
+    tc -n "$ns" class show dev "${dev_of[$a]}" classid "$cls" 2>/dev/null | grep -q htb ||
+      die "rate: $a has no htb class for $b (a tbf bed cannot change one link)"
+    tc -n "$ns" class change dev "${dev_of[$a]}" parent 1: classid "$cls" htb rate "$r" ceil "$r" \
+      burst "$kBurst" cburst "$kBurst" quantum "$kHtbQuantum"
+    say "rate: $a -> $b now $r"
+  done
+}
+
 site_env() {  # prints KEY=VALUE lines for site $2 of bed $1
   local bed=$1 want=$2 idx site addr dev found='' all=''
   while read -r idx site addr dev; do
@@ -592,6 +639,7 @@ main() {
   case $cmd in
     up) cmd_up "$@" ;;
     down) cmd_down "$@" ;;
+    rate) cmd_rate "$@" ;;
     status) cmd_status "$@" ;;
     env) cmd_env "$@" ;;
     exec) cmd_exec "$@" ;;

@@ -341,6 +341,8 @@ int run_simulate(const SimulateOptions& o) {
   if (sync.method != SyncMethod::kDesloc) sync = {.kx = cfg.sync.kx};
   sync.method = SyncMethod::kDesloc;
   base.schedule = sync.schedule();
+  for (const sync::PeriodSwitch& sw : cfg.sync.switches)
+    base.switches.emplace_back(sw.after, sync.schedule_after(sw));
   if (!cfg.job.regions.empty()) {
     auto regional = cfg.sync;
     regional.method = SyncMethod::kDesloc;
@@ -365,6 +367,12 @@ int run_simulate(const SimulateOptions& o) {
             : std::string()))
           .c_str(),
       o.jitter);
+  for (const sync::PeriodSwitch& sw : cfg.sync.switches)
+    std::printf("after step %lld: Kx %lld, Ku %lld, Kv %lld (sync.switches)\n",
+                static_cast<long long>(sw.after),
+                static_cast<long long>(base.schedule_at(sw.after + 1).kx),
+                static_cast<long long>(base.schedule_at(sw.after + 1).ku),
+                static_cast<long long>(base.schedule_at(sw.after + 1).kv));
   if (!base.regions.empty()) {
     std::printf("regions %s: inside each, Kx %lld, Ku %lld, Kv %lld (methods that average x)\n",
                 topology::describe_regions(base.regions).c_str(),
@@ -388,6 +396,7 @@ int run_simulate(const SimulateOptions& o) {
     auto job = base;
     job.schedule.method = method;
     job.region_schedule.method = method;
+    for (auto& sw : job.switches) sw.second.method = method;
     const auto r = topology::simulate(topo, job);
     if (method == SyncMethod::kNone) none_total = r.total_s;
     const std::string total = r.total_s >= 86400  ? fmt::format("{:.2f} days", r.total_s / 86400)

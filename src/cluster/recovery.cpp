@@ -91,6 +91,27 @@ std::uint64_t transfer_state(train::RankContext& rank, std::int64_t step,
             std::span<const float>(*states[std::size_t(k)]).subspan(mine.offset, mine.count));
     wan.set_label({step, transport::kLabelTransferHeader, static_cast<std::uint32_t>(r)});
     wan.broadcast(std::as_writable_bytes(std::span(head)), donor);
+    if (shared.policy != nullptr) {  // the period switches in force (re-plans included)
+      std::array<std::int64_t, 1 + 4 * sync::kMaxPeriodSwitches> table{};
+      const std::vector<sync::PeriodSwitch>& mine_now = shared.policy->switches();
+      if (giving) {
+        table[0] = static_cast<std::int64_t>(mine_now.size());
+        for (std::size_t i = 0; i < mine_now.size(); ++i)
+          for (std::size_t f = 0; const std::int64_t v : {mine_now[i].after, mine_now[i].kx,
+                                                          mine_now[i].ku, mine_now[i].kv})
+            table[1 + 4 * i + f++] = v;
+      }
+      wan.broadcast(std::as_writable_bytes(std::span(table)), donor);
+      if (receiving) {
+        if (table[0] < 0 || table[0] > static_cast<std::int64_t>(sync::kMaxPeriodSwitches))
+          throw PeerFailure(
+              fmt::format("{}: the donor {} sent {} period switches", rank.name, donor, table[0]));
+        std::vector<sync::PeriodSwitch> switches(static_cast<std::size_t>(table[0]));
+        for (std::size_t i = 0; i < switches.size(); ++i)
+          switches[i] = {table[1 + 4 * i], table[2 + 4 * i], table[3 + 4 * i], table[4 + 4 * i]};
+        shared.policy->restore_switches(switches);
+      }
+    }
     for (int k = 0; k < 3; ++k) {
       std::span<float> buf =
           giving || receiving

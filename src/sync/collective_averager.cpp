@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <exception>
+#include <limits>
 #include <string>
 #include <thread>
 
@@ -49,11 +50,10 @@ void CollectiveAverager::average_across_sites(optim::StateKind kind,
     };
     const std::uint64_t before = sent();
     across_sites_compressed(kind, data, shard, mine);
-    if (meter_ != nullptr) {
-      const double seconds = seconds_since(start);
-      const SyncMeter::LaneSample lane{sent() - before, seconds};
-      meter_->record(seconds, std::span(&lane, 1));
-    }
+    const double seconds = seconds_since(start);
+    const SyncMeter::LaneSample lane{sent() - before, seconds};
+    if (meter_ != nullptr) meter_->record(seconds, std::span(&lane, 1));
+    measured(seconds, lane.bytes);
     return;
   }
   const std::uint64_t wan_before = wan_.bytes()[CollectiveOp::kAllReduce].sent;
@@ -103,8 +103,29 @@ void CollectiveAverager::average_across_sites(optim::StateKind kind,
     const std::lock_guard lock(traffic_mu_);
     traffic_.wire[k] += lanes[0].bytes;
   }
+  const double seconds = seconds_since(start);
   if (meter_ != nullptr)
-    meter_->record(seconds_since(start), std::span(lanes.data(), wan_reverse_ != nullptr ? 2 : 1));
+    meter_->record(seconds, std::span(lanes.data(), wan_reverse_ != nullptr ? 2 : 1));
+  measured(seconds, lanes[0].bytes + lanes[1].bytes);
+}
+
+void CollectiveAverager::measured(double seconds, std::uint64_t bytes) {
+  const std::lock_guard lock(traffic_mu_);
+  pending_.seconds += seconds;
+  pending_.bytes += bytes;
+  ++pending_.averages;
+}
+
+void CollectiveAverager::note_compute(double seconds) {
+  const std::lock_guard lock(traffic_mu_);
+  pending_.compute += seconds;
+  ++pending_.steps;
+}
+
+std::optional<SyncMeasure> CollectiveAverager::take_measure() {
+  std::optional<SyncMeasure> m;
+  std::swap(m, measure_);
+  return m;
 }
 
 void CollectiveAverager::complete_average(optim::StateKind kind,
@@ -198,13 +219,21 @@ void CollectiveAverager::across_sites_compressed(optim::StateKind kind, std::spa
                       wan_.bytes()[CollectiveOp::kAllGather].sent - before;
 }
 
-// The rows of one rank's control message: one PayloadHealth per due state (zero when the guard
-// is off), then the stop request in the last row's `nonfinite`.
 bool CollectiveAverager::exchange_control(std::span<const DueAverage> due, bool stop) {
+  return exchange(due, stop, true);
+}
+
+// The rows of one rank's control message: one PayloadHealth per due state (zero when the guard
+// is off), then the stop request in `nonfinite`, then with `measure` two rows of what this rank
+// measured since the last such exchange: {seconds of its averages, their wide-area bytes} and
+// {its mean compute seconds per step, the number of averages}. A site's row is the sum of its
+// ranks' rows, except the seconds (the slowest rank's) and the count (every rank's).
+bool CollectiveAverager::exchange(std::span<const DueAverage> due, bool stop, bool measure) {
   const int sites = wan_.size();
   if (sites == 1) return stop;  // the site reducer already agreed on it
   for (const DueAverage& d : due) check_one_replica(d.kind, d.local);
-  const std::size_t rows = due.size() + 1;
+  const std::size_t stop_row = due.size();
+  const std::size_t rows = due.size() + 1 + (measure ? 2 : 0);
   std::vector<PayloadHealth> mine(rows);
   const int ranks = site_ != nullptr ? site_->size() : 1;
   const int r = site_ != nullptr ? site_->rank() : 0;
@@ -217,7 +246,14 @@ bool CollectiveAverager::exchange_control(std::span<const DueAverage> due, bool 
       const transport::Range b = transport::block(data.size(), ranks, r);
       mine[k] = measure_sent(due[k].codec, 0, b, data.subspan(b.offset, b.count), sites, scratch);
     }
-  mine.back().nonfinite = stop ? 1.0 : 0.0;
+  mine[stop_row].nonfinite = stop ? 1.0 : 0.0;
+  if (measure) {
+    const std::lock_guard lock(traffic_mu_);
+    mine[stop_row + 1] = {pending_.seconds, double(pending_.bytes)};
+    mine[stop_row + 2] = {pending_.steps > 0 ? pending_.compute / pending_.steps : 0.0,
+                          double(pending_.averages)};
+    pending_ = {};
+  }
   const transport::OpLabel label{step_, transport::kLabelControl, static_cast<std::uint32_t>(r)};
   // The site's figure is the sum of its ranks' shard figures in rank order: every rank of the
   // site holds the same bits, even when one rank's shard is the bad one.
@@ -228,7 +264,18 @@ bool CollectiveAverager::exchange_control(std::span<const DueAverage> due, bool 
                       std::as_writable_bytes(std::span<PayloadHealth>(health_)));
     std::fill(mine.begin(), mine.end(), PayloadHealth{});
     for (int q = 0; q < ranks; ++q)
-      for (std::size_t k = 0; k < rows; ++k) mine[k] += health_[std::size_t(q) * rows + k];
+      for (std::size_t k = 0; k < rows; ++k) {
+        const PayloadHealth& h = health_[std::size_t(q) * rows + k];
+        if (k == stop_row + 1) {
+          mine[k].nonfinite = std::max(mine[k].nonfinite, h.nonfinite);
+          mine[k].sum_squares += h.sum_squares;
+        } else if (k == stop_row + 2) {
+          mine[k].nonfinite = std::max(mine[k].nonfinite, h.nonfinite);
+          mine[k].sum_squares = h.sum_squares;
+        } else {
+          mine[k] += h;
+        }
+      }
   }
   // The WAN all-gather gives every rank of the job the same table, so all decide alike.
   health_.assign(rows * static_cast<std::size_t>(sites), PayloadHealth{});
@@ -237,7 +284,23 @@ bool CollectiveAverager::exchange_control(std::span<const DueAverage> due, bool 
                   std::as_writable_bytes(std::span<PayloadHealth>(health_)));
   bool any_stop = false;
   for (int s = 0; s < sites; ++s)
-    any_stop = any_stop || health_[std::size_t(s) * rows + rows - 1].nonfinite > 0.0;
+    any_stop = any_stop || health_[std::size_t(s) * rows + stop_row].nonfinite > 0.0;
+  if (measure) {
+    SyncMeasure m;
+    m.bytes_per_s = std::numeric_limits<double>::infinity();
+    for (int s = 0; s < sites; ++s) {
+      const PayloadHealth& wire = health_[std::size_t(s) * rows + stop_row + 1];
+      const PayloadHealth& work = health_[std::size_t(s) * rows + stop_row + 2];
+      if (work.sum_squares < 1.0 || wire.nonfinite <= 0.0) {  // a site measured no average
+        m = {};
+        break;
+      }
+      m.state_seconds = std::max(m.state_seconds, wire.nonfinite / work.sum_squares);
+      m.compute_seconds = std::max(m.compute_seconds, work.nonfinite);
+      m.bytes_per_s = std::min(m.bytes_per_s, wire.sum_squares / wire.nonfinite);
+    }
+    measure_ = m.valid() ? std::optional(m) : std::nullopt;
+  }
   if (guard_.enabled)
     for (std::size_t k = 0; k < due.size(); ++k) {
       std::vector<PayloadHealth> column(static_cast<std::size_t>(sites));
@@ -265,7 +328,7 @@ CollectiveAverager::Decision CollectiveAverager::decide(optim::StateKind kind,
     const std::optional<CodecViews>& codec = codec_[static_cast<std::size_t>(kind)];
     const DueAverage d{kind, std::span<const std::span<float>>(&data, 1),
                        codec ? &*codec : nullptr};
-    exchange_control(std::span<const DueAverage>(&d, 1), false);
+    exchange(std::span<const DueAverage>(&d, 1), false, false);
   }
   const Verdict verdict = *take_verdict(kind);
   Decision out{verdict.kept, false};

@@ -39,13 +39,49 @@ constexpr std::size_t kTokenizerKindBytes = 16;
 constexpr std::size_t kTokenizerFileBytes = 512;
 constexpr std::size_t kModelBytes = 5 * 4 + kTokenizerKindBytes + 8 + kTokenizerFileBytes;
 
+// Version 6 puts the period switches before the model description: a count and a fixed table.
+constexpr std::size_t kSwitchBytes = 8 + sync::kMaxPeriodSwitches * 4 * 8;
+
 struct FileHeader {
   std::uint32_t version = 0;
   std::uint64_t payload_bytes = 0;
   std::uint32_t crc = 0;
   std::uint64_t model_bytes() const { return version >= 5 ? kModelBytes : 0; }
-  std::uint64_t trailer_bytes() const { return (version >= 3 ? kWriterBytes : 0) + model_bytes(); }
+  std::uint64_t switch_bytes() const { return version >= 6 ? kSwitchBytes : 0; }
+  std::uint64_t trailer_bytes() const {
+    return (version >= 3 ? kWriterBytes : 0) + model_bytes() + switch_bytes();
+  }
 };
+
+void put_switches(ByteWriter& w, const std::vector<sync::PeriodSwitch>& switches) {
+  w.put<std::uint64_t>(switches.size());
+  for (std::size_t i = 0; i < sync::kMaxPeriodSwitches; ++i) {
+    const sync::PeriodSwitch sw = i < switches.size() ? switches[i] : sync::PeriodSwitch{};
+    for (const std::int64_t v : {sw.after, sw.kx, sw.ku, sw.kv}) w.put<std::int64_t>(v);
+  }
+}
+
+std::vector<sync::PeriodSwitch> get_switches(ByteReader& r, const std::string& path) {
+  const auto n = r.get<std::uint64_t>("period switches");
+  if (n > sync::kMaxPeriodSwitches)
+    throw DataError(fmt::format("'{}' holds {} period switches, at most {}", path, n,
+                                sync::kMaxPeriodSwitches));
+  std::vector<sync::PeriodSwitch> out;
+  for (std::size_t i = 0; i < sync::kMaxPeriodSwitches; ++i) {
+    sync::PeriodSwitch sw;
+    for (std::int64_t* v : {&sw.after, &sw.kx, &sw.ku, &sw.kv})
+      *v = r.get<std::int64_t>("period switch");
+    if (i >= n) continue;
+    if (sw.after < 1 || sw.kx < 1 || sw.ku < 0 || sw.kv < 0 ||
+        (!out.empty() && sw.after <= out.back().after))
+      throw DataError(
+          fmt::format("'{}' holds an impossible period switch {} (after step {}, "
+                      "periods {}, {}, {})",
+                      path, i + 1, sw.after, sw.kx, sw.ku, sw.kv));
+    out.push_back(sw);
+  }
+  return out;
+}
 
 template <std::size_t N>
 void put_text(ByteWriter& w, const std::string& text) {
@@ -255,6 +291,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
       throw Error("checkpoint buffers differ in size; refusing to write " + path);
   if (ck.outer_ref.size() != ck.outer_momentum.size())
     throw Error("checkpoint outer-optimizer buffers differ in size; refusing to write " + path);
+  if (ck.switches.size() > sync::kMaxPeriodSwitches)
+    throw Error(fmt::format("checkpoint of {} period switches (at most {}); refusing to write {}",
+                            ck.switches.size(), sync::kMaxPeriodSwitches, path));
   for (std::size_t k = 0; k < 3; ++k) {
     const std::size_t ef = ck.workers.empty() ? 0 : ck.workers[0].codec_feedback[k].size();
     bool ok = ck.codec_ref[k].empty() || ck.codec_ref[k].size() == n;
@@ -286,6 +325,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   for (const auto& r : ck.codec_ref) payload.put_span<float>(r);
   for (std::size_t k = 0; k < 3; ++k)
     for (const auto& w : ck.workers) payload.put_span<float>(w.codec_feedback[k]);
+  put_switches(payload, ck.switches);
   put_model(payload, ck.model);
   put_text<kWriterBytes>(payload, ck.writer);
 
@@ -352,6 +392,7 @@ Checkpoint load_checkpoint(const std::string& path) {
         r.get_span<float>(w.codec_feedback[k], "codec feedback");
       }
   }
+  if (header.switch_bytes() > 0) ck.switches = get_switches(r, path);
   if (header.model_bytes() > 0) ck.model = get_model(r, path);
   if (header.trailer_bytes() > 0) {
     std::array<std::uint8_t, kWriterBytes> writer{};
@@ -448,6 +489,13 @@ CheckpointInfo validate_checkpoint(const std::string& path) {
     read_at(in, path, kHeaderBytes + header.payload_bytes - kWriterBytes - kModelBytes, field);
     ByteReader model_reader(field, path);
     model = get_model(model_reader, path);
+  }
+  if (header.switch_bytes() > 0) {
+    std::vector<std::uint8_t> field(kSwitchBytes);
+    read_at(in, path,
+            kHeaderBytes + header.payload_bytes - kWriterBytes - kModelBytes - kSwitchBytes, field);
+    ByteReader switch_reader(field, path);
+    get_switches(switch_reader, path);
   }
   return {head.step, head.config_hash, file_bytes, path, writer, model};
 }

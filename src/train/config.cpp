@@ -125,6 +125,45 @@ class Binder {
     }
   }
 
+  // An array of inline tables { after = t, kx = k, ku = k, kv = k } (ku and kv optional).
+  void period_switches(const char* key, std::vector<sync::PeriodSwitch>& out, const char* doc) {
+    if (describe(key, "[]", doc)) return;
+    const toml::node* n = take(key);
+    if (n == nullptr) return;
+    constexpr const char* kShape = "an array of tables such as { after = 96, kx = 64 }";
+    const toml::array* a = n->as_array();
+    if (a == nullptr) type_error(key, *n, kShape);
+    out.clear();
+    for (const toml::node& e : *a) {
+      const toml::table* t = e.as_table();
+      if (t == nullptr) type_error(key, e, kShape);
+      sync::PeriodSwitch sw;
+      for (auto&& [k, v] : *t) {
+        const std::string name(k.str());
+        std::int64_t* field = name == "after" ? &sw.after
+                              : name == "kx"  ? &sw.kx
+                              : name == "ku"  ? &sw.ku
+                              : name == "kv"  ? &sw.kv
+                                              : nullptr;
+        if (field == nullptr)
+          throw ConfigError(fmt::format("{}: {}.{}[{}] has an unknown key '{}' (after, kx, ku, kv)",
+                                        where(file_, k.source()), section_, key, out.size() + 1,
+                                        name));
+        if (!v.is_integer()) type_error(key, v, "an integer (after, kx, ku, kv)");
+        *field = v.as_integer()->get();
+        if (*field < (name == "after" || name == "kx" ? 1 : 0) || *field > INT64_MAX / 6)
+          throw ConfigError(fmt::format("{}: {}.{}[{}].{} = {} is out of range [{}, {}]",
+                                        where(file_, v.source()), section_, key, out.size() + 1,
+                                        name, *field, name == "after" || name == "kx" ? 1 : 0,
+                                        INT64_MAX / 6));
+      }
+      if (sw.after == 0 || sw.kx == 0)
+        throw ConfigError(fmt::format("{}: {}.{}[{}] needs both 'after' and 'kx'",
+                                      where(file_, e.source()), section_, key, out.size() + 1));
+      out.push_back(sw);
+    }
+  }
+
   void strings(const char* key, std::vector<std::string>& out, const char* doc) {
     if (describe(key, fmt::format("[{}]", fmt::join(out, ", ")), doc)) return;
     if (const toml::node* n = take(key)) {
@@ -331,6 +370,24 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
   b.boolean("error_feedback", s.error_feedback,
             "keep, per compressed state, what quantisation dropped and add it to the next "
             "payload");
+  b.comment_next();
+  b.period_switches("switches", s.switches,
+                    "new periods from a parameter average on, e.g. [{ after = 96, kx = 64 }]: "
+                    "after step 96, x every 64 steps (ku, kv: 3 and 6 kx unless given) counted "
+                    "from 96; what a re-plan records, for `desloc train` to replay");
+  b.boolean("replan", s.replan,
+            "networked jobs: re-plan kx, ku and kv while training when the wide-area rate "
+            "drifts from the one the periods were chosen at; every site switches at the same "
+            "parameter average");
+  b.real("replan_target", s.replan_target,
+         "overhead (wide-area seconds per compute second) the re-planned periods aim for; 0 = "
+         "the overhead the first averages measured",
+         0.0, 100.0);
+  b.real("replan_drift", s.replan_drift,
+         "a rate this many times slower or faster than the plan's triggers a re-plan", 1.0, 1e6,
+         true);
+  b.integer("replan_syncs", s.replan_syncs,
+            "... once it held for this many parameter averages in a row", 1, 1000);
 }
 
 void bind_job(Binder& b, JobSection& j) {
@@ -699,6 +756,66 @@ void check_regions(const Binder& b, const toml::table& root, const std::string& 
     if (codec != "fp32") refuse(key, "\"" + codec + "\"");
   if (s.outer != "none") refuse("outer", "\"" + s.outer + "\"");
   if (s.join_step > 0) refuse("join_step", std::to_string(s.join_step));
+  if (!s.switches.empty()) refuse("switches", "[...]");
+  if (s.replan) refuse("replan", "true");
+}
+
+// sync.switches and sync.replan: switches at parameter averages, in order, with periods the
+// mode can run; re-planning only where there is a parameter average to switch at.
+void check_switches(const Binder& b, const sync::SyncConfig& s) {
+  const bool desloc = s.method == SyncMethod::kDesloc;
+  const auto refuse_fragments = [&](const char* key) {
+    if (s.fragments > 1)
+      throw ConfigError(
+          fmt::format("{}: sync.{} with sync.fragments = {} is not supported yet "
+                      "(a switch keeps whole-state averages)",
+                      b.location_of(key), key, s.fragments));
+  };
+  if (s.replan) {
+    if (!s.averages_params())
+      throw ConfigError(
+          fmt::format("{}: sync.replan re-plans the periods of the parameter "
+                      "average, but method = \"{}\" has none",
+                      b.location_of("replan"), to_string(s.method)));
+    refuse_fragments("replan");
+  }
+  if (s.switches.empty()) return;
+  const std::string at = b.location_of("switches");
+  if (!s.averages_params())
+    throw ConfigError(
+        fmt::format("{}: sync.switches changes the periods of the parameter "
+                    "average, but method = \"{}\" has none",
+                    at, to_string(s.method)));
+  refuse_fragments("switches");
+  if (s.switches.size() > sync::kMaxPeriodSwitches)
+    throw ConfigError(fmt::format("{}: sync.switches has {} entries, at most {}", at,
+                                  s.switches.size(), sync::kMaxPeriodSwitches));
+  sync::SyncConfig base = s;
+  base.switches.clear();
+  sync::SyncPolicy policy(base);
+  const std::array<std::int64_t, 3> tau = s.effective_delays();
+  for (std::size_t i = 0; i < s.switches.size(); ++i) {
+    const sync::PeriodSwitch& sw = s.switches[i];
+    if (!desloc && (sw.ku != 0 || sw.kv != 0))
+      throw ConfigError(
+          fmt::format("{}: sync.switches[{}] sets ku or kv, but method = \"{}\" "
+                      "averages u and v with x",
+                      at, i + 1, to_string(s.method)));
+    try {
+      policy.add_switch(sw);
+    } catch (const Error& e) {
+      throw ConfigError(fmt::format("{}: sync.switches[{}]: {}", at, i + 1, e.message()));
+    }
+    const SyncSchedule& after = policy.schedule_at(sw.after + 1);
+    for (const auto& [name, period, delay] :
+         {std::tuple{"kx", after.kx, tau[0]}, std::tuple{"ku", after.ku, tau[1]},
+          std::tuple{"kv", after.kv, tau[2]}})
+      if (delay >= period)
+        throw ConfigError(
+            fmt::format("{}: sync.switches[{}] makes {} = {}, not longer than "
+                        "its delay {}",
+                        at, i + 1, name, period, delay));
+  }
 }
 
 struct Section {
@@ -758,6 +875,7 @@ JobConfig from_table(const toml::table& root, const std::string& file,
       check_sync(b, job.sync);
       check_fragments(b, job.sync, job.model);
       check_codecs(b, job.sync);
+      check_switches(b, job.sync);
     }
     if (std::string(sec.name) == "job" && !job.job.sites.empty()) {
       std::set<std::string> seen;
@@ -880,6 +998,10 @@ std::string JobConfig::canonical() const {
     text += fmt::format(";region_k:{},{},{}", sync.region_kx, sync.effective_region_ku(),
                         sync.effective_region_kv());
   }
+  // Configured period switches (none keeps earlier fingerprints). A re-plan's switches are not
+  // config: the checkpoints carry them.
+  for (const sync::PeriodSwitch& sw : sync.switches)
+    text += fmt::format(";switch:{},{},{},{}", sw.after, sw.kx, sw.ku, sw.kv);
   // And where the lanes split each shard (an even split keeps the fingerprint of earlier jobs).
   if (transport::effective_lanes(transport.lanes, sync.workers) == 2 &&
       transport.lane_share != 0.5f)

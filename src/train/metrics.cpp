@@ -101,6 +101,16 @@ std::string RejoinRecord::to_json() const {
       step, epoch, sites, state_bytes, json_number(transfer_s));
 }
 
+std::string ReplanRecord::to_json() const {
+  return fmt::format(
+      R"({{"type":"replan","step":{},"kx":{},"ku":{},"kv":{},"old_kx":{},"state_s":{},)"
+      R"("reference_s":{},"bytes_per_s":{},"overhead":{},"target":{},"predicted_step_s":{},)"
+      R"("reason":{}}})",
+      step, kx, ku, kv, old_kx, json_number(state_s), json_number(reference_s),
+      json_number(bytes_per_s), json_number(overhead), json_number(target),
+      json_number(predicted_step_s), json_string(reason));
+}
+
 std::string RejectionRecord::to_json() const {
   return fmt::format(R"({{"type":"rejection","step":{},"state":"{}","site":{},"reason":{}}})", step,
                      state, json_string(site), json_string(reason));

@@ -46,6 +46,7 @@ TrainState capture_state(std::int64_t step, std::uint64_t tokens_seen,
   st.step = step;
   st.tokens_seen = tokens_seen;
   for (const auto& s : sites) st.replicas.push_back(s.capture());
+  if (shared.policy != nullptr) st.switches = shared.policy->switches();
   if (shared.outer != nullptr) {
     st.outer_ref = shared.outer->reference();
     st.outer_momentum = shared.outer->momentum();
@@ -89,6 +90,7 @@ std::uint64_t restore_state(TrainState state, std::vector<SiteReplica>& sites, S
     }
   }
   for (std::size_t i = 0; i < sites.size(); ++i) sites[i].restore(std::move(state.replicas[i]));
+  if (shared.policy != nullptr) shared.policy->restore_switches(state.switches);
   if (shared.outer != nullptr) {
     shared.outer->reference() = std::move(state.outer_ref);
     shared.outer->momentum() = std::move(state.outer_momentum);
@@ -115,6 +117,7 @@ Checkpoint to_checkpoint(const TrainState& state, std::uint64_t config_hash,
   ck.outer_ref = state.outer_ref;
   ck.outer_momentum = state.outer_momentum;
   ck.codec_ref = state.codec_ref;
+  ck.switches = state.switches;
   return ck;
 }
 
@@ -135,6 +138,7 @@ TrainState from_checkpoint(Checkpoint ck, std::size_t loaders) {
   st.outer_ref = std::move(ck.outer_ref);
   st.outer_momentum = std::move(ck.outer_momentum);
   st.codec_ref = std::move(ck.codec_ref);
+  st.switches = std::move(ck.switches);
   return st;
 }
 

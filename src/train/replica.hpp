@@ -33,6 +33,7 @@ struct TrainState {
   std::vector<ReplicaState> replicas;
   std::vector<float> outer_ref, outer_momentum;  // empty without an outer optimizer
   std::array<std::vector<float>, 3> codec_ref;   // x, u, v: compressed states' references
+  std::vector<sync::PeriodSwitch> switches;      // the period switches in force
 };
 
 // One site: its parameters x, its gradient g, its optimizer (u, v) and the loaders of the
@@ -57,13 +58,15 @@ std::vector<sync::Replica> views_of(std::vector<SiteReplica>& sites);
 struct SharedState {
   sync::OuterNesterov* outer = nullptr;
   sync::CompressionState* compression = nullptr;  // an inactive one is left out
+  sync::SyncPolicy* policy = nullptr;             // its period switches (nullptr: left alone)
 };
 
 TrainState capture_state(std::int64_t step, std::uint64_t tokens_seen,
                          const std::vector<SiteReplica>& sites, SharedState shared);
 // Restores every replica of `state` (sites.size() must equal its replica count), the outer
-// optimizer and the compression state; returns the state's tokens_seen. Throws DataError when
-// the state holds no references for a compressed state (a checkpoint written without codecs).
+// optimizer, the compression state and the period switches; returns the state's tokens_seen. Throws
+// DataError when the state holds no references for a compressed state (a checkpoint written without
+// codecs).
 std::uint64_t restore_state(TrainState state, std::vector<SiteReplica>& sites, SharedState shared);
 
 // A checkpoint stores one loader position per replica: a site's ranks read the same number of

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/optim/optimizer.hpp"
+#include "desloc/topology/planner.hpp"
 #include "desloc/train/checkpoint.hpp"
 #include "desloc/train/resume_agreement.hpp"
 #include "desloc/transport/ring_order.hpp"
@@ -164,6 +166,10 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
   }
   evaluator_.bind(rank_);
   if (networked_ && rank_->recover) recovery_.emplace(*rank_);
+  if (!networked_ && cfg.sync.replan)
+    log::info(
+        "sync.replan: one process measures no wide-area link, so the periods stay as "
+        "configured; sync.switches replays a networked run's re-plans");
   result_.unigram_entropy_nats = dataset_.unigram_entropy_nats;
   result_.train_loss_site =
       cfg.site_names().at(networked_ ? static_cast<std::size_t>(rank_->site) : 0);
@@ -315,6 +321,7 @@ void TrainingRun::start(bool rejoining) {
         resume();
       else
         start_fresh();
+      replan_reset();
       return;
     } catch (const Error& e) {
       if (!recovery_ || rejoining || !cluster::Recovery::recoverable(e) ||
@@ -427,10 +434,12 @@ TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
   s.due = engine_.begin(t, *averager_, replicas, site_stop_);
   site_losses_.resize(sites_.size());  // sites may have joined
   double loss_sum = 0.0;
+  const auto t_compute = Clock::now();
   for (std::size_t i = 0; i < sites_.size(); ++i) {
     site_losses_[i] = site_gradient(i, t);
     loss_sum += site_losses_[i];
   }
+  double compute_s = seconds_since(t_compute);
   inject_poison(t, s.due);  // under overlap the averages started from the unpoisoned values
   const bool stop = engine_.finish(replicas, site_stop_);
   if (networked_) {
@@ -440,10 +449,67 @@ TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
       stop_agreed_ = stop;
   }
   s.lr = optim::learning_rate(cfg_.schedule, step_, total_);
+  const auto t_update = Clock::now();
   s.grad_norm = engine_.update(replicas, s.lr);
+  compute_s += seconds_since(t_update);
+  if (replanner_) {
+    averager_->note_compute(compute_s);
+    replan(t);
+  }
   s.loss = static_cast<float>(loss_sum / double(sites_.size()));
   s.seconds = seconds_since(t0);
   return s;
+}
+
+void TrainingRun::replan(std::int64_t t) {
+  if (!policy_.global_at(t).x) return;
+  const std::optional<sync::SyncMeasure> m = averager_->take_measure();
+  // Configured switches still ahead are the config's plan: re-planning starts after them.
+  if (!m || (!policy_.switches().empty() && policy_.switches().back().after >= t)) return;
+  const std::int64_t old_kx = replanner_->periods().kx;
+  const std::optional<sync::ReplanDecision> d = replanner_->observe(*m);
+  if (!d) return;
+  if (policy_.switches().size() >= sync::kMaxPeriodSwitches) {
+    log::warn(
+        "{}: step {}: {}; the job already switched periods {} times, the most it keeps, "
+        "so kx stays {}",
+        rank_->name, t, d->reason, sync::kMaxPeriodSwitches, old_kx);
+    replan_reset();
+    return;
+  }
+  policy_.add_switch({t, d->periods.kx, d->periods.ku, d->periods.kv});
+  metrics_->write(ReplanRecord{t, d->periods.kx, d->periods.ku, d->periods.kv, old_kx,
+                               d->state_seconds, d->reference_seconds, d->bytes_per_s, d->overhead,
+                               d->target, d->predicted_step_s, d->reason});
+  progress_->message(fmt::format(
+      "{}: re-planned after step {}: kx {} -> {}, ku {}, kv {}, predicted step {:.3f} s ({})",
+      rank_->name, t, old_kx, d->periods.kx, d->periods.ku, d->periods.kv, d->predicted_step_s,
+      d->reason));
+  if (d->periods.kx > topology::kValidatedKx)
+    log::warn(
+        "{}: kx {} is beyond the {} DES-LOC's convergence was shown at; the sites train "
+        "nearly alone until the link recovers",
+        rank_->name, d->periods.kx, topology::kValidatedKx);
+}
+
+void TrainingRun::replan_reset() {
+  if (!networked_ || !cfg_.sync.replan) return;
+  const SyncSchedule& s = policy_.schedule_at(step_ + 1);
+  const sync::Periods in_force{s.kx, s.ku, s.kv};
+  if (!replanner_) {
+    const std::array<std::int64_t, 3> tau = cfg_.sync.effective_delays();
+    sync::ReplanOptions o;
+    o.target = cfg_.sync.replan_target;
+    o.drift = cfg_.sync.replan_drift;
+    o.syncs = cfg_.sync.replan_syncs;
+    o.min_kx = *std::max_element(tau.begin(), tau.end()) + 1;
+    o.max_kx = std::max<std::int64_t>(1, total_);
+    o.hidden_steps = cfg_.sync.overlap == "step" ? 1.0
+                     : cfg_.sync.delays()        ? double(tau[0] + 1)
+                                                 : 0.0;
+    replanner_.emplace(cfg_.sync.method, in_force, o);
+  }
+  replanner_->reset(in_force);
 }
 
 // Site i's gradient at its un-averaged x: every rank's micro-batch held here, then the mean

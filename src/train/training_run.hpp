@@ -17,6 +17,7 @@
 #include "desloc/sync/averager.hpp"
 #include "desloc/sync/outer_optimizer.hpp"
 #include "desloc/sync/regional_averager.hpp"
+#include "desloc/sync/replanner.hpp"
 #include "desloc/sync/site_reducer.hpp"
 #include "desloc/sync/sync_engine.hpp"
 #include "desloc/sync/sync_policy.hpp"
@@ -63,7 +64,7 @@ class TrainingRun {
   // The name this process's checkpoints carry: its rank's "site/r", or "in-process".
   std::string writer() const { return networked_ ? rank_->name : "in-process"; }
   // The outer optimizer and the compressed states, which travel with the replicas.
-  SharedState shared() { return {outer_ ? &*outer_ : nullptr, &compression_}; }
+  SharedState shared() { return {outer_ ? &*outer_ : nullptr, &compression_, &policy_}; }
   bool stop_requested();
 
   StepResult take_step(std::int64_t t);                // Alg. 1: gradients, averages, update
@@ -82,6 +83,12 @@ class TrainingRun {
   void recover(const std::string& what);
   void receive_joined_state();
   sync::Traffic traffic_of(int w) const;
+  // sync.replan: after step t's job-wide average, what its control exchange measured; every
+  // rank of the job decides alike and switches periods after the same step.
+  void replan(std::int64_t t);
+  // The replanner measures afresh from the periods in force after step_ (a new epoch, a
+  // resume, a rollback).
+  void replan_reset();
 
   const JobConfig& cfg_;
   const TrainOptions& opts_;
@@ -89,8 +96,9 @@ class TrainingRun {
   const bool networked_;
   const int B_, T_, R_;
   const std::int64_t total_;
-  const std::uint64_t tokens_per_step_;  // per site: its R ranks each read B x T tokens
-  const sync::SyncPolicy policy_;
+  const std::uint64_t tokens_per_step_;       // per site: its R ranks each read B x T tokens
+  sync::SyncPolicy policy_;                   // a re-plan adds period switches
+  std::optional<sync::Replanner> replanner_;  // sync.replan on a networked rank
   data::DatasetInfo dataset_;
   std::unique_ptr<model::Model> model_;
   std::vector<SiteReplica> sites_;  // in-process: every site; networked: this rank's

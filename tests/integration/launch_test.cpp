@@ -177,6 +177,28 @@ TEST(Launch, WeightedLanesReproduceTheInProcessRunBitForBit) {
                               "lane_share = 0.7\n");
 }
 
+// Period switches (issue 15, item 5: what a re-plan records, and what `desloc train` replays):
+// kx 2 until step 4, then 3 counted from step 4 (x at 7 and 10), then 2 again from step 10.
+// The launched ranks switch at the same averages as the in-process run: equal bit for bit.
+constexpr const char* kSwitches = "switches = [{ after = 4, kx = 3 }, { after = 10, kx = 2 }]\n";
+TEST(Launch, PeriodSwitchesReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x1_switch", {"west", "east", "north"}, 1, "", kSwitches);
+  // The switches took effect: the averages fell where they say (u on its own period from 4).
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const fs::path metrics = fs::temp_directory_path() /
+                           ("desloc_launch3x1_switch_" + std::to_string(::getpid()) + "_" +
+                            info->test_suite_name() + "_" + info->name()) /
+                           "launch" / "metrics.jsonl";
+  EXPECT_EQ(train_field(metrics, "synced"),
+            (std::vector<std::string>{"\"\"", "\"x\"", "\"\"", "\"x\"", "\"\"", "\"\"", "\"x\"",
+                                      "\"\"", "\"\"", "\"x\"", "\"\"", "\"x\""}));
+}
+
+TEST(Launch, TwoSitesOfTwoRanksOverlappingWithPeriodSwitchesReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch2x2_switch", {"west", "east"}, 2, "overlap = \"step\"\n",
+                              kSwitches);
+}
+
 // The averages of x, u and v run on a communication thread during the forward and backward
 // pass (sync.overlap = "step"): still the blocking in-process run, bit for bit, with one rank
 // per site and with two (whose intra-site all-gather completes on the main thread).

@@ -17,6 +17,9 @@ using namespace desloc;
 namespace fs = std::filesystem;
 
 namespace {
+// Version 6's period switches: a count and 32 entries of four int64s.
+constexpr std::size_t kSwitches = 8 + 32 * 4 * 8;
+
 class CheckpointFile : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -287,7 +290,7 @@ TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
   train::save_checkpoint(path("v3.ckpt"), sample());
   mutate(path("v3.ckpt"), [](auto& b) {
     constexpr std::size_t kHeader = 28, kWriter = 64, kModel = 556, kCodecHead = 48;
-    b.erase(b.end() - kWriter - kModel - kCodecHead, b.end() - kWriter);
+    b.erase(b.end() - kWriter - kModel - kSwitches - kCodecHead, b.end() - kWriter);
     b[8] = 3;
     const std::uint64_t payload = b.size() - kHeader;
     std::memcpy(b.data() + 16, &payload, 8);
@@ -303,9 +306,9 @@ TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
   // A CRC-valid version 4 file whose codec sizes do not fit: both readers refuse it alike.
   mutate(path("v4.ckpt"), [](auto& b) {
     constexpr std::size_t kHeader = 28;
-    // The sizes sit before the codec data (1000 + 1000 + 3 x 1000 floats), the model
-    // description and the writer.
-    const std::size_t sizes_at = b.size() - 64 - 556 - 5000 * 4 - 48;
+    // The sizes sit before the codec data (1000 + 1000 + 3 x 1000 floats), the period
+    // switches, the model description and the writer.
+    const std::size_t sizes_at = b.size() - 64 - 556 - kSwitches - 5000 * 4 - 48;
     const std::uint64_t wrong = 999;
     std::memcpy(b.data() + sizes_at, &wrong, 8);  // ref_n of x
     const std::uint32_t crc =
@@ -349,7 +352,7 @@ TEST_F(CheckpointFile, TheModelDescriptionRoundTripsAndVersion4FilesHaveNone) {
   EXPECT_FALSE(train::load_checkpoint(path("none.ckpt")).model.has_value());
   mutate(path("none.ckpt"), [](auto& b) {
     constexpr std::size_t kHeader = 28, kWriter = 64, kModel = 556;
-    b.erase(b.end() - kWriter - kModel, b.end() - kWriter);
+    b.erase(b.end() - kWriter - kModel - kSwitches, b.end() - kWriter);
     b[8] = 4;
     const std::uint64_t payload = b.size() - kHeader;
     std::memcpy(b.data() + 16, &payload, 8);
@@ -368,4 +371,38 @@ TEST_F(CheckpointFile, TheModelDescriptionRoundTripsAndVersion4FilesHaveNone) {
   const std::string msg = expect_data_error(path("bad.ckpt"));
   EXPECT_NE(msg.find("bad.ckpt"), std::string::npos) << msg;
   EXPECT_NE(msg.find("impossible model"), std::string::npos) << msg;
+}
+
+TEST_F(CheckpointFile, PeriodSwitchesRoundTripAndVersion5FilesHaveNone) {
+  auto ck = sample();
+  ck.switches = {{96, 64, 192, 384}, {160, 8, 0, 0}};
+  train::save_checkpoint(path("v6.ckpt"), ck);
+  EXPECT_EQ(train::load_checkpoint(path("v6.ckpt")).switches, ck.switches);
+  EXPECT_EQ(train::validate_checkpoint(path("v6.ckpt")).step, 42);
+  ck.switches.assign(33, {1, 1, 0, 0});
+  EXPECT_THROW(train::save_checkpoint(path("many.ckpt"), ck), Error);
+
+  // Version 5: the same file without the switch block.
+  ck.switches = {{96, 64, 192, 384}};
+  train::save_checkpoint(path("v5.ckpt"), ck);
+  mutate(path("v5.ckpt"), [](auto& b) {
+    constexpr std::size_t kHeader = 28, kWriter = 64, kModel = 556;
+    b.erase(b.end() - kWriter - kModel - kSwitches, b.end() - kWriter - kModel);
+    b[8] = 5;
+    const std::uint64_t payload = b.size() - kHeader;
+    std::memcpy(b.data() + 16, &payload, 8);
+    const std::uint32_t crc = crc32c(std::span<const std::uint8_t>(b.data() + kHeader, payload));
+    std::memcpy(b.data() + 24, &crc, 4);
+  });
+  const auto v5 = train::load_checkpoint(path("v5.ckpt"));
+  EXPECT_TRUE(v5.switches.empty());
+  EXPECT_EQ(v5.workers[2].params, sample().workers[2].params);
+  EXPECT_EQ(train::validate_checkpoint(path("v5.ckpt")).step, 42);
+
+  // A CRC-valid file whose switches go backwards: both readers refuse it.
+  ck.switches = {{96, 64, 0, 0}, {50, 8, 0, 0}};
+  train::save_checkpoint(path("back.ckpt"), ck);
+  const std::string msg = expect_data_error(path("back.ckpt"));
+  EXPECT_NE(msg.find("impossible period switch 2"), std::string::npos) << msg;
+  EXPECT_THROW(train::validate_checkpoint(path("back.ckpt")), DataError);
 }

@@ -178,6 +178,48 @@ TEST(Config, RegionsAreRefusedWhenTheyDoNotPartitionTheSitesOrThePeriodsDoNotNes
   }
 }
 
+// sync.switches and sync.replan (issue 15, re-planning): refused at load with the key named.
+TEST(Config, PeriodSwitchesAreRefusedOffAnAverageOutOfOrderOrWithModesTheyCannotRun) {
+  const std::string desloc = "[sync]\nmethod = \"desloc\"\nkx = 4\n";
+  EXPECT_EQ(error_of(desloc + "switches = [{ after = 8, kx = 16 }, { after = 24, kx = 2 }]\n"),
+            "<no error>");
+  EXPECT_EQ(error_of(desloc + "replan = true\nreplan_drift = 3\nreplan_syncs = 1\n"), "<no error>");
+  const auto cfg = parse_config(desloc + "switches = [{ after = 8, kx = 16, ku = 32 }]\n", "a");
+  ASSERT_EQ(cfg.sync.switches.size(), 1u);
+  EXPECT_EQ(cfg.sync.switches[0], (desloc::sync::PeriodSwitch{8, 16, 32, 0}));
+  EXPECT_NE(cfg.hash(), parse_config(desloc, "b").hash());
+  const struct {
+    std::string text, needle;
+  } cases[] = {
+      {desloc + "switches = [{ after = 6, kx = 16 }]\n",
+       "sync.switches[1]: periods can switch only at a parameter average, and step 6 has none"},
+      {desloc + "switches = [{ after = 8, kx = 2 }, { after = 8, kx = 4 }]\n",
+       "sync.switches[2]: a switch of periods after step 8 does not follow"},
+      {desloc + "switches = [{ after = 8 }]\n", "sync.switches[1] needs both 'after' and 'kx'"},
+      {desloc + "switches = [{ after = 8, kx = 2, k = 3 }]\n", "unknown key 'k'"},
+      {desloc + "switches = [{ after = 8, kx = -2 }]\n",
+       "sync.switches[1].kx = -2 is out of range"},
+      {desloc + "switches = [8, 2]\n", "sync.switches must be an array of tables"},
+      {"[sync]\nmethod = \"local_adam\"\nkx = 4\nswitches = [{ after = 4, kx = 2, ku = 4 }]\n",
+       "sync.switches[1] sets ku or kv, but method = \"local_adam\""},
+      {"[sync]\nmethod = \"ddp\"\nswitches = [{ after = 4, kx = 2 }]\n",
+       "method = \"ddp\" has none"},
+      {"[sync]\nmethod = \"none\"\nreplan = true\n", "sync.replan re-plans"},
+      {desloc + "fragments = 2\nreplan = true\n", "sync.replan with sync.fragments = 2"},
+      {desloc + "overlap = \"delayed\"\ndelay = 3\nswitches = [{ after = 4, kx = 3 }]\n",
+       "makes kx = 3, not longer than its delay 3"},
+      {desloc + "replan_drift = 1\n", "sync.replan_drift = 1 is out of range"},
+      {desloc + "replan_syncs = 0\n", "sync.replan_syncs = 0 is out of range"},
+      {desloc + "region_kx = 2\nreplan = true\n[job]\nsites = [\"A\", \"B\", \"C\", \"D\"]\n"
+                "regions = [[\"A\", \"B\"], [\"C\", \"D\"]]\n",
+       "sync.replan = true with job.regions is not supported yet"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of(c.text);
+    EXPECT_NE(e.find(c.needle), std::string::npos) << e << "\n--- for ---\n" << c.text;
+  }
+}
+
 TEST(Config, SyntaxErrorHasPosition) {
   const auto msg = error_of("[model]\nlayers = = 2\n");
   EXPECT_NE(msg.find("job.toml:2:"), std::string::npos) << msg;

@@ -41,6 +41,8 @@ SimResult simulate(const Topology& t, const SimJob& job) {
   }
   // Regions: each region's sites (indices into t.sites) and its seconds and bytes per site for
   // one average of state k over its own ring.
+  if (!job.switches.empty() && plan.fragments > 1)
+    throw ConfigError("simulate: period switches are modelled with whole-state averages only");
   const bool regional = !job.regions.empty() && averages_params(plan.method);
   if (regional && (job.overlap || job.delayed() || plan.fragments > 1))
     throw ConfigError(
@@ -78,7 +80,7 @@ SimResult simulate(const Topology& t, const SimJob& job) {
   const double exchange = job.delayed() ? exchange_seconds(t, ring) : 0.0;
   std::vector<Fold> folds;
   for (std::int64_t step = 1; step <= job.steps; ++step) {
-    const SyncDecision due = plan.at(step);
+    const SyncDecision due = job.schedule_at(step).at(step);
     const int states = n < 2 ? 0 : due.states();
     double cost = 0, bytes = 0;
     if (states > 0) {

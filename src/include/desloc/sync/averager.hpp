@@ -14,6 +14,7 @@
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/compression.hpp"
 #include "desloc/sync/payload_guard.hpp"
+#include "desloc/sync/replanner.hpp"
 
 namespace desloc::sync {
 
@@ -119,6 +120,14 @@ class Averager {
   // judges its payload alone. Returns true when any site of the job asked to stop. The
   // payloads must not change between this call and their average().
   virtual bool exchange_control(std::span<const DueAverage> due, bool stop) = 0;
+
+  // Re-planning (sync.replan): the trainer notes each step's compute seconds, and a networked
+  // averager's next control exchange also carries what the sites measured of the averages
+  // since the last one, every rank receiving the same table. In one process nothing is
+  // measured: take_measure() is nullopt.
+  virtual void note_compute(double /*seconds*/) {}
+  // What the latest control exchange measured (once; nullopt when it measured nothing).
+  virtual std::optional<SyncMeasure> take_measure() { return std::nullopt; }
 
  protected:
   // The payload guard's decision for one state of one step.

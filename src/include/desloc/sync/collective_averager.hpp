@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -44,7 +45,10 @@ class CollectiveAverager final : public Averager {
   void complete_average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   // One all-gather inside the site, then one over the WAN group, carrying each due state's
   // health and the site's stop request (16 bytes a row).
+  // With the measurement of the averages since the last exchange (two more rows).
   bool exchange_control(std::span<const DueAverage> due, bool stop) override;
+  void note_compute(double seconds) override;
+  std::optional<SyncMeasure> take_measure() override;
   int workers() const override { return wan_.size(); }
   // Wire bytes are what the collectives actually sent, not a formula: `wire` is the WAN
   // group's, `site_wire` the intra-site all-gather's.
@@ -62,6 +66,11 @@ class CollectiveAverager final : public Averager {
     bool rejected = false;  // this site is left out
   };
   Decision decide(optim::StateKind kind, std::span<float> data);
+  // The control exchange; `measure` adds the measurement rows (only the engine's exchange,
+  // which every rank makes at the same point, consumes what was measured).
+  bool exchange(std::span<const DueAverage> due, bool stop, bool measure);
+  // One wide-area average's seconds and bytes, for the next exchange's measurement.
+  void measured(double seconds, std::uint64_t bytes);
   // decide(), with this rank's shard of `data` zeroed when this site is rejected; returns the
   // number of sites averaged.
   int guard(optim::StateKind kind, std::span<float> data, std::span<float> shard);
@@ -76,6 +85,16 @@ class CollectiveAverager final : public Averager {
   double lane_share_;
   Traffic traffic_;
   SyncMeter* meter_ = nullptr;
+  // Since the last measuring exchange, under traffic_mu_: the averages' seconds, bytes and
+  // count, and the compute seconds and steps the trainer noted.
+  struct Pending {
+    double seconds = 0.0;
+    std::uint64_t bytes = 0;
+    int averages = 0;
+    double compute = 0.0;
+    int steps = 0;
+  } pending_;
+  std::optional<SyncMeasure> measure_;
   std::vector<float> gathered_;            // R blocks, for the intra-site all-gather
   std::vector<PayloadHealth> health_;      // rows x R, then rows x S: the control exchange
   std::vector<std::byte> encoded_;         // S encoded segments: a compressed average's ring

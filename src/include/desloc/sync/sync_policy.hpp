@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "desloc/core/sync_schedule.hpp"
 #include "desloc/sync/compression.hpp"
@@ -15,6 +16,20 @@ namespace desloc::sync {
 
 using desloc::SyncDecision;
 using desloc::SyncMethod;
+
+// New periods from a parameter average on (sync.switches, or a re-plan while training): after
+// step `after`, x is averaged every kx steps counted from `after`, u every ku and v every kv, all
+// three in phase with that average. `after` must be a step x is averaged at.
+struct PeriodSwitch {
+  std::int64_t after = 0;
+  std::int64_t kx = 0;
+  std::int64_t ku = 0;  // desloc: 0 = 3 * kx; the other methods average u and v with x
+  std::int64_t kv = 0;  // desloc: 0 = 6 * kx
+  bool operator==(const PeriodSwitch&) const = default;
+};
+
+// The most switches a job keeps (a checkpoint holds them in a fixed-size block).
+inline constexpr std::size_t kMaxPeriodSwitches = 32;
 
 struct SyncConfig {
   SyncMethod method = SyncMethod::kNone;  // see desloc/core/sync_schedule.hpp
@@ -64,6 +79,16 @@ struct SyncConfig {
   std::int64_t region_kx = 0;
   std::int64_t region_ku = 0;
   std::int64_t region_kv = 0;
+  // Period switches in force, in order of `after` (sync.switches; a re-plan appends to a
+  // running job's SyncPolicy, and `desloc train` replays them from the config).
+  std::vector<PeriodSwitch> switches;
+  // Re-planning while training (networked jobs): the sites measure each job-wide average in the
+  // control exchange that precedes the next one, and all switch periods at the same average
+  // when the wide-area rate drifts (sync/replanner.hpp).
+  bool replan = false;
+  float replan_target = 0.0f;  // overhead aimed for; 0 = what the first averages measured
+  float replan_drift = 2.0f;   // a rate this many times off the plan's triggers a re-plan
+  int replan_syncs = 2;        // ... for this many job-wide averages in a row
 
   std::int64_t effective_ku() const { return ku > 0 ? ku : 3 * kx; }
   std::int64_t effective_kv() const { return kv > 0 ? kv : 6 * kx; }
@@ -91,6 +116,8 @@ struct SyncConfig {
   // The schedule of the averages inside a region (regional() only): the region periods, the
   // same method and phases.
   SyncSchedule region_schedule() const;
+  // The schedule from `sw.after` on: its periods (ku and kv resolved), every phase at `after`.
+  SyncSchedule schedule_after(const PeriodSwitch& sw) const;
   // The codecs by state (an unknown name reads as fp32: the config loader refuses it first).
   CompressionConfig compression() const;
 };
@@ -104,15 +131,31 @@ class SyncPolicy {
   SyncDecision at(std::int64_t t) const;
   // The averages due at t that span every site: without regions, at(t). Only these are a
   // barrier for the whole job (a region's averages wait for its own sites only).
-  SyncDecision global_at(std::int64_t t) const { return schedule_.at(t); }
+  SyncDecision global_at(std::int64_t t) const { return schedule_at(t).at(t); }
+  // The job-wide schedule in force at step t (the last switch with after < t, else the
+  // config's periods).
+  const SyncSchedule& schedule_at(std::int64_t t) const;
   const SyncConfig& config() const { return cfg_; }
-  // Mean payload per step in units of the model size: 1 for DDP, 1/Kx + 1/Ku + 1/Kv for DES-LOC.
+  // Mean payload per step in units of the model size at the config's periods: 1 for DDP,
+  // 1/Kx + 1/Ku + 1/Kv for DES-LOC.
   double state_syncs_per_step() const { return schedule_.state_syncs_per_step(); }
+
+  // Every switch in force, the config's first.
+  const std::vector<PeriodSwitch>& switches() const { return switches_; }
+  // Appends a switch (a re-plan). Error when `after` is not past the last switch, when x is not
+  // averaged at `after`, or beyond kMaxPeriodSwitches.
+  void add_switch(const PeriodSwitch& sw);
+  // A rollback to `step`: the switches decided after it are undone (their steps are taken again).
+  void drop_switches_after(std::int64_t step);
+  // The switches of a checkpoint (a resume): they must begin with the config's.
+  void restore_switches(const std::vector<PeriodSwitch>& switches);
 
  private:
   SyncConfig cfg_;
   SyncSchedule schedule_;
   std::optional<SyncSchedule> region_;
+  std::vector<PeriodSwitch> switches_;
+  std::vector<SyncSchedule> after_;  // after_[i]: the schedule from switches_[i] on
 };
 
 }  // namespace desloc::sync

@@ -14,6 +14,8 @@
 //            | (version 5) i32 vocab, context, layers, heads, d_model | char[16] tokenizer
 //                          | u64 tokenizer_hash | char[512] tokenizer_file: what export and
 //                          sample need to rebuild the model without the config (NUL-padded)
+//            | (version 6) u64 switch_n | 32 x { i64 after, kx, ku, kv }: the period switches
+//                          in force (sync.switches and re-plans; entries past switch_n are 0)
 //            | char[64] writer, NUL-padded (version >= 3; version 2 files end before it)
 // Written atomically (temporary file, fsync, rename); a reader rejects any mismatch.
 #pragma once
@@ -26,13 +28,14 @@
 
 #include "desloc/data/loader.hpp"
 #include "desloc/model/gpt_config.hpp"
+#include "desloc/sync/sync_policy.hpp"
 
 namespace desloc::train {
 
 inline constexpr char kCheckpointMagic[8] = {'D', 'S', 'L', 'C', 'C', 'K', 'P', '1'};
 // 3: the writer's name; 4: the compressed states' references and error feedback; 5: the
-// model's sizes and its tokenizer.
-inline constexpr std::uint32_t kCheckpointVersion = 5;
+// model's sizes and its tokenizer; 6: the period switches.
+inline constexpr std::uint32_t kCheckpointVersion = 6;
 
 // What a checkpoint says about the model it holds (version 5): enough to export or sample it.
 struct CheckpointModel {
@@ -63,6 +66,8 @@ struct Checkpoint {
   std::string writer;
   // The model's sizes and tokenizer; nullopt for a file written before version 5.
   std::optional<CheckpointModel> model;
+  // The period switches in force at `step`, in order (none before version 6).
+  std::vector<sync::PeriodSwitch> switches;
 };
 
 void save_checkpoint(const std::string& path, const Checkpoint& ck);

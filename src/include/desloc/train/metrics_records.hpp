@@ -73,6 +73,20 @@ struct RejoinRecord {  // this site came back and received the state
   std::string to_json() const;
 };
 
+struct ReplanRecord {  // sync.replan: every site switched periods after this step's average
+  std::int64_t step = 0;
+  std::int64_t kx = 0, ku = 0, kv = 0;  // the new periods
+  std::int64_t old_kx = 0;
+  double state_s = 0;      // the measured wide-area average of one state
+  double reference_s = 0;  // what the old periods were chosen at
+  double bytes_per_s = 0;  // wide-area bytes a site sent per second of averaging (slowest)
+  double overhead = 0;     // predicted at the new periods
+  double target = 0;
+  double predicted_step_s = 0;
+  std::string reason;
+  std::string to_json() const;
+};
+
 struct RejectionRecord {  // the payload guard left a site out of an average
   std::int64_t step = 0;
   std::string state, site, reason;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "desloc/core/sync_schedule.hpp"
@@ -56,6 +57,15 @@ struct SimJob {
   // step-overlapped syncs only (ConfigError otherwise).
   std::vector<std::vector<std::string>> regions;
   SyncSchedule region_schedule{};
+  // Period switches (sync.switches, or a re-planned run's): from the step after `first` on, the
+  // schedule `second`, in order of `first`. Whole-state averages only.
+  std::vector<std::pair<std::int64_t, SyncSchedule>> switches;
+  // The schedule in force at `step`.
+  const SyncSchedule& schedule_at(std::int64_t step) const {
+    for (auto it = switches.rbegin(); it != switches.rend(); ++it)
+      if (it->first < step) return it->second;
+    return schedule;
+  }
 };
 
 struct SimResult {

@@ -1,0 +1,135 @@
+// Re-planning the periods while training (replanner.hpp).
+#include "desloc/sync/replanner.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace desloc::sync {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The x averages of one cycle: until x, u and v are due together again, at most this many.
+constexpr std::int64_t kMaxCycle = 1024;
+
+}  // namespace
+
+double replan_overhead(SyncMethod method, const Periods& periods, double state_seconds,
+                       double compute_seconds, double hidden_steps) {
+  SyncSchedule s;
+  s.method = method;
+  s.kx = periods.kx;
+  s.ku = periods.ku;
+  s.kv = periods.kv;
+  double cost = 0.0;
+  std::int64_t n = 0;
+  const double hidden = hidden_steps * compute_seconds;
+  for (std::int64_t t = periods.kx; n < kMaxCycle; t += periods.kx) {
+    const SyncDecision d = s.at(t);
+    ++n;
+    cost += std::max(0.0, double(int(d.x) + int(d.u) + int(d.v)) * state_seconds - hidden);
+    if ((d.u || !(method == SyncMethod::kDesloc)) && (d.v || method != SyncMethod::kDesloc)) break;
+  }
+  return cost / (double(n) * double(periods.kx) * compute_seconds);
+}
+
+Replanner::Replanner(SyncMethod method, Periods initial, ReplanOptions options)
+    : method_(method), opt_(options), periods_(initial) {
+  if (method_ == SyncMethod::kDesloc && initial.kx > 0) {
+    ratio_u_ = double(initial.ku) / double(initial.kx);
+    ratio_v_ = double(initial.kv) / double(initial.kx);
+  }
+}
+
+void Replanner::reset(Periods in_force) {
+  periods_ = in_force;
+  reference_ = 0.0;
+  warmup_.clear();
+  off_.clear();
+  direction_ = 0;
+  skipped_first_ = false;
+}
+
+Periods Replanner::plan(double state_seconds, double compute_seconds, double target) const {
+  const auto periods_of = [&](std::int64_t kx) {
+    if (method_ != SyncMethod::kDesloc) return Periods{kx, kx, kx};
+    return Periods{kx, std::max<std::int64_t>(kx, std::llround(double(kx) * ratio_u_)),
+                   std::max<std::int64_t>(kx, std::llround(double(kx) * ratio_v_))};
+  };
+  const auto fits = [&](std::int64_t kx) {
+    return replan_overhead(method_, periods_of(kx), state_seconds, compute_seconds,
+                           opt_.hidden_steps) <= target;
+  };
+  std::int64_t lo = std::max<std::int64_t>(1, opt_.min_kx);
+  std::int64_t hi = std::max(lo, opt_.max_kx);
+  if (!fits(hi)) return periods_of(hi);
+  while (lo < hi) {  // the overhead falls as kx grows
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (fits(mid))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return periods_of(lo);
+}
+
+std::optional<ReplanDecision> Replanner::observe(const SyncMeasure& m) {
+  if (!m.valid()) return std::nullopt;
+  if (!skipped_first_) {  // the first average also opened the connections
+    skipped_first_ = true;
+    return std::nullopt;
+  }
+  if (reference_ <= 0.0) {
+    warmup_.push_back(m.state_seconds);
+    if (warmup_.size() < static_cast<std::size_t>(opt_.syncs)) return std::nullopt;
+    reference_ = median(warmup_);
+    warmup_.clear();
+    target_ = opt_.target > 0.0
+                  ? opt_.target
+                  : std::max(0.01, replan_overhead(method_, periods_, reference_, m.compute_seconds,
+                                                   opt_.hidden_steps));
+    return std::nullopt;
+  }
+  const double ratio = m.state_seconds / reference_;
+  const int dir = ratio > opt_.drift ? 1 : ratio < 1.0 / opt_.drift ? -1 : 0;
+  if (dir == 0) {
+    off_.clear();
+    direction_ = 0;
+    return std::nullopt;
+  }
+  if (dir != direction_) off_.clear();
+  direction_ = dir;
+  off_.push_back(m.state_seconds);
+  if (off_.size() < static_cast<std::size_t>(opt_.syncs)) return std::nullopt;
+  ReplanDecision d;
+  d.state_seconds = median(off_);
+  d.reference_seconds = reference_;
+  d.bytes_per_s = m.bytes_per_s;
+  d.target = target_;
+  d.overhead_before =
+      replan_overhead(method_, periods_, d.state_seconds, m.compute_seconds, opt_.hidden_steps);
+  d.periods = plan(d.state_seconds, m.compute_seconds, target_);
+  d.overhead =
+      replan_overhead(method_, d.periods, d.state_seconds, m.compute_seconds, opt_.hidden_steps);
+  d.predicted_step_s = m.compute_seconds * (1.0 + d.overhead);
+  d.reason = fmt::format(
+      "a wide-area average of one state took {:.3g} s (median of the last {}), {:.2f}x the "
+      "{:.3g} s kx {} was chosen at; at that rate kx {} costs {:.1f}% of compute, kx {} "
+      "{:.1f}% (target {:.1f}%)",
+      d.state_seconds, off_.size(), d.state_seconds / reference_, reference_, periods_.kx,
+      periods_.kx, 100.0 * d.overhead_before, d.periods.kx, 100.0 * d.overhead, 100.0 * target_);
+  reference_ = d.state_seconds;
+  off_.clear();
+  direction_ = 0;
+  if (d.periods == periods_) return std::nullopt;
+  periods_ = d.periods;
+  return d;
+}
+
+}  // namespace desloc::sync

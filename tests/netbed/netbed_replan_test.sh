@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# netbed_replan: re-planning while training (sync.replan, issue 15 item 5) on a shaped 3-site
+# bed, one rank per site, a real `desloc coordinator` + `desloc worker` job:
+#   1. every link at kRateKbit; the sites measure their parameter averages;
+#   2. C's egress is throttled 10x (netbed.sh rate): within kMaxSyncs averages every site switches
+#      to a Kx about 10x longer, at the same step, and the step time settles within
+#      kStepTolerance of the new plan's prediction;
+#   3. C's rate is restored: the sites switch back to a Kx near the first one;
+#   4. the in-process run (`desloc train`) replaying the recorded switches (sync.switches) ends
+#      with the same validation loss, to the last printed digit.
+# usage: netbed_replan_test.sh path/to/netbed.sh path/to/desloc path/to/brown
+# (root; skips with 77, fails under CI=true; NETBED_KEEP=1 keeps the logs and prints where)
+set -euo pipefail
+export LC_ALL=C
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/netbed/common.sh
+source "$here/common.sh"
+
+netbed=${1:?usage: $0 netbed.sh desloc brown_dir}
+desloc=${2:?usage: $0 netbed.sh desloc brown_dir}
+brown=${3:?usage: $0 netbed.sh desloc brown_dir}
+
+readonly kSteps=1400
+readonly kKx=8
+readonly kRateKbit=5000       # a parameter average of the tiny model takes about 0.1 s
+readonly kSlowKbit=500        # 10x slower
+readonly kThrottleStep=240    # about 30 averages in: the reference is long measured
+readonly kMaxSyncs=3          # the new plan within this many averages of the throttle
+readonly kStepTolerance=0.10  # measured step time against the new plan's prediction
+readonly kJobLimitS=240
+readonly kPoll=0.05
+
+require_bed_prerequisites
+[[ -x $desloc ]] || fail "no desloc binary at $desloc"
+[[ -f $brown/dataset.toml ]] || skip_or_fail "no prepared corpus at $brown (ctest fixture prepare_brown)"
+sweep_stale_beds "$netbed" q
+bed="q$$"
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  local rc=$? p
+  stop_watchdog
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  "$netbed" down --name "$bed" >/dev/null 2>&1 || true
+  if [[ ${NETBED_KEEP:-0} == 1 ]]; then echo "-- logs kept in $tmp" >&2; else rm -rf "$tmp"; fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+start_watchdog $((kJobLimitS + 120))
+
+now() { date +%s.%N; }
+after() { awk -v n="$(now)" -v d="$1" 'BEGIN { printf "%.3f", n + d }'; }
+past() { awk -v n="$(now)" -v u="$1" 'BEGIN { exit !(n > u) }'; }
+has_exited() {
+  local state
+  state=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) || return 0
+  [[ -z $state || $state == Z ]]
+}
+metrics=$tmp/out/metrics.jsonl  # the leader's (A/0)
+# Field $2 of the records of type $1 in the leader's metrics, one line each.
+fields() {
+  [[ -f $metrics ]] || return 0
+  { grep -F "\"type\":\"$1\"" "$metrics" || true; } | sed -nE "s/.*\"$2\":(\"[^\"]*\"|[^,}]*).*/\1/p"
+}
+leader_step() { fields train step | tail -n 1; }
+logs() {
+  local f
+  for f in "$tmp"/*.log; do
+    echo "==== $(basename "$f") (last lines)" >&2
+    grep -vE '^step [0-9]+/' "$f" | tail -n 8 >&2
+  done
+}
+die() { logs; fail "$*"; }
+# Waits until the leader logged step $1, or the job limit.
+reach() {
+  while [[ $(leader_step) -lt $1 ]] 2>/dev/null || [[ -z $(leader_step) ]]; do
+    has_exited "${pids[1]}" && die "the leader exited before step $1"
+    past "$job_until" && die "the leader did not reach step $1 within ${kJobLimitS}s"
+    sleep "$kPoll"
+  done
+}
+# Waits until the leader's metrics hold $1 replan records.
+replans() {
+  while [[ $(fields replan step | wc -l) -lt $1 ]]; do
+    has_exited "${pids[1]}" && die "the leader exited with $(fields replan step | wc -l) re-plan(s), expected $1"
+    past "$job_until" && die "no re-plan number $1 within ${kJobLimitS}s of the launch"
+    sleep "$kPoll"
+  done
+}
+
+"$netbed" up --name "$bed" --sites A,B,C --default-rate "${kRateKbit}kbit" >/dev/null
+addr=$("$netbed" env --name "$bed" --site A | sed -n 's/^DESLOC_SITE_ADDR=//p')
+[[ -n $addr ]] || fail "could not read site A's address"
+
+job_toml() {  # $1: extra [sync] lines
+  cat <<TOML
+[model]
+vocab = 256
+context = 32
+layers = 2
+heads = 2
+d_model = 32
+[optim]
+clip = "norm"
+clip_value = 1.0
+[schedule]
+lr = 0.01
+warmup = 2
+[data]
+dir = "$brown"
+batch = 4
+seed = 7
+[train]
+steps = $kSteps
+eval_every = 0
+eval_batches = 4
+checkpoint_every = 0
+out_dir = "$tmp/out"
+seed = 3
+threads = 1
+[sync]
+method = "desloc"
+kx = $kKx
+$1
+[job]
+sites = ["A", "B", "C"]
+token = "netbed-replan"
+rendezvous_timeout_s = 30
+heartbeat_ms = 200
+[transport]
+net_devices = ""  # each namespace's UCX_NET_DEVICES, set by netbed exec
+deadline_s = 30
+TOML
+}
+job_toml $'replan = true\nreplan_drift = 3\nreplan_syncs = 2' >"$tmp/job.toml"
+
+"$netbed" exec --name "$bed" --site A -- "$desloc" coordinator --config "$tmp/job.toml" \
+  --listen "$addr:29561" >"$tmp/coordinator.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 200); do grep -q "listening on" "$tmp/coordinator.log" && break; sleep "$kPoll"; done
+for s in A B C; do
+  "$netbed" exec --name "$bed" --site "$s" -- "$desloc" worker --config "$tmp/job.toml" \
+    --site "$s" --rank 0 --coordinator "$addr:29561" --out-dir "$tmp/out" --no-progress \
+    >"$tmp/$s.log" 2>&1 &
+  pids+=($!)
+done
+job_until=$(after "$kJobLimitS")
+
+# 1-2. Throttle C 10x; the first re-plan.
+reach "$kThrottleStep"
+[[ $(fields replan step | wc -l) -eq 0 ]] ||
+  die "a re-plan before the throttle: $(fields replan reason | head -n 1)"
+"$netbed" rate --name "$bed" --rate "C>A=${kSlowKbit}kbit,C>B=${kSlowKbit}kbit" 2>/dev/null
+throttled_at=$(leader_step)
+note "C's egress at ${kSlowKbit} kbit/s (10x slower) from step $throttled_at"
+replans 1
+b1=$(fields replan step | head -n 1)
+kx1=$(fields replan kx | head -n 1)
+syncs=$(( (b1 - throttled_at + kKx - 1) / kKx ))
+note "re-plan 1 after step $b1: kx $kKx -> $kx1, $(fields replan reason | head -n 1)"
+note "re-plan 1 came $syncs average(s) after the throttle (at most $kMaxSyncs)"
+[[ $syncs -le $kMaxSyncs ]] || die "the re-plan came $syncs averages after the throttle, more than $kMaxSyncs"
+[[ $kx1 -ge $((5 * kKx)) && $kx1 -le $((20 * kKx)) ]] ||
+  die "a 10x slower link made kx $kx1, not within 5x-20x of $kKx"
+
+# Three periods of the new plan, then the step time over them against the prediction.
+reach $((b1 + 3 * kx1))
+predicted=$(fields replan predicted_step_s | head -n 1)
+measured=$({ grep -F '"type":"train"' "$metrics" || true; } |
+  awk -v lo="$b1" -v hi=$((b1 + 3 * kx1)) '{
+      step = $0; sub(/.*"step":/, "", step); sub(/,.*/, "", step)
+      ms = $0; sub(/.*"step_ms":/, "", ms); sub(/[,}].*/, "", ms)
+      if (step + 0 > lo && step + 0 <= hi) { sum += ms; n++ } }
+    END { if (n) printf "%.5f", sum / n / 1000 }')
+ratio=$(awk -v m="$measured" -v p="$predicted" 'BEGIN { printf "%.3f", m / p }')
+note "steps $((b1 + 1))-$((b1 + 3 * kx1)) at kx $kx1: mean step $measured s against the" \
+  "predicted $predicted s (ratio $ratio)"
+awk -v r="$ratio" -v t="$kStepTolerance" 'BEGIN { exit !(r >= 1 - t && r <= 1 + t) }' ||
+  die "the step time $measured s is not within $kStepTolerance of the predicted $predicted s"
+
+# 3. Restore C; the plan comes back.
+"$netbed" rate --name "$bed" --rate "C>A=${kRateKbit}kbit,C>B=${kRateKbit}kbit" 2>/dev/null
+restored_at=$(leader_step)
+note "C's egress back at ${kRateKbit} kbit/s from step $restored_at"
+replans 2
+b2=$(fields replan step | sed -n 2p)
+kx2=$(fields replan kx | sed -n 2p)
+note "re-plan 2 after step $b2: kx $kx1 -> $kx2, $(fields replan reason | sed -n 2p)"
+[[ $kx2 -ge $((kKx / 2)) && $kx2 -le $((2 * kKx)) ]] ||
+  die "the restored link made kx $kx2, not within 2x of the first $kKx"
+for i in 1 2 3; do
+  p=${pids[$i]}
+  while ! has_exited "$p"; do
+    past "$job_until" && die "the job did not finish within ${kJobLimitS}s"
+    sleep "$kPoll"
+  done
+  status=0
+  wait "$p" || status=$?
+  [[ $status -eq 0 ]] || die "worker $i exited with $status"
+done
+# Every site switched at the same steps (each rank's log names its re-plans).
+for s in A B C; do
+  got=$(grep -oE "re-planned after step [0-9]+: kx [0-9]+ -> [0-9]+" "$tmp/$s.log" | tr '\n' ' ')
+  [[ $got == "re-planned after step $b1: kx $kKx -> $kx1 re-planned after step $b2: kx $kx1 -> $kx2 "* ]] ||
+    die "site $s re-planned differently: $got"
+done
+val=$(fields eval val_loss | tail -n 1)
+
+# 4. The in-process replay of the switches.
+switches=$(paste -d' ' <(fields replan step) <(fields replan kx) <(fields replan ku) <(fields replan kv) |
+  awk '{ printf "%s{ after = %s, kx = %s, ku = %s, kv = %s }", NR > 1 ? ", " : "", $1, $2, $3, $4 }')
+job_toml "switches = [$switches]" | sed "s|out_dir = .*|out_dir = \"$tmp/replay\"|" >"$tmp/replay.toml"
+"$desloc" train --no-progress --config "$tmp/replay.toml" >"$tmp/replay.log" 2>&1 ||
+  die "the in-process replay failed: $(tail -n 3 "$tmp/replay.log")"
+replayed=$(grep -F '"type":"eval"' "$tmp/replay/metrics.jsonl" | tail -n 1 | sed -nE 's/.*"val_loss":([^,}]*).*/\1/p')
+note "final val_loss: networked $val, in-process replay of the switches $replayed"
+[[ -n $val && $val == "$replayed" ]] || die "the replay's val_loss $replayed differs from the job's $val"
+note "PASS: throttle at step $throttled_at -> kx $kx1 after step $b1 ($syncs averages);" \
+  "step $measured s vs predicted $predicted s; restored at $restored_at -> kx $kx2 after step $b2"
