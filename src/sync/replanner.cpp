@@ -9,7 +9,9 @@
 namespace desloc::sync {
 namespace {
 
-double median(std::vector<double> v) {
+double median_of(const std::vector<SyncMeasure>& ms, double SyncMeasure::*field) {
+  std::vector<double> v;
+  for (const SyncMeasure& m : ms) v.push_back(m.*field);
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -86,14 +88,14 @@ std::optional<ReplanDecision> Replanner::observe(const SyncMeasure& m) {
     return std::nullopt;
   }
   if (reference_ <= 0.0) {
-    warmup_.push_back(m.state_seconds);
-    if (warmup_.size() < static_cast<std::size_t>(opt_.syncs)) return std::nullopt;
-    reference_ = median(warmup_);
+    warmup_.push_back(m);
+    if (warmup_.size() < reference_syncs()) return std::nullopt;
+    reference_ = median_of(warmup_, &SyncMeasure::state_seconds);
+    const double compute = median_of(warmup_, &SyncMeasure::compute_seconds);
     warmup_.clear();
-    target_ = opt_.target > 0.0
-                  ? opt_.target
-                  : std::max(0.01, replan_overhead(method_, periods_, reference_, m.compute_seconds,
-                                                   opt_.hidden_steps));
+    target_ = opt_.target > 0.0 ? opt_.target
+                                : std::max(0.01, replan_overhead(method_, periods_, reference_,
+                                                                 compute, opt_.hidden_steps));
     return std::nullopt;
   }
   const double ratio = m.state_seconds / reference_;
@@ -105,25 +107,27 @@ std::optional<ReplanDecision> Replanner::observe(const SyncMeasure& m) {
   }
   if (dir != direction_) off_.clear();
   direction_ = dir;
-  off_.push_back(m.state_seconds);
+  off_.push_back(m);
   if (off_.size() < static_cast<std::size_t>(opt_.syncs)) return std::nullopt;
   ReplanDecision d;
-  d.state_seconds = median(off_);
+  d.state_seconds = median_of(off_, &SyncMeasure::state_seconds);
+  d.compute_seconds = median_of(off_, &SyncMeasure::compute_seconds);
   d.reference_seconds = reference_;
-  d.bytes_per_s = m.bytes_per_s;
+  d.bytes_per_s = median_of(off_, &SyncMeasure::bytes_per_s);
   d.target = target_;
   d.overhead_before =
-      replan_overhead(method_, periods_, d.state_seconds, m.compute_seconds, opt_.hidden_steps);
-  d.periods = plan(d.state_seconds, m.compute_seconds, target_);
+      replan_overhead(method_, periods_, d.state_seconds, d.compute_seconds, opt_.hidden_steps);
+  d.periods = plan(d.state_seconds, d.compute_seconds, target_);
   d.overhead =
-      replan_overhead(method_, d.periods, d.state_seconds, m.compute_seconds, opt_.hidden_steps);
-  d.predicted_step_s = m.compute_seconds * (1.0 + d.overhead);
+      replan_overhead(method_, d.periods, d.state_seconds, d.compute_seconds, opt_.hidden_steps);
+  d.predicted_step_s = d.compute_seconds * (1.0 + d.overhead);
   d.reason = fmt::format(
       "a wide-area average of one state took {:.3g} s (median of the last {}), {:.2f}x the "
-      "{:.3g} s kx {} was chosen at; at that rate kx {} costs {:.1f}% of compute, kx {} "
-      "{:.1f}% (target {:.1f}%)",
+      "{:.3g} s kx {} was chosen at; with {:.3g} s of compute a step, kx {} costs {:.1f}% of "
+      "compute, kx {} {:.1f}% (target {:.1f}%)",
       d.state_seconds, off_.size(), d.state_seconds / reference_, reference_, periods_.kx,
-      periods_.kx, 100.0 * d.overhead_before, d.periods.kx, 100.0 * d.overhead, 100.0 * target_);
+      d.compute_seconds, periods_.kx, 100.0 * d.overhead_before, d.periods.kx, 100.0 * d.overhead,
+      100.0 * target_);
   reference_ = d.state_seconds;
   off_.clear();
   direction_ = 0;

@@ -103,12 +103,12 @@ std::string RejoinRecord::to_json() const {
 
 std::string ReplanRecord::to_json() const {
   return fmt::format(
-      R"({{"type":"replan","step":{},"kx":{},"ku":{},"kv":{},"old_kx":{},"state_s":{},)"
+      R"({{"type":"replan","step":{},"kx":{},"ku":{},"kv":{},"old_kx":{},"state_s":{},"compute_s":{},)"
       R"("reference_s":{},"bytes_per_s":{},"overhead":{},"target":{},"predicted_step_s":{},)"
       R"("reason":{}}})",
-      step, kx, ku, kv, old_kx, json_number(state_s), json_number(reference_s),
-      json_number(bytes_per_s), json_number(overhead), json_number(target),
-      json_number(predicted_step_s), json_string(reason));
+      step, kx, ku, kv, old_kx, json_number(state_s), json_number(compute_s),
+      json_number(reference_s), json_number(bytes_per_s), json_number(overhead),
+      json_number(target), json_number(predicted_step_s), json_string(reason));
 }
 
 std::string RejectionRecord::to_json() const {

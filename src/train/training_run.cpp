@@ -479,8 +479,9 @@ void TrainingRun::replan(std::int64_t t) {
   }
   policy_.add_switch({t, d->periods.kx, d->periods.ku, d->periods.kv});
   metrics_->write(ReplanRecord{t, d->periods.kx, d->periods.ku, d->periods.kv, old_kx,
-                               d->state_seconds, d->reference_seconds, d->bytes_per_s, d->overhead,
-                               d->target, d->predicted_step_s, d->reason});
+                               d->state_seconds, d->compute_seconds, d->reference_seconds,
+                               d->bytes_per_s, d->overhead, d->target, d->predicted_step_s,
+                               d->reason});
   progress_->message(fmt::format(
       "{}: re-planned after step {}: kx {} -> {}, ku {}, kv {}, predicted step {:.3f} s ({})",
       rank_->name, t, old_kx, d->periods.kx, d->periods.ku, d->periods.kv, d->predicted_step_s,

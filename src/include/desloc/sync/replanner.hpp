@@ -5,6 +5,7 @@
 // takes the same decision at the same average without a message of its own.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -42,6 +43,7 @@ struct Periods {
 struct ReplanDecision {
   Periods periods;
   double state_seconds = 0.0;      // the drifted measurement the plan priced (median of the run)
+  double compute_seconds = 0.0;    // one step's compute then (median of the run)
   double reference_seconds = 0.0;  // what the periods in force were chosen at
   double bytes_per_s = 0.0;
   double target = 0.0;
@@ -64,12 +66,16 @@ class Replanner {
   Replanner(SyncMethod method, Periods initial, ReplanOptions options);
 
   // One job-wide parameter average's control exchange brought `m` (the average before it).
-  // Returns the new periods when the drift held for options.syncs averages and the plan at the
-  // new rate differs from the periods in force (which it then becomes).
+  // The first is ignored; the medians of the next reference_syncs() give the reference state
+  // time and compute (and the target, unless given). Returns the new periods when the drift
+  // held for options.syncs averages in a row and the plan at the medians of that run differs
+  // from the periods in force (which it then becomes).
   std::optional<ReplanDecision> observe(const SyncMeasure& m);
   // The periods in force changed under it (a rollback, a resume): measure afresh.
   void reset(Periods in_force);
   const Periods& periods() const { return periods_; }
+  // At least 3, so that one outlier cannot set the reference.
+  std::size_t reference_syncs() const { return static_cast<std::size_t>(std::max(3, opt_.syncs)); }
   double target() const { return target_; }
   // The smallest Kx (with Ku, Kv in the initial ratios) whose overhead at `state_seconds` is at
   // most `target`, within [min_kx, max_kx].
@@ -81,10 +87,10 @@ class Replanner {
   double ratio_u_ = 3.0, ratio_v_ = 6.0;
   Periods periods_;
   double target_ = 0.0;
-  double reference_ = 0.0;      // state_seconds the periods in force were chosen at
-  std::vector<double> warmup_;  // the first measurements, before a reference exists
-  std::vector<double> off_;     // the current run of drifted measurements
-  int direction_ = 0;           // +1 slower, -1 faster
+  double reference_ = 0.0;           // state_seconds the periods in force were chosen at
+  std::vector<SyncMeasure> warmup_;  // the first measurements, before a reference exists
+  std::vector<SyncMeasure> off_;     // the current run of drifted measurements
+  int direction_ = 0;                // +1 slower, -1 faster
   bool skipped_first_ = false;
 };
 

@@ -78,6 +78,7 @@ struct ReplanRecord {  // sync.replan: every site switched periods after this st
   std::int64_t kx = 0, ku = 0, kv = 0;  // the new periods
   std::int64_t old_kx = 0;
   double state_s = 0;      // the measured wide-area average of one state
+  double compute_s = 0;    // one step's compute then (the slowest site)
   double reference_s = 0;  // what the old periods were chosen at
   double bytes_per_s = 0;  // wide-area bytes a site sent per second of averaging (slowest)
   double overhead = 0;     // predicted at the new periods
