@@ -588,6 +588,9 @@ void TrainingRun::record_step(const StepResult& s) {
     report.tokens_per_s = static_cast<float>(r.tokens_per_s);
     report.wan_bytes_sent = r.wire_by_worker.at(0);
     report.guard_rejections = guard_rejections_;
+    if (cfg_.sync.averages_params()) report.kx = policy_.schedule_at(step_ + 1).kx;
+    report.replans =
+        static_cast<std::uint32_t>(policy_.switches().size() - cfg_.sync.switches.size());
     rank_->on_progress(report);
   }
   for (const sync::Rejection& rj : averager_->rejections())

@@ -94,6 +94,8 @@ TEST(StatusHttp, PrometheusScrapesARunningJob) {
   EXPECT_EQ(value_of("desloc_payload_guard_rejections_total{site=\"west\",rank=\"0\"}"), 0.0);
   EXPECT_EQ(value_of("desloc_recoveries_total"), 0.0);
   EXPECT_EQ(value_of("desloc_rank_heartbeats_missed{site=\"east\",rank=\"0\"}"), 0.0);
+  EXPECT_EQ(value_of("desloc_rank_kx{site=\"east\",rank=\"0\"}"), 4.0);
+  EXPECT_EQ(value_of("desloc_rank_replans_total{site=\"east\",rank=\"0\"}"), 0.0);
   write_text(dir / "metrics.txt", metrics);
   const auto check =
       run_command("promtool check metrics < '" + (dir / "metrics.txt").string() + "'");
@@ -106,6 +108,8 @@ TEST(StatusHttp, PrometheusScrapesARunningJob) {
   ASSERT_EQ(state["ranks"].size(), 2u);
   EXPECT_GT(state["ranks"][0]["step"].get<int>(), 0);
   EXPECT_EQ(state["plan"]["kx"], "4");
+  EXPECT_EQ(state["ranks"][0]["kx"], 4);  // the period in force, as the rank reports it
+  EXPECT_EQ(state["ranks"][0]["replans"], 0);
   EXPECT_EQ(state["site_state"]["east"], "live");
   ASSERT_EQ(state["epochs"].size(), 1u);
   EXPECT_EQ(state["epochs"][0]["ring"], nlohmann::json::array({"west", "east"}));

@@ -88,6 +88,8 @@ TEST(Heartbeat, CarriesTheWholeReportAndKeepsItsSize) {
   hb.report.sync_seconds = 1.25;
   hb.report.lanes[1].recent_bytes_per_s = 1.5e6f;
   hb.report.guard_rejections = 2;
+  hb.report.kx = 268;
+  hb.report.replans = 1;
   const auto frame = transport::encode(hb);
   const auto back = transport::decode<transport::Heartbeat>(
       {transport::MessageType::kHeartbeat,
@@ -97,8 +99,10 @@ TEST(Heartbeat, CarriesTheWholeReportAndKeepsItsSize) {
   EXPECT_EQ(back.report.sync_buckets[3], 11u);
   EXPECT_EQ(back.report.lanes[1].bytes_sent, 6u);
   EXPECT_EQ(back.report.guard_rejections, 2u);
-  // Fixed size whatever the job: 2 x 8 + 4 + 4 + 8 + 13 x 8 + 8 + 2 x 12 + 8 bytes.
-  EXPECT_EQ(frame.size() - transport::kFrameHeaderBytes, 176u);
+  EXPECT_EQ(back.report.kx, 268);
+  EXPECT_EQ(back.report.replans, 1u);
+  // Fixed size whatever the job: 2 x 8 + 4 + 4 + 8 + 13 x 8 + 8 + 2 x 12 + 8 + 8 + 4 bytes.
+  EXPECT_EQ(frame.size() - transport::kFrameHeaderBytes, 188u);
 }
 
 TEST(JobHistory, RecordsEachEpochOnceWithItsRing) {

@@ -168,6 +168,12 @@ std::string prometheus_text(const JobStatus& s) {
   per_rank("desloc_rank_missing", "gauge",
            "1 for a registered rank silent past job.heartbeat_timeout_ms.",
            [&](const RankProgress& r) { return missing.count(r.id) ? "1" : "0"; });
+  per_rank("desloc_rank_kx", "gauge",
+           "The parameter-average period Kx a rank trains with now (sync.replan may change it).",
+           [](const RankProgress& r) { return std::to_string(r.report.kx); });
+  per_rank("desloc_rank_replans_total", "counter",
+           "Period switches re-planning has made at a rank (sync.replan).",
+           [](const RankProgress& r) { return std::to_string(r.report.replans); });
   per_rank("desloc_payload_guard_rejections_total", "counter",
            "Sites the payload guard left out of a rank's wide-area averages.",
            [](const RankProgress& r) { return std::to_string(r.report.guard_rejections); });
@@ -250,6 +256,8 @@ std::string status_json(const JobStatus& s) {
                      {"syncs", p.syncs()},
                      {"sync_seconds", finite(p.sync_seconds)},
                      {"guard_rejections", p.guard_rejections},
+                     {"kx", p.kx},
+                     {"replans", p.replans},
                      {"missing", missing.count(r.id) > 0}});
   }
   j["ranks"] = ranks;

@@ -251,6 +251,8 @@ void write_payload(WireWriter& w, const Heartbeat& m) {
     w.put<std::uint32_t>(std::bit_cast<std::uint32_t>(lane.recent_bytes_per_s));
   }
   w.put<std::uint64_t>(p.guard_rejections);
+  w.put<std::uint64_t>(std::bit_cast<std::uint64_t>(p.kx));
+  w.put<std::uint32_t>(p.replans);
 }
 void read_payload(WireReader& r, Heartbeat& m) {
   RankReport& p = m.report;
@@ -266,6 +268,8 @@ void read_payload(WireReader& r, Heartbeat& m) {
     lane.recent_bytes_per_s = std::bit_cast<float>(r.get<std::uint32_t>("lanes[].recent_rate"));
   }
   p.guard_rejections = r.get<std::uint64_t>("guard_rejections");
+  p.kx = std::bit_cast<std::int64_t>(r.get<std::uint64_t>("kx"));
+  p.replans = r.get<std::uint32_t>("replans");
 }
 
 void write_payload(WireWriter& w, const Status& m) {

@@ -19,8 +19,9 @@ namespace desloc::transport {
 // Version of the control protocol (message meaning), carried in Hello. The frame format has
 // its own kWireVersion.
 // 2: recovery epochs; 3: heartbeats carry the loss, tokens/s and wide-area bytes; 4: and the
-// sync-duration histogram, the lanes' bytes and rates, and the payload guard's rejections.
-inline constexpr std::uint16_t kProtocolVersion = 4;
+// sync-duration histogram, the lanes' bytes and rates, and the payload guard's rejections; 5:
+// and the parameter-average period in force and the re-plans.
+inline constexpr std::uint16_t kProtocolVersion = 5;
 
 using Clock = std::chrono::steady_clock;
 

@@ -190,7 +190,9 @@ struct RankReport {
   // to the previous one.
   std::array<LaneReport, 2> lanes{};
   std::uint64_t guard_rejections = 0;  // sites the payload guard left out of this rank's averages
-  std::uint64_t syncs() const;         // the sum of sync_buckets
+  std::int64_t kx = 0;          // the parameter-average period in force (0: the method has none)
+  std::uint32_t replans = 0;    // period switches re-planning has made (sync.replan)
+  std::uint64_t syncs() const;  // the sum of sync_buckets
   bool operator==(const RankReport&) const = default;
 };
 
