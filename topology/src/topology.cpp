@@ -154,8 +154,22 @@ Topology from_table(const toml::table& root, const std::string& file) {
 }  // namespace
 
 const LinkProfile& Topology::link(std::string_view from, std::string_view to) const {
-  for (const auto& l : links)
-    if (l.from == from && l.to == to) return l;
+  std::string key;
+  key.reserve(from.size() + 1 + to.size());
+  key.append(from).push_back('\0');
+  key.append(to);
+  const auto valid = [&](std::size_t i) {
+    return i < links.size() && links[i].from == from && links[i].to == to;
+  };
+  if (auto it = link_index_.find(key); it != link_index_.end() && valid(it->second))
+    return links[it->second];
+  // Not built yet, or built before `links` changed: rebuild and look again.
+  link_index_.clear();
+  link_index_.reserve(links.size());
+  for (std::size_t i = 0; i < links.size(); ++i)
+    link_index_.emplace(links[i].from + '\0' + links[i].to, i);
+  if (auto it = link_index_.find(key); it != link_index_.end() && valid(it->second))
+    return links[it->second];
   throw Error(fmt::format("{}: no link {} -> {}", source, from, to));
 }
 

@@ -19,6 +19,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "desloc/topology/link.hpp"
@@ -36,10 +37,15 @@ struct Topology {
   std::map<std::string, std::string> meta;  // provenance, kept as written
   std::string source;                       // the file it came from, for messages
 
-  // The link from -> to; Error naming both if absent.
+  // The link from -> to; Error naming both if absent. A hash index over `links`, built at the
+  // first lookup and again whenever it no longer matches them (1024 sites have about a million
+  // links, and a ring walks 1024 of them per price). Not for concurrent first lookups.
   const LinkProfile& link(std::string_view from, std::string_view to) const;
   const SiteProfile& site(std::string_view name) const;
   std::vector<std::string> site_names() const;
+
+ private:
+  mutable std::unordered_map<std::string, std::size_t> link_index_;
 };
 
 // Parses and validates: ConfigError naming file:line:column and what is wrong for a syntax
