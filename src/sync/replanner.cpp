@@ -52,6 +52,7 @@ Replanner::Replanner(SyncMethod method, Periods initial, ReplanOptions options)
 void Replanner::reset(Periods in_force) {
   periods_ = in_force;
   reference_ = 0.0;
+  target_ = 0.0;
   warmup_.clear();
   off_.clear();
   direction_ = 0;
@@ -93,9 +94,10 @@ std::optional<ReplanDecision> Replanner::observe(const SyncMeasure& m) {
     reference_ = median_of(warmup_, &SyncMeasure::state_seconds);
     const double compute = median_of(warmup_, &SyncMeasure::compute_seconds);
     warmup_.clear();
-    target_ = opt_.target > 0.0 ? opt_.target
-                                : std::max(0.01, replan_overhead(method_, periods_, reference_,
-                                                                 compute, opt_.hidden_steps));
+    if (target_ <= 0.0)  // the first reference of the job (or of a reset) sets the target
+      target_ = opt_.target > 0.0 ? opt_.target
+                                  : std::max(0.01, replan_overhead(method_, periods_, reference_,
+                                                                   compute, opt_.hidden_steps));
     return std::nullopt;
   }
   const double ratio = m.state_seconds / reference_;
@@ -128,7 +130,9 @@ std::optional<ReplanDecision> Replanner::observe(const SyncMeasure& m) {
       d.state_seconds, off_.size(), d.state_seconds / reference_, reference_, periods_.kx,
       d.compute_seconds, periods_.kx, 100.0 * d.overhead_before, d.periods.kx, 100.0 * d.overhead,
       100.0 * target_);
-  reference_ = d.state_seconds;
+  // The new periods get a reference of their own, measured as the first one was: a burst of
+  // noise cannot flip the plan back and forth, and each re-plan needs a sustained drift.
+  reference_ = 0.0;
   off_.clear();
   direction_ = 0;
   if (d.periods == periods_) return std::nullopt;

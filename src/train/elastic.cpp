@@ -65,7 +65,7 @@ void TrainingRun::receive_joined_state() {
     rank_->joining = false;
   }
   rank_->joining_sites.clear();
-  replan_reset();  // every rank: the epoch's sites measure afresh
+  replan_reset(step_ + 1);  // every rank: the epoch's sites measure afresh
 }
 
 // The context's averager and groups after a new epoch.
@@ -90,7 +90,7 @@ void TrainingRun::recover(const std::string& what) {
   metrics_->rewind(back.step);
   if (!back.state) return;  // this site joins: a peer sends the state before the next step
   tokens_seen_ = restore_state(std::move(*back.state), sites_, shared());
-  replan_reset();
+  replan_reset(step_ + 1);
   const double took = seconds_since(t_fail);
   metrics_->write(RecoveryRecord{back.step, failed_at, rank_->epoch, live_sites_,
                                  failed_at - 1 - back.step, took, back.bytes_resent});

@@ -82,6 +82,21 @@ std::optional<Poison> poison_from_environment() {
   return p;
 }
 
+std::optional<std::pair<std::int64_t, std::int64_t>> replan_from_environment() {
+  const char* env = std::getenv("DESLOC_INJECT_REPLAN");
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  const std::string text(env);
+  const auto colon = text.find(':');
+  char* end = nullptr;
+  const long long step = std::strtoll(text.c_str(), &end, 10);
+  const long long kx = colon == std::string::npos ? 0 : std::atoll(text.c_str() + colon + 1);
+  if (colon == std::string::npos || end != text.c_str() + colon || step < 1 || kx < 1)
+    throw ConfigError("$DESLOC_INJECT_REPLAN = '" + text + "': expected STEP:KX, both >= 1");
+  log::warn("fault injection: every rank re-plans kx to {} at the parameter average of step {}", kx,
+            step);
+  return std::pair{static_cast<std::int64_t>(step), static_cast<std::int64_t>(kx)};
+}
+
 namespace {
 void check_rank_context(const JobConfig& cfg, const RankContext& rank) {
   const int R = cfg.job.ranks_per_site;
@@ -166,6 +181,7 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
   }
   evaluator_.bind(rank_);
   if (networked_ && rank_->recover) recovery_.emplace(*rank_);
+  if (networked_ && cfg.sync.replan) inject_replan_ = replan_from_environment();
   if (!networked_ && cfg.sync.replan)
     log::info(
         "sync.replan: one process measures no wide-area link, so the periods stay as "
@@ -321,7 +337,7 @@ void TrainingRun::start(bool rejoining) {
         resume();
       else
         start_fresh();
-      replan_reset();
+      replan_reset(result_.start_step + 1);
       return;
     } catch (const Error& e) {
       if (!recovery_ || rejoining || !cluster::Recovery::recoverable(e) ||
@@ -464,20 +480,32 @@ TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
 void TrainingRun::replan(std::int64_t t) {
   if (!policy_.global_at(t).x) return;
   const std::optional<sync::SyncMeasure> m = averager_->take_measure();
+  const bool injected = inject_replan_ && inject_replan_->first == t;
   // Configured switches still ahead are the config's plan: re-planning starts after them.
-  if (!m || (!policy_.switches().empty() && policy_.switches().back().after >= t)) return;
+  if (!injected && (!m || (!policy_.switches().empty() && policy_.switches().back().after >= t)))
+    return;
   const std::int64_t old_kx = replanner_->periods().kx;
-  const std::optional<sync::ReplanDecision> d = replanner_->observe(*m);
+  std::optional<sync::ReplanDecision> d;
+  if (injected) {  // tests: a decision without a drift
+    const std::int64_t kx = inject_replan_->second;
+    const bool desloc = cfg_.sync.method == SyncMethod::kDesloc;
+    d = sync::ReplanDecision{};
+    d->periods = {kx, desloc ? 3 * kx : kx, desloc ? 6 * kx : kx};
+    d->reason = "fault injection ($DESLOC_INJECT_REPLAN)";
+  } else {
+    d = replanner_->observe(*m);
+  }
   if (!d) return;
   if (policy_.switches().size() >= sync::kMaxPeriodSwitches) {
     log::warn(
         "{}: step {}: {}; the job already switched periods {} times, the most it keeps, "
         "so kx stays {}",
         rank_->name, t, d->reason, sync::kMaxPeriodSwitches, old_kx);
-    replan_reset();
+    replan_reset(t + 1);
     return;
   }
   policy_.add_switch({t, d->periods.kx, d->periods.ku, d->periods.kv});
+  if (injected) replan_reset(t + 1);
   metrics_->write(ReplanRecord{t, d->periods.kx, d->periods.ku, d->periods.kv, old_kx,
                                d->state_seconds, d->compute_seconds, d->reference_seconds,
                                d->bytes_per_s, d->overhead, d->target, d->predicted_step_s,
@@ -493,9 +521,9 @@ void TrainingRun::replan(std::int64_t t) {
         rank_->name, d->periods.kx, topology::kValidatedKx);
 }
 
-void TrainingRun::replan_reset() {
+void TrainingRun::replan_reset(std::int64_t next) {
   if (!networked_ || !cfg_.sync.replan) return;
-  const SyncSchedule& s = policy_.schedule_at(step_ + 1);
+  const SyncSchedule& s = policy_.schedule_at(next);
   const sync::Periods in_force{s.kx, s.ku, s.kv};
   if (!replanner_) {
     const std::array<std::int64_t, 3> tau = cfg_.sync.effective_delays();

@@ -41,6 +41,7 @@ struct Poison {
   bool done = false;
 };
 std::optional<Poison> poison_from_environment();
+std::optional<std::pair<std::int64_t, std::int64_t>> replan_from_environment();
 
 class TrainingRun {
  public:
@@ -86,9 +87,9 @@ class TrainingRun {
   // sync.replan: after step t's job-wide average, what its control exchange measured; every
   // rank of the job decides alike and switches periods after the same step.
   void replan(std::int64_t t);
-  // The replanner measures afresh from the periods in force after step_ (a new epoch, a
+  // The replanner measures afresh from the periods in force at step `next` (a new epoch, a
   // resume, a rollback).
-  void replan_reset();
+  void replan_reset(std::int64_t next);
 
   const JobConfig& cfg_;
   const TrainOptions& opts_;
@@ -99,6 +100,8 @@ class TrainingRun {
   const std::uint64_t tokens_per_step_;       // per site: its R ranks each read B x T tokens
   sync::SyncPolicy policy_;                   // a re-plan adds period switches
   std::optional<sync::Replanner> replanner_;  // sync.replan on a networked rank
+  // Tests ($DESLOC_INJECT_REPLAN=STEP:KX): every rank switches to KX at the average of STEP.
+  std::optional<std::pair<std::int64_t, std::int64_t>> inject_replan_;
   data::DatasetInfo dataset_;
   std::unique_ptr<model::Model> model_;
   std::vector<SiteReplica> sites_;  // in-process: every site; networked: this rank's

@@ -517,6 +517,54 @@ TEST(FaultSuite, KilledSiteRestartsRejoinsFromAPeerAndTheJobFinishesOnAllSites) 
              "dropped east, east rejoined at epoch 3, finished on 3 sites");
 }
 
+// Re-planning (issue 15, item 5) and a rejoin: every rank switches kx 4 -> 8 after step 200
+// (injected, as a drift would decide it); east is then killed and restarted as a fresh process
+// that knows nothing of the switch. It must receive the switches with the state from its donor:
+// otherwise it would average every 4 steps while the others average every 8, and the job could
+// not go on. All three sites finish, and every site's averages after the rejoin fall every 8
+// steps counted from 200.
+TEST(FaultSuite, ASiteRejoiningAfterAReplanReceivesTheSwitchAndKeepsTheNewPeriod) {
+  // A drift of 10^5 never happens: loopback's sub-millisecond averages vary by 2-4x from one to
+  // the next, and the test wants exactly the injected decision.
+  Job job("rejoin_replan", 1, 1, "", {{"DESLOC_INJECT_REPLAN", "200:8"}}, "",
+          "replan = true\nreplan_drift = 100000\n");
+  ASSERT_TRUE(job.reach(kSteps / 4)) << job.ranks[0][0].output();
+  ASSERT_NE(job.ranks[0][0].output().find("re-planned after step 200: kx 4 -> 8"),
+            std::string::npos)
+      << job.ranks[0][0].output();
+  ::kill(job.ranks[1][0].pid, SIGKILL);
+  job.ranks[1][0].wait(5s);
+  ASSERT_TRUE(wait_for_text(job.ranks[0][0], "rolled back to step", 30s).has_value())
+      << job.ranks[0][0].output();
+  job.ranks[1][0] = job.cluster.worker(job.cfg, "east", 0, {}, {"--threads", "1"});
+  ASSERT_TRUE(wait_for_text(job.ranks[1][0], "rejoined at step", 60s).has_value())
+      << job.ranks[1][0].output() << job.cluster.coordinator.output();
+  const double val = expect_leader_finishes(job);
+  for (auto* p : {&job.ranks[1][0], &job.ranks[2][0]}) EXPECT_EQ(p->wait(60s), 0) << p->output();
+  const fs::path east = job.cluster.dir / "out" / "ranks" / "east-0" / "metrics.jsonl";
+  const auto rejoined_at = last_field(east, "rejoin", "step");
+  ASSERT_TRUE(rejoined_at.has_value());
+  for (const fs::path& metrics : {job.leader_metrics(), east}) {
+    std::ifstream in(metrics);
+    int checked = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"type\":\"train\"") == std::string::npos) continue;
+      const std::int64_t t = std::atoll(line.c_str() + line.find("\"step\":") + 7);
+      if (t <= *rejoined_at) continue;
+      const auto at = line.find("\"synced\":\"") + 10;
+      const bool x = line.substr(at, line.find('"', at) - at).find('x') != std::string::npos;
+      EXPECT_EQ(x, (t - 200) % 8 == 0) << metrics << " step " << t;
+      ++checked;
+    }
+    EXPECT_EQ(checked, kSteps - static_cast<int>(*rejoined_at)) << metrics;
+  }
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_NEAR(val, ref, kLossTolerance);
+  report_row("re-plan kx 4 -> 8 at step 200, then kill -9 a site and restart it", -1, -1, val - ref,
+             last_field(east, "rejoin", "state_bytes").value_or(-1),
+             "east rejoined with the switch, every site averaged every 8 steps after it");
+}
+
 TEST(FaultSuite, CoordinatorKilledAndRestartedTheRanksTrainOnAndReconnect) {
   Job job("coordinator", 1, 1);
   ASSERT_TRUE(job.reach(kSteps / 4)) << job.ranks[0][0].output();

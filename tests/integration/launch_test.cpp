@@ -199,6 +199,69 @@ TEST(Launch, TwoSitesOfTwoRanksOverlappingWithPeriodSwitchesReproduceTheInProces
                               kSwitches);
 }
 
+// Re-planning (issue 15, item 5): a switch decided while training is part of the training
+// state. A launched job with sync.replan re-plans after step 4 (injected: every rank decides
+// kx 2 -> 3 there, as a drift would make it), and is cut back to its step-8 checkpoints (kx 3
+// already in force) and resumed: the ranks keep kx 3 from the checkpoints (x at 10, not at 12)
+// and end equal, bit for bit, to `desloc train` replaying the switch from sync.switches.
+TEST(Launch, AReplannedSwitchSurvivesAResumeAndMatchesItsReplayBitForBit) {
+  const fs::path dir = fresh_dir("replan_resume");
+  const std::vector<std::string> sites = {"west", "east", "north"};
+  std::string toml =
+      with_steps(multi_site_toml(dir / "launch", "\"west\", \"east\", \"north\"", 1), 12);
+  toml.replace(toml.find("checkpoint_every = 0"), 20, "checkpoint_every = 4");
+  std::string launched = toml;
+  // No drift on loopback may decide anything but the injected switch.
+  launched.replace(launched.find("[sync]\n"), 7, "[sync]\nreplan = true\nreplan_drift = 100000\n");
+  const fs::path launch_cfg = write_text(dir / "launch.toml", launched);
+  std::string reference = toml;
+  reference.replace(reference.find("[sync]\n"), 7, "[sync]\nswitches = [{ after = 4, kx = 3 }]\n");
+  const fs::path train_cfg = write_text(dir / "train.toml", reference);
+
+  ::setenv("DESLOC_INJECT_REPLAN", "4:3", 1);
+  const auto first =
+      run_command(std::string(DESLOC_CLI) + " launch --config " + launch_cfg.string());
+  ::unsetenv("DESLOC_INJECT_REPLAN");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("re-planned after step 4: kx 2 -> 3"), std::string::npos)
+      << first.output;
+  std::vector<fs::path> rank_dirs = {dir / "launch"};
+  for (std::size_t s = 1; s < sites.size(); ++s)
+    rank_dirs.push_back(dir / "launch" / "ranks" / (sites[s] + "-0"));
+  for (const fs::path& d : rank_dirs) {
+    const auto ck = train::load_checkpoint(train::checkpoint_path((d / "checkpoints").string(), 8));
+    ASSERT_EQ(ck.switches.size(), 1u) << d;
+    EXPECT_EQ(ck.switches[0], (sync::PeriodSwitch{4, 3, 9, 18})) << d;
+    fs::remove(train::checkpoint_path((d / "checkpoints").string(), 12));
+  }
+  const auto resumed =
+      run_command(std::string(DESLOC_CLI) + " launch --resume --config " + launch_cfg.string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("trained steps 8..12"), std::string::npos) << resumed.output;
+  const auto replay = run_command(std::string(DESLOC_CLI) + " train --no-progress --config " +
+                                  train_cfg.string() + " --out-dir " + (dir / "train").string());
+  ASSERT_EQ(replay.exit_code, 0) << replay.output;
+  EXPECT_EQ(train_field(dir / "launch" / "metrics.jsonl", "synced"),
+            (std::vector<std::string>{"\"\"", "\"x\"", "\"\"", "\"x\"", "\"\"", "\"\"", "\"x\"",
+                                      "\"\"", "\"\"", "\"x\"", "\"\"", "\"\""}));
+  const auto ref =
+      train::load_checkpoint(train::checkpoint_path((dir / "train" / "checkpoints").string(), 12));
+  for (std::size_t s = 0; s < sites.size(); ++s) {
+    const auto mine =
+        train::load_checkpoint(train::checkpoint_path((rank_dirs[s] / "checkpoints").string(), 12));
+    ASSERT_EQ(mine.workers.size(), 1u);
+    const auto& a = ref.workers.at(s);
+    const auto& b = mine.workers[0];
+    const std::size_t bytes = a.params.size() * sizeof(float);
+    ASSERT_EQ(b.params.size(), a.params.size());
+    EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), bytes)) << sites[s] << " x";
+    EXPECT_EQ(0, std::memcmp(a.u.data(), b.u.data(), bytes)) << sites[s] << " u";
+    EXPECT_EQ(0, std::memcmp(a.v.data(), b.v.data(), bytes)) << sites[s] << " v";
+    ASSERT_EQ(ref.switches.size(), 1u);  // the config's spelling: ku and kv left at 3 and 6 kx
+    EXPECT_EQ(ref.switches[0], (sync::PeriodSwitch{4, 3, 0, 0}));
+  }
+}
+
 // The averages of x, u and v run on a communication thread during the forward and backward
 // pass (sync.overlap = "step"): still the blocking in-process run, bit for bit, with one rank
 // per site and with two (whose intra-site all-gather completes on the main thread).

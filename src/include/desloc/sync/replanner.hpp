@@ -69,7 +69,8 @@ class Replanner {
   // The first is ignored; the medians of the next reference_syncs() give the reference state
   // time and compute (and the target, unless given). Returns the new periods when the drift
   // held for options.syncs averages in a row and the plan at the medians of that run differs
-  // from the periods in force (which it then becomes).
+  // from the periods in force (which it then becomes). After a decision the reference is
+  // measured afresh (the target stays).
   std::optional<ReplanDecision> observe(const SyncMeasure& m);
   // The periods in force changed under it (a rollback, a resume): measure afresh.
   void reset(Periods in_force);
