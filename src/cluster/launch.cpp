@@ -78,6 +78,7 @@ transport::CoordinatorOptions coordinator_options(const train::JobConfig& cfg,
   o.min_sites = static_cast<std::size_t>(cfg.job.min_sites);
   o.recovery_timeout = std::chrono::seconds(cfg.job.recovery_timeout_s);
   o.tls = {cfg.job.tls, cfg.job.tls_cert, cfg.job.tls_key, "", ""};
+  o.regions = cfg.job.regions;
   return o;
 }
 

@@ -531,7 +531,8 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   std::optional<sync::CollectiveAverager> region_averager;
   std::optional<sync::VirtualAverager> lone_region;
   std::optional<sync::RegionalAverager> regional;
-  sync::SyncMeter meter;  // outlives the averagers of every epoch: its counters only grow
+  sync::SyncMeter meter;         // outlives the averagers of every epoch: its counters only grow
+  sync::SyncMeter region_meter;  // the region ring's averages (job.regions), likewise
   train::RankContext ctx;
   ctx.site = ss.home_site;
   ctx.rank = ss.rank;
@@ -555,6 +556,7 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
       if (ss.region_group) {
         region_averager.emplace(*ss.region_group, ss.site_group.get(), nullptr,
                                 cfg.transport.lane_share);
+        region_averager->set_sync_meter(&region_meter);
         region = &*region_averager;
       } else {
         lone_region.emplace(1);
@@ -585,8 +587,9 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   };
   bind_groups();
   ctx.on_step = [&ss](std::int64_t step) { ss.client->set_step(static_cast<std::uint64_t>(step)); };
-  ctx.on_progress = [&ss, &meter](transport::RankReport report) {
+  ctx.on_progress = [&ss, &meter, &region_meter](transport::RankReport report) {
     meter.fill(report);
+    report.region_lane = region_meter.lane(0);
     ss.client->set_report(report);
   };
   if (cfg.job.on_site_failure == "continue") {

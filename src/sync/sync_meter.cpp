@@ -24,20 +24,22 @@ void SyncMeter::record(double seconds, std::span<const LaneSample> lanes) {
 }
 
 void SyncMeter::fill(transport::RankReport& report) const {
+  for (std::size_t i = 0; i < lanes_.size(); ++i) report.lanes[i] = lane(i);
   const std::lock_guard lock(mu_);
   report.sync_buckets = buckets_;
   report.sync_seconds = seconds_;
-  for (std::size_t i = 0; i < lanes_.size(); ++i) {
-    std::uint64_t bytes = 0;
-    double seconds = 0.0;
-    for (const LaneSample& s : lanes_[i].recent) {
-      bytes += s.bytes;
-      seconds += s.seconds;
-    }
-    report.lanes[i].bytes_sent = lanes_[i].bytes;
-    report.lanes[i].recent_bytes_per_s =
-        seconds > 0.0 ? static_cast<float>(double(bytes) / seconds) : 0.0f;
+}
+
+transport::LaneReport SyncMeter::lane(std::size_t i) const {
+  const std::lock_guard lock(mu_);
+  const Lane& l = lanes_.at(i);
+  std::uint64_t bytes = 0;
+  double seconds = 0.0;
+  for (const LaneSample& s : l.recent) {
+    bytes += s.bytes;
+    seconds += s.seconds;
   }
+  return {l.bytes, seconds > 0.0 ? static_cast<float>(double(bytes) / seconds) : 0.0f};
 }
 
 }  // namespace desloc::sync

@@ -90,6 +90,7 @@ TEST(Heartbeat, CarriesTheWholeReportAndKeepsItsSize) {
   hb.report.guard_rejections = 2;
   hb.report.kx = 268;
   hb.report.replans = 1;
+  hb.report.region_lane = {9, 3.5f};
   const auto frame = transport::encode(hb);
   const auto back = transport::decode<transport::Heartbeat>(
       {transport::MessageType::kHeartbeat,
@@ -101,8 +102,9 @@ TEST(Heartbeat, CarriesTheWholeReportAndKeepsItsSize) {
   EXPECT_EQ(back.report.guard_rejections, 2u);
   EXPECT_EQ(back.report.kx, 268);
   EXPECT_EQ(back.report.replans, 1u);
-  // Fixed size whatever the job: 2 x 8 + 4 + 4 + 8 + 13 x 8 + 8 + 2 x 12 + 8 + 8 + 4 bytes.
-  EXPECT_EQ(frame.size() - transport::kFrameHeaderBytes, 188u);
+  EXPECT_EQ(back.report.region_lane, (transport::LaneReport{9, 3.5f}));
+  // Fixed size whatever the job: 2 x 8 + 4 + 4 + 8 + 13 x 8 + 8 + 2 x 12 + 8 + 8 + 4 + 12 bytes.
+  EXPECT_EQ(frame.size() - transport::kFrameHeaderBytes, 200u);
 }
 
 TEST(JobHistory, RecordsEachEpochOnceWithItsRing) {
@@ -163,6 +165,51 @@ TEST(JobHistory, LinkBytesGoToTheNeighboursOfTheRingOfTheirTime) {
   using transport::LinkKey;
   EXPECT_EQ(h.link_bytes().at(LinkKey("a", "b")), 350u);
   EXPECT_EQ(h.link_bytes().at(LinkKey("a", "c")), 40u + 50u + 20u);
+}
+
+// Hierarchical DES-LOC: a rank's region lane goes to the next live site of its region's ring,
+// and the region's links are listed with their rate (issue 15: bytes per level and per link).
+TEST(JobHistory, RegionBytesGoToTheNextLiveSiteOfTheRegion) {
+  JobHistory h;
+  h.set_regions({{"a", "b", "c"}, {"d", "e"}});
+  const std::vector<std::string> sites = {"a", "b", "c", "d", "e"};
+  h.membership(membership(1, sites, {"a", "d", "b", "e", "c"}), 0.0);
+  EXPECT_EQ(h.region_next("a"), "b");
+  EXPECT_EQ(h.region_next("c"), "a");
+  EXPECT_EQ(h.region_next("e"), "d");
+  RankReport r = lanes(100, 10);
+  r.region_lane.bytes_sent = 7000;
+  h.heartbeat("a", 0, 10, r);
+  r.region_lane.bytes_sent = 9000;
+  h.heartbeat("a", 0, 20, r);
+  // b is lost: a's region ring goes on to c.
+  h.membership(membership(2, sites, {"a", "d", "e", "c"}, "site b lost"), 1.0);
+  EXPECT_EQ(h.region_next("a"), "c");
+  r.region_lane.bytes_sent = 9500;
+  h.heartbeat("a", 0, 30, r);
+  using transport::LinkKey;
+  EXPECT_EQ(h.link_bytes().at(LinkKey("a", "b")), 9000u);
+  EXPECT_EQ(h.link_bytes().at(LinkKey("a", "c")), 500u + 10u);  // and lane 1's first 10 bytes
+  h.membership(membership(3, sites, {"a", "d", "e"}, "site c lost"), 2.0);
+  EXPECT_EQ(h.region_next("a"), "");  // alone in its region now
+
+  transport::JobStatus s;
+  s.job.sites = sites;
+  s.membership = membership(1, sites, {"a", "d", "b", "e", "c"});
+  s.history.set_regions({{"a", "b", "c"}, {"d", "e"}});
+  s.history.membership(*s.membership, 0.0);
+  transport::RankProgress p;
+  p.id = {"a", 0};
+  p.report.region_lane = {4000, 2e6f};
+  s.ranks.push_back(p);
+  s.history.heartbeat("a", 0, 5, p.report);
+  const auto links = transport::link_status(s);
+  const auto ab = std::find_if(links.begin(), links.end(),
+                               [](const auto& l) { return l.from == "a" && l.to == "b"; });
+  ASSERT_NE(ab, links.end());
+  EXPECT_TRUE(ab->in_ring);
+  EXPECT_EQ(ab->bytes_sent, 4000u);
+  EXPECT_DOUBLE_EQ(ab->recent_bytes_per_s, 2e6);
 }
 
 transport::JobStatus two_site_status() {

@@ -30,7 +30,9 @@ using std::chrono::milliseconds;
 
 struct Coordinator::Impl final : SessionOwner {
   explicit Impl(CoordinatorOptions o)
-      : options(std::move(o)), roster(MembershipRules::of(options)) {}
+      : options(std::move(o)), roster(MembershipRules::of(options)) {
+    history.set_regions(options.regions);
+  }
 
   CoordinatorOptions options;
   // Set when options.tls.enabled. Before io: every stream (held by io's handlers) must go first.

@@ -23,6 +23,22 @@ std::pair<std::string, std::string> JobHistory::neighbours(const std::string& si
   return {ring[(i + 1) % n], n >= 3 ? ring[(i + n - 1) % n] : std::string()};
 }
 
+std::string JobHistory::region_next(const std::string& site) const {
+  if (epochs_.empty()) return {};
+  const std::vector<std::string>& live = epochs_.back().ring;
+  for (const auto& region : regions_) {
+    const auto at = std::find(region.begin(), region.end(), site);
+    if (at == region.end()) continue;
+    const std::size_t n = region.size(), i = static_cast<std::size_t>(at - region.begin());
+    for (std::size_t k = 1; k < n; ++k) {
+      const std::string& next = region[(i + k) % n];
+      if (std::find(live.begin(), live.end(), next) != live.end()) return next;
+    }
+    return {};
+  }
+  return {};
+}
+
 void JobHistory::heartbeat(const std::string& site, std::uint32_t rank, std::uint64_t step,
                            const RankReport& report) {
   if (rank == 0 && step > 0) {
@@ -39,14 +55,16 @@ void JobHistory::heartbeat(const std::string& site, std::uint32_t rank, std::uin
       }
     }
   }
-  std::array<std::uint64_t, 2>& seen = lane_seen_[{site, rank}];
+  std::array<std::uint64_t, 3>& seen = lane_seen_[{site, rank}];
   const auto [next, previous] = neighbours(site);
-  for (std::size_t lane = 0; lane < 2; ++lane) {
-    const std::uint64_t now = report.lanes[lane].bytes_sent;
+  const std::string region = region_next(site);
+  for (std::size_t lane = 0; lane < 3; ++lane) {  // the two rings, then the region's
+    const std::uint64_t now =
+        lane < 2 ? report.lanes[lane].bytes_sent : report.region_lane.bytes_sent;
     // A counter that went back belongs to a restarted rank: count it from zero.
     const std::uint64_t delta = now >= seen[lane] ? now - seen[lane] : now;
     seen[lane] = now;
-    const std::string& to = lane == 0 ? next : previous;
+    const std::string& to = lane == 0 ? next : lane == 1 ? previous : region;
     if (delta > 0 && !to.empty()) link_bytes_[{site, to}] += delta;
   }
 }

@@ -101,6 +101,17 @@ std::vector<LinkStatus> link_status(const JobStatus& s) {
         out.push_back(std::move(l));
       }
     }
+  // Region rings (job.regions): a link the job-wide ring already lists keeps its ring rate.
+  if (s.membership)
+    for (const std::string& site : s.membership->sites) {
+      const std::string to = s.history.region_next(site);
+      if (to.empty() || listed.count({site, to})) continue;
+      LinkStatus l{site, to, true, bytes({site, to}), 0.0, planned({site, to})};
+      for (const RankProgress& r : s.ranks)
+        if (r.id.site == site) l.recent_bytes_per_s += r.report.region_lane.recent_bytes_per_s;
+      listed.insert({site, to});
+      out.push_back(std::move(l));
+    }
   for (const auto& [k, n] : s.history.link_bytes())
     if (!listed.count(k)) out.push_back({k.first, k.second, false, n, 0.0, planned(k)});
   return out;

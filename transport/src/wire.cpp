@@ -253,6 +253,8 @@ void write_payload(WireWriter& w, const Heartbeat& m) {
   w.put<std::uint64_t>(p.guard_rejections);
   w.put<std::uint64_t>(std::bit_cast<std::uint64_t>(p.kx));
   w.put<std::uint32_t>(p.replans);
+  w.put<std::uint64_t>(p.region_lane.bytes_sent);
+  w.put<std::uint32_t>(std::bit_cast<std::uint32_t>(p.region_lane.recent_bytes_per_s));
 }
 void read_payload(WireReader& r, Heartbeat& m) {
   RankReport& p = m.report;
@@ -270,6 +272,8 @@ void read_payload(WireReader& r, Heartbeat& m) {
   p.guard_rejections = r.get<std::uint64_t>("guard_rejections");
   p.kx = std::bit_cast<std::int64_t>(r.get<std::uint64_t>("kx"));
   p.replans = r.get<std::uint32_t>("replans");
+  p.region_lane.bytes_sent = r.get<std::uint64_t>("region_lane.bytes_sent");
+  p.region_lane.recent_bytes_per_s = std::bit_cast<float>(r.get<std::uint32_t>("region_lane.rate"));
 }
 
 void write_payload(WireWriter& w, const Status& m) {

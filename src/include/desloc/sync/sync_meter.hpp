@@ -27,6 +27,8 @@ class SyncMeter {
   void record(double seconds, std::span<const LaneSample> lanes);
   // Writes the histogram and the lanes into `report`, leaving its other fields.
   void fill(transport::RankReport& report) const;
+  // Lane `i`'s bytes and recent rate (a region's averages: their meter's lane 0).
+  transport::LaneReport lane(std::size_t i) const;
 
  private:
   struct Lane {

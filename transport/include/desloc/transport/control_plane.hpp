@@ -20,7 +20,7 @@ namespace desloc::transport {
 // its own kWireVersion.
 // 2: recovery epochs; 3: heartbeats carry the loss, tokens/s and wide-area bytes; 4: and the
 // sync-duration histogram, the lanes' bytes and rates, and the payload guard's rejections; 5:
-// and the parameter-average period in force and the re-plans.
+// and the parameter-average period in force, the re-plans and the region ring's lane.
 inline constexpr std::uint16_t kProtocolVersion = 5;
 
 using Clock = std::chrono::steady_clock;
@@ -69,6 +69,8 @@ struct CoordinatorOptions {
   std::chrono::milliseconds recovery_timeout{10000};
   // Fewer live sites than this end the job instead of a new epoch.
   std::size_t min_sites = 1;
+  // Hierarchical DES-LOC (job.regions), for the status endpoint's per-link bytes.
+  std::vector<std::vector<std::string>> regions;
   // With tls.enabled a connection must also finish the TLS handshake within
   // handshake_timeout; a plaintext peer is told so in a plaintext Reject.
   TlsOptions tls;

@@ -37,6 +37,9 @@ class JobHistory {
   static constexpr std::size_t kMaxPoints = 512;  // per site
   static constexpr std::size_t kMaxEpochs = 256;  // the first and the newest are kept
 
+  // Hierarchical DES-LOC (job.regions): each region's sites in its ring order. A rank's region
+  // lane is charged to the link to the next live site of its region.
+  void set_regions(std::vector<std::vector<std::string>> regions) { regions_ = std::move(regions); }
   // Records `m` when its epoch is new.
   void membership(const Membership& m, double at_s);
   // A heartbeat of rank `rank` of `site` in the current membership: its site's loss (rank 0
@@ -54,6 +57,9 @@ class JobHistory {
   // The sites a site's lanes send to under the current membership (lane 0, lane 1), "" for
   // none.
   std::pair<std::string, std::string> neighbours(const std::string& site) const;
+  // The site a site's region lane sends to: the next site of its region that is live in the
+  // current membership; "" without regions or when it is alone in its region.
+  std::string region_next(const std::string& site) const;
 
  private:
   struct Curve {
@@ -64,7 +70,8 @@ class JobHistory {
   std::map<std::string, std::vector<LossPoint>> losses_;
   std::map<std::string, Curve> curves_;
   std::map<LinkKey, std::uint64_t> link_bytes_;
-  std::map<std::pair<std::string, std::uint32_t>, std::array<std::uint64_t, 2>> lane_seen_;
+  std::map<std::pair<std::string, std::uint32_t>, std::array<std::uint64_t, 3>> lane_seen_;
+  std::vector<std::vector<std::string>> regions_;
 };
 
 }  // namespace desloc::transport

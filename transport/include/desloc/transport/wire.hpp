@@ -190,8 +190,11 @@ struct RankReport {
   // to the previous one.
   std::array<LaneReport, 2> lanes{};
   std::uint64_t guard_rejections = 0;  // sites the payload guard left out of this rank's averages
-  std::int64_t kx = 0;          // the parameter-average period in force (0: the method has none)
-  std::uint32_t replans = 0;    // period switches re-planning has made (sync.replan)
+  std::int64_t kx = 0;        // the parameter-average period in force (0: the method has none)
+  std::uint32_t replans = 0;  // period switches re-planning has made (sync.replan)
+  // Hierarchical DES-LOC (job.regions): what the rank sent to the next live site of its region's
+  // ring, and the rate it achieved there over its last few region averages.
+  LaneReport region_lane{};
   std::uint64_t syncs() const;  // the sum of sync_buckets
   bool operator==(const RankReport&) const = default;
 };
