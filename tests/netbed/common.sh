@@ -7,6 +7,19 @@ readonly kSkip=77  # SKIP_RETURN_CODE in tests/netbed/CMakeLists.txt
 fail() { echo "FAIL: $*" >&2; exit 1; }
 note() { echo "-- $*"; }
 
+# Wall-clock helpers of the tests that run jobs on the bed: now (seconds since the epoch),
+# after D (now + D), past U (0 once U has passed).
+now() { date +%s.%N; }
+after() { awk -v n="$(now)" -v d="$1" 'BEGIN { printf "%.3f", n + d }'; }
+past() { awk -v n="$(now)" -v u="$1" 'BEGIN { exit !(n > u) }'; }
+
+# 0 once process $1 (a child of this shell) has exited; its zombie counts as exited.
+has_exited() {
+  local state
+  state=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) || return 0
+  [[ -z $state || $state == Z ]]
+}
+
 # A missing prerequisite skips, except under CI=true where it must not go unnoticed.
 skip_or_fail() {
   if [[ ${CI:-} == true ]]; then

@@ -80,7 +80,6 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 start_watchdog $((kJobLimitS * 3 + 60))
 
-now() { date +%s.%N; }
 t_start=$(now)
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
@@ -152,17 +151,6 @@ last_field() {
   { grep -F "\"type\":\"$2\"" "$1" || true; } | tail -n 1 |
     sed -nE "s/.*\"$3\":(-?[0-9.eE+-]+).*/\1/p"
 }
-
-# 0 once process $1 (a child of this shell) has exited; its zombie counts as exited.
-has_exited() {
-  local state
-  state=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) || return 0
-  [[ -z $state || $state == Z ]]
-}
-
-# 0 once $1 (seconds since the epoch) has passed.
-past() { awk -v n="$(now)" -v u="$1" 'BEGIN { exit !(n > u) }'; }
-after() { awk -v n="$(now)" -v d="$1" 'BEGIN { printf "%.3f", n + d }'; }
 
 # Waits up to $2 s for process $1 (a child) to exit; sets `status` to its exit code, or kills it
 # and sets status=killed.

@@ -51,14 +51,6 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 start_watchdog $((kJobLimitS + 120))
 
-now() { date +%s.%N; }
-after() { awk -v n="$(now)" -v d="$1" 'BEGIN { printf "%.3f", n + d }'; }
-past() { awk -v n="$(now)" -v u="$1" 'BEGIN { exit !(n > u) }'; }
-has_exited() {
-  local state
-  state=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) || return 0
-  [[ -z $state || $state == Z ]]
-}
 metrics=$tmp/out/metrics.jsonl  # the leader's (A/0)
 # Field $2 of the records of type $1 in the leader's metrics, one line each.
 fields() {
