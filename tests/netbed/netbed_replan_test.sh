@@ -6,7 +6,7 @@
 #   2. B's egress is throttled 10x (netbed.sh rate): within kMaxSyncs averages of the first slow
 #      one every site switches to a Kx about 10x longer, at the same step, and the mean step time
 #      over the new plan's first cycle (Kv steps) is within kStepTolerance of its prediction;
-#   3. B's rate is restored: the sites switch back to a Kx near the first one;
+#   3. B's rate is restored: the sites switch back to a Kx near the first one (within 1/2-4x);
 #   4. the in-process run (`desloc train`) replaying the recorded switches (sync.switches) ends
 #      with the same validation loss, to the last printed digit.
 # usage: netbed_replan_test.sh path/to/netbed.sh path/to/desloc path/to/brown
@@ -197,8 +197,12 @@ replans 2
 b2=$(fields replan step | sed -n 2p)
 kx2=$(fields replan kx | sed -n 2p)
 note "re-plan 2 after step $b2: kx $kx1 -> $kx2, $(fields replan reason | sed -n 2p)"
-[[ $kx2 -ge $((kKx / 2)) && $kx2 -le $((2 * kKx)) ]] ||
-  die "the restored link made kx $kx2, not within 2x of the first $kKx"
+# Back near the first plan: the averages of the long period each start after seconds of idle,
+# when TCP restarts from slow start (the bed keeps Linux's tcp_slow_start_after_idle = 1), so
+# the restored link measures slower than at the start (a full suite run: 0.060 s per state
+# against 0.039 s, kx 28).
+[[ $kx2 -ge $((kKx / 2)) && $kx2 -le $((4 * kKx)) && $((kx2 * 4)) -le $kx1 ]] ||
+  die "the restored link made kx $kx2, not within 1/2-4x of the first $kKx and 1/4 of $kx1"
 for i in 1 2; do
   p=${pids[$i]}
   while ! has_exited "$p"; do

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <latch>
 #include <mutex>
 #include <thread>
 
@@ -107,12 +108,22 @@ class ControlPlane : public ::testing::Test {
     std::vector<Membership> out(ranks.size());
     std::vector<std::exception_ptr> errors(ranks.size());
     std::vector<std::thread> threads;
+    // Every client stays connected until all have their membership: one that left first would
+    // be a lost rank to the coordinator, which may end the job (and tell the others so) before
+    // a slower client has read epoch 1.
+    std::latch all_in(static_cast<std::ptrdiff_t>(ranks.size()));
     for (std::size_t i = 0; i < ranks.size(); ++i)
       threads.emplace_back([&, i] {
         try {
           RankClient c(ranks[i]);
-          c.connect("127.0.0.1", port, in(5s));
-          out[i] = c.wait_membership(in(5s));
+          try {
+            c.connect("127.0.0.1", port, in(5s));
+            out[i] = c.wait_membership(in(5s));
+          } catch (...) {
+            all_in.count_down();
+            throw;
+          }
+          all_in.arrive_and_wait();
         } catch (...) {
           errors[i] = std::current_exception();
         }
