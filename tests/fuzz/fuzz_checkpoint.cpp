@@ -61,6 +61,13 @@ void load(std::span<const std::uint8_t> bytes) {
       desloc::fuzz::oracle_failure("fuzz_checkpoint", "inconsistent worker buffers");
   if (ck.outer_ref.size() != ck.outer_momentum.size() || ck.step < 0)
     desloc::fuzz::oracle_failure("fuzz_checkpoint", "inconsistent outer optimizer or step");
+  // The period switches go straight into a SyncPolicy: in order, positive periods, bounded.
+  if (ck.switches.size() > desloc::sync::kMaxPeriodSwitches)
+    desloc::fuzz::oracle_failure("fuzz_checkpoint", "too many period switches");
+  for (std::size_t i = 0; i < ck.switches.size(); ++i)
+    if (ck.switches[i].kx < 1 || ck.switches[i].ku < 0 || ck.switches[i].kv < 0 ||
+        (i > 0 && ck.switches[i].after <= ck.switches[i - 1].after))
+      desloc::fuzz::oracle_failure("fuzz_checkpoint", "an impossible period switch");
 }
 
 }  // namespace

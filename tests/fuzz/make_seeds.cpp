@@ -160,6 +160,10 @@ void checkpoint_seeds(const fs::path& dir) {
   ck.outer_ref = {0.5f, -1.0f, 2.0f};
   ck.outer_momentum = {0.0f, 0.1f, -0.1f};
   desloc::train::save_checkpoint((dir / "two_workers_outer.ckpt").string(), ck);
+  // Period switches (version 6): two re-plans in force.
+  desloc::train::Checkpoint switched = ck;
+  switched.switches = {{32, 64, 192, 384}, {96, 8, 0, 0}};
+  desloc::train::save_checkpoint((dir / "two_workers_switches.ckpt").string(), switched);
   // Compressed states (version 4): u's reference and both workers' feedback, v's reference.
   desloc::train::Checkpoint coded = ck;
   coded.outer_ref.clear();
