@@ -227,7 +227,8 @@ bool CollectiveAverager::exchange_control(std::span<const DueAverage> due, bool 
 // is off), then the stop request in `nonfinite`, then with `measure` two rows of what this rank
 // measured since the last such exchange: {seconds of its averages, their wide-area bytes} and
 // {its mean compute seconds per step, the number of averages}. A site's row is the sum of its
-// ranks' rows, except the seconds (the slowest rank's) and the count (every rank's).
+// ranks' rows, except the seconds (the slowest rank's) and the count (the same on every rank:
+// the engine finishes a site's averages before the next exchange).
 bool CollectiveAverager::exchange(std::span<const DueAverage> due, bool stop, bool measure) {
   const int sites = wan_.size();
   if (sites == 1) return stop;  // the site reducer already agreed on it

@@ -32,27 +32,34 @@ double replan_overhead(SyncMethod method, const Periods& periods, double state_s
   double cost = 0.0;
   std::int64_t n = 0;
   const double hidden = hidden_steps * compute_seconds;
+  const bool desloc = method == SyncMethod::kDesloc;
+  if (desloc && (periods.ku % periods.kx != 0 || periods.kv % periods.kx != 0)) {
+    // u or v also falls between x's averages: each state's averages priced on their own.
+    for (const std::int64_t k : {periods.kx, periods.ku, periods.kv})
+      cost += std::max(0.0, state_seconds - hidden) / double(k);
+    return cost / compute_seconds;
+  }
   for (std::int64_t t = periods.kx; n < kMaxCycle; t += periods.kx) {
     const SyncDecision d = s.at(t);
     ++n;
     cost += std::max(0.0, double(int(d.x) + int(d.u) + int(d.v)) * state_seconds - hidden);
-    if ((d.u || !(method == SyncMethod::kDesloc)) && (d.v || method != SyncMethod::kDesloc)) break;
+    if (!desloc || (d.u && d.v)) break;  // the cycle is whole
   }
   return cost / (double(n) * double(periods.kx) * compute_seconds);
 }
 
-Replanner::Replanner(SyncMethod method, Periods initial, ReplanOptions options)
-    : method_(method), opt_(options), periods_(initial) {
-  if (method_ == SyncMethod::kDesloc && initial.kx > 0) {
-    ratio_u_ = double(initial.ku) / double(initial.kx);
-    ratio_v_ = double(initial.kv) / double(initial.kx);
+Replanner::Replanner(SyncMethod method, Periods base, ReplanOptions options)
+    : method_(method), opt_(options), periods_(base) {
+  if (method_ == SyncMethod::kDesloc && base.kx > 0) {
+    ratio_u_ = std::max<std::int64_t>(1, std::llround(double(base.ku) / double(base.kx)));
+    ratio_v_ = std::max<std::int64_t>(1, std::llround(double(base.kv) / double(base.kx)));
   }
 }
 
-void Replanner::reset(Periods in_force) {
+void Replanner::reset(Periods in_force, bool keep_target) {
   periods_ = in_force;
   reference_ = 0.0;
-  target_ = 0.0;
+  if (!keep_target) target_ = 0.0;
   warmup_.clear();
   off_.clear();
   direction_ = 0;
@@ -62,8 +69,7 @@ void Replanner::reset(Periods in_force) {
 Periods Replanner::plan(double state_seconds, double compute_seconds, double target) const {
   const auto periods_of = [&](std::int64_t kx) {
     if (method_ != SyncMethod::kDesloc) return Periods{kx, kx, kx};
-    return Periods{kx, std::max<std::int64_t>(kx, std::llround(double(kx) * ratio_u_)),
-                   std::max<std::int64_t>(kx, std::llround(double(kx) * ratio_v_))};
+    return Periods{kx, kx * ratio_u_, kx * ratio_v_};
   };
   const auto fits = [&](std::int64_t kx) {
     return replan_overhead(method_, periods_of(kx), state_seconds, compute_seconds,

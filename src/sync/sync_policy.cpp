@@ -95,13 +95,6 @@ void SyncPolicy::add_switch(const PeriodSwitch& sw) {
   after_.push_back(cfg_.schedule_after(sw));
 }
 
-void SyncPolicy::drop_switches_after(std::int64_t step) {
-  while (!switches_.empty() && switches_.back().after > step) {
-    switches_.pop_back();
-    after_.pop_back();
-  }
-}
-
 void SyncPolicy::restore_switches(const std::vector<PeriodSwitch>& switches) {
   const std::vector<PeriodSwitch>& configured = cfg_.switches;
   for (std::size_t i = 0; i < configured.size() && i < switches.size(); ++i)

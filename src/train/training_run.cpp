@@ -481,9 +481,16 @@ void TrainingRun::replan(std::int64_t t) {
   if (!policy_.global_at(t).x) return;
   const std::optional<sync::SyncMeasure> m = averager_->take_measure();
   const bool injected = inject_replan_ && inject_replan_->first == t;
-  // Configured switches still ahead are the config's plan: re-planning starts after them.
-  if (!injected && (!m || (!policy_.switches().empty() && policy_.switches().back().after >= t)))
+  // Configured switches are the config's plan: re-planning starts after the last, measuring
+  // afresh from the periods each puts in force.
+  const std::vector<sync::PeriodSwitch>& configured = cfg_.sync.switches;
+  if (!injected && !configured.empty() && configured.back().after >= t) {
+    if (std::any_of(configured.begin(), configured.end(),
+                    [t](const sync::PeriodSwitch& sw) { return sw.after == t; }))
+      replan_reset(t + 1, true);
     return;
+  }
+  if (!injected && !m) return;
   const std::int64_t old_kx = replanner_->periods().kx;
   std::optional<sync::ReplanDecision> d;
   if (injected) {  // tests: a decision without a drift
@@ -501,11 +508,11 @@ void TrainingRun::replan(std::int64_t t) {
         "{}: step {}: {}; the job already switched periods {} times, the most it keeps, "
         "so kx stays {}",
         rank_->name, t, d->reason, sync::kMaxPeriodSwitches, old_kx);
-    replan_reset(t + 1);
+    replan_reset(t + 1, true);
     return;
   }
   policy_.add_switch({t, d->periods.kx, d->periods.ku, d->periods.kv});
-  if (injected) replan_reset(t + 1);
+  if (injected) replan_reset(t + 1, true);
   metrics_->write(ReplanRecord{t, d->periods.kx, d->periods.ku, d->periods.kv, old_kx,
                                d->state_seconds, d->compute_seconds, d->reference_seconds,
                                d->bytes_per_s, d->overhead, d->target, d->predicted_step_s,
@@ -521,10 +528,11 @@ void TrainingRun::replan(std::int64_t t) {
         rank_->name, d->periods.kx, topology::kValidatedKx);
 }
 
-void TrainingRun::replan_reset(std::int64_t next) {
+void TrainingRun::replan_reset(std::int64_t next, bool keep_target) {
   if (!networked_ || !cfg_.sync.replan) return;
   const SyncSchedule& s = policy_.schedule_at(next);
   const sync::Periods in_force{s.kx, s.ku, s.kv};
+  const SyncSchedule base = cfg_.sync.schedule();
   if (!replanner_) {
     const std::array<std::int64_t, 3> tau = cfg_.sync.effective_delays();
     sync::ReplanOptions o;
@@ -536,9 +544,9 @@ void TrainingRun::replan_reset(std::int64_t next) {
     o.hidden_steps = cfg_.sync.overlap == "step" ? 1.0
                      : cfg_.sync.delays()        ? double(tau[0] + 1)
                                                  : 0.0;
-    replanner_.emplace(cfg_.sync.method, in_force, o);
+    replanner_.emplace(cfg_.sync.method, sync::Periods{base.kx, base.ku, base.kv}, o);
   }
-  replanner_->reset(in_force);
+  replanner_->reset(in_force, keep_target);
 }
 
 // Site i's gradient at its un-averaged x: every rank's micro-batch held here, then the mean

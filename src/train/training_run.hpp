@@ -87,9 +87,10 @@ class TrainingRun {
   // sync.replan: after step t's job-wide average, what its control exchange measured; every
   // rank of the job decides alike and switches periods after the same step.
   void replan(std::int64_t t);
-  // The replanner measures afresh from the periods in force at step `next` (a new epoch, a
-  // resume, a rollback).
-  void replan_reset(std::int64_t next);
+  // The replanner measures afresh from the periods in force at step `next`: a new epoch, a
+  // resume or a rollback (every rank at the same step) forget its target too; `keep_target`
+  // after a switch every rank made.
+  void replan_reset(std::int64_t next, bool keep_target = false);
 
   const JobConfig& cfg_;
   const TrainOptions& opts_;

@@ -39,9 +39,10 @@ TEST(PeriodSwitch, NewPeriodsCountFromTheAverageTheySwitchAt) {
   EXPECT_EQ(steps_where(p, 30, &sync::SyncDecision::x), (V{4, 8, 14, 20, 22, 24, 26, 28, 30}));
   EXPECT_EQ(steps_where(p, 30, &sync::SyncDecision::u), (V{24, 28}));
   EXPECT_EQ(steps_where(p, 30, &sync::SyncDecision::v), (V{28}));
-  // A rollback to step 19 undoes the switch decided at 20; a state captured at 20 restores it.
+  // A rollback to a state captured at step 19 undoes the switch decided at 20; one captured at
+  // 20 restores it.
   const std::vector<PeriodSwitch> at_20 = p.switches();
-  p.drop_switches_after(19);
+  p.restore_switches({at_20.begin(), at_20.end() - 1});
   EXPECT_EQ(p.switches().size(), 1u);
   EXPECT_EQ(p.schedule_at(21).kx, 6);
   p.restore_switches(at_20);
@@ -150,4 +151,39 @@ TEST(Replanner, ADriftThatFlipsDirectionOrAResetStartsOver) {
   EXPECT_FALSE(r.observe(took(1.0)));
   EXPECT_TRUE(r.observe(took(0.1)) || r.observe(took(0.1)));  // 10x faster, twice: kx 1
   EXPECT_FALSE(r.observe({0.0, 0.05, 0.0}));                  // nothing measured: ignored
+}
+
+// Ku and Kv that are no multiples of Kx (the config allows it): the overhead prices each
+// state's averages on their own, and a plan rounds the ratios to whole multiples, the same on
+// every rank whatever the periods in force when it was built.
+TEST(Replanner, RatiosThatAreNoMultiplesArePricedPerStateAndPlannedAsWholeMultiples) {
+  EXPECT_DOUBLE_EQ(sync::replan_overhead(SyncMethod::kDesloc, {8, 20, 48}, 1.0, 0.1, 0.0),
+                   (1.0 / 8 + 1.0 / 20 + 1.0 / 48) / 0.1);
+  EXPECT_DOUBLE_EQ(sync::replan_overhead(SyncMethod::kDesloc, {8, 20, 48}, 1.0, 0.1, 1.0),
+                   0.9 * (1.0 / 8 + 1.0 / 20 + 1.0 / 48) / 0.1);
+  const Replanner r(SyncMethod::kDesloc, {8, 20, 48}, ReplanOptions{.max_kx = 100000});
+  for (const double s : {0.01, 0.3, 7.0}) {
+    const Periods p = r.plan(s, 0.05, 0.2);
+    EXPECT_EQ(p.ku, 3 * p.kx) << s;  // 20 / 8 = 2.5 rounds to 3
+    EXPECT_EQ(p.kv, 6 * p.kx) << s;
+    EXPECT_LE(sync::replan_overhead(SyncMethod::kDesloc, p, s, 0.05, 0.0), 0.2) << s;
+    if (p.kx > 1) {  // the smallest that fits
+      const Periods shorter{p.kx - 1, 3 * (p.kx - 1), 6 * (p.kx - 1)};
+      EXPECT_GT(sync::replan_overhead(SyncMethod::kDesloc, shorter, s, 0.05, 0.0), 0.2) << s;
+    }
+  }
+}
+
+// A switch every rank made keeps the target; a new epoch or a resume forgets it (every rank
+// resets at the same step).
+TEST(Replanner, AResetKeepsTheTargetOnlyWhenAsked) {
+  Replanner r(SyncMethod::kDesloc, {8, 24, 48}, ReplanOptions{.max_kx = 100000});
+  for (int i = 0; i < 4; ++i) r.observe(took(0.1));
+  const double target = r.target();
+  ASSERT_GT(target, 0.0);
+  r.reset({16, 48, 96}, true);
+  EXPECT_DOUBLE_EQ(r.target(), target);
+  EXPECT_EQ(r.periods(), (Periods{16, 48, 96}));
+  r.reset({16, 48, 96});
+  EXPECT_DOUBLE_EQ(r.target(), 0.0);
 }

@@ -56,14 +56,17 @@ struct ReplanDecision {
 // Overhead of averaging `periods` of `method` against compute, each average of one state
 // taking `state_seconds`, with `hidden_steps` of compute hiding each sync's wire time: over one
 // cycle of the longest period, every parameter average costs max(0, states due x state_seconds
-// - hidden_steps x compute_seconds).
+// - hidden_steps x compute_seconds). When Ku or Kv is no multiple of Kx (a config may say so),
+// each state's averages are priced on their own.
 double replan_overhead(SyncMethod method, const Periods& periods, double state_seconds,
                        double compute_seconds, double hidden_steps);
 
 class Replanner {
  public:
-  // `initial`: the periods in force (ku and kv resolved); their ratios are kept.
-  Replanner(SyncMethod method, Periods initial, ReplanOptions options);
+  // `base`: the config's periods (ku and kv resolved). A plan keeps Ku and Kv whole multiples
+  // of Kx, their ratios to it rounded (3 and 6 by default). Every rank derives them from the
+  // config, so every rank plans alike whatever it went through (a resume, a rejoin).
+  Replanner(SyncMethod method, Periods base, ReplanOptions options);
 
   // One job-wide parameter average's control exchange brought `m` (the average before it).
   // The first is ignored; the medians of the next reference_syncs() give the reference state
@@ -72,20 +75,24 @@ class Replanner {
   // from the periods in force (which it then becomes). After a decision the reference is
   // measured afresh (the target stays).
   std::optional<ReplanDecision> observe(const SyncMeasure& m);
-  // The periods in force changed under it (a rollback, a resume): measure afresh.
-  void reset(Periods in_force);
+  // The periods in force changed under it: measure afresh. A new membership epoch or a resume
+  // forgets the target too (every rank of the job resets at the same step, so they stay
+  // alike; with the default implicit target, a failure during a slow spell makes that spell
+  // the new reference); `keep_target` keeps it (a switch every rank made).
+  void reset(Periods in_force, bool keep_target = false);
   const Periods& periods() const { return periods_; }
   // At least 3, so that one outlier cannot set the reference.
   std::size_t reference_syncs() const { return static_cast<std::size_t>(std::max(3, opt_.syncs)); }
   double target() const { return target_; }
-  // The smallest Kx (with Ku, Kv in the initial ratios) whose overhead at `state_seconds` is at
-  // most `target`, within [min_kx, max_kx].
+  // The smallest Kx (with Ku, Kv in the base ratios) whose overhead at `state_seconds` is at
+  // most `target`, within [min_kx, max_kx]. A Kx near max_kx leaves few averages to measure a
+  // recovery by: the job may not re-plan back before it ends.
   Periods plan(double state_seconds, double compute_seconds, double target) const;
 
  private:
   SyncMethod method_;
   ReplanOptions opt_;
-  double ratio_u_ = 3.0, ratio_v_ = 6.0;
+  std::int64_t ratio_u_ = 3, ratio_v_ = 6;
   Periods periods_;
   double target_ = 0.0;
   double reference_ = 0.0;           // state_seconds the periods in force were chosen at

@@ -145,8 +145,6 @@ class SyncPolicy {
   // Appends a switch (a re-plan). Error when `after` is not past the last switch, when x is not
   // averaged at `after`, or beyond kMaxPeriodSwitches.
   void add_switch(const PeriodSwitch& sw);
-  // A rollback to `step`: the switches decided after it are undone (their steps are taken again).
-  void drop_switches_after(std::int64_t step);
   // The switches of a checkpoint (a resume): they must begin with the config's.
   void restore_switches(const std::vector<PeriodSwitch>& switches);
 
