@@ -110,6 +110,7 @@ figcaption { font-size: 12px; color: #555; max-width: 700px; padding: 4px 6px; }
 RunSeries load_run(const std::string& jsonl_path) {
   RunSeries run;
   run.path = jsonl_path;
+  std::vector<std::string> replans;  // "kx after step", in the order they happened
   for (const JsonLine& line : read_jsonl(jsonl_path)) {
     const std::string where = fmt::format("{}:{}", jsonl_path, line.line);
     const JsonValue& r = line.value;
@@ -149,8 +150,13 @@ RunSeries load_run(const std::string& jsonl_path) {
     } else if (type == "eval") {
       const train::EvalRecord e = read_eval_record(r, where);
       run.eval.push_back({e.step, e.val_loss, 0.0, 0.0, e.val_bpb});
+    } else if (type == "replan") {  // sync.replan: the periods a run switched to
+      replans.push_back(fmt::format("{} after {}", r.number_or_nan("kx"), r.number_or_nan("step")));
     }  // other record types are for other tools
   }
+  if (!replans.empty())
+    run.settings += fmt::format("{}re-planned kx to {}", run.settings.empty() ? "" : " ",
+                                fmt::join(replans, ", "));
   if (run.name.empty()) run.name = default_name(jsonl_path);
 
   // Bytes and training time at each eval: from the train records at or before its step (an

@@ -355,6 +355,15 @@ TEST_F(ReportFiles, LoadRunReadsHeaderRecordsAndBytesAtEval) {
   EXPECT_DOUBLE_EQ(a.eval[3].elapsed_s, 8 * 1.5e-3);  // eight steps of 1.5 ms
   EXPECT_EQ(a.train[9].step_ms, 1.5);
   EXPECT_EQ(a.train[9].bytes_by_state[1], 6000.0);  // x
+  // A re-planned run (sync.replan) says where its periods went.
+  const RunSeries replanned = load_run(write(
+      "r/metrics.jsonl", run_a() +
+                             "{\"type\":\"replan\",\"step\":320,\"kx\":263,\"ku\":789,\"kv\":1578,"
+                             "\"old_kx\":32,\"reason\":\"slow\"}\n"
+                             "{\"type\":\"replan\",\"step\":2687,\"kx\":32,\"ku\":96,\"kv\":192,"
+                             "\"old_kx\":263,\"reason\":\"fast\"}\n"));
+  EXPECT_EQ(replanned.settings,
+            "workers=4 kx=32 ku=96 kv=192 re-planned kx to 263 after 320, 32 after 2687");
   const RunSeries c = load_run(write("local-only/metrics.jsonl", run_c()));
   EXPECT_EQ(c.name, "local-only");  // no header: the directory names the run
   EXPECT_TRUE(c.method.empty());
