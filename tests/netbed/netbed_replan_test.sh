@@ -27,7 +27,7 @@ readonly kRateKbit=20000      # a parameter average of the tiny model takes abou
 readonly kSlowKbit=2000       # 10x slower
 readonly kThrottleStep=240    # 15 averages in: the reference is long measured
 readonly kMaxSyncs=3          # the new plan within this many averages of the throttle
-# Measured step time against the new plan's prediction. The target is 10%, and five
+# Measured step time against the new plan's prediction. The target is 10%, and six
 # runs measured 0.906-1.068; the test only guards against a plan that is plainly wrong, since
 # this shared 2-core machine moves a step's time by several percent from run to run
 # (performance is measured in the runs the docs report, not timed in tests).
