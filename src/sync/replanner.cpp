@@ -66,11 +66,12 @@ void Replanner::reset(Periods in_force, bool keep_target) {
   skipped_first_ = false;
 }
 
+Periods Replanner::periods_of(std::int64_t kx) const {
+  if (method_ != SyncMethod::kDesloc) return Periods{kx, kx, kx};
+  return Periods{kx, kx * ratio_u_, kx * ratio_v_};
+}
+
 Periods Replanner::plan(double state_seconds, double compute_seconds, double target) const {
-  const auto periods_of = [&](std::int64_t kx) {
-    if (method_ != SyncMethod::kDesloc) return Periods{kx, kx, kx};
-    return Periods{kx, kx * ratio_u_, kx * ratio_v_};
-  };
   const auto fits = [&](std::int64_t kx) {
     return replan_overhead(method_, periods_of(kx), state_seconds, compute_seconds,
                            opt_.hidden_steps) <= target;

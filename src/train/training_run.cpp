@@ -494,10 +494,8 @@ void TrainingRun::replan(std::int64_t t) {
   const std::int64_t old_kx = replanner_->periods().kx;
   std::optional<sync::ReplanDecision> d;
   if (injected) {  // tests: a decision without a drift
-    const std::int64_t kx = inject_replan_->second;
-    const bool desloc = cfg_.sync.method == SyncMethod::kDesloc;
     d = sync::ReplanDecision{};
-    d->periods = {kx, desloc ? 3 * kx : kx, desloc ? 6 * kx : kx};
+    d->periods = replanner_->periods_of(inject_replan_->second);
     d->reason = "fault injection ($DESLOC_INJECT_REPLAN)";
   } else {
     d = replanner_->observe(*m);
@@ -532,8 +530,8 @@ void TrainingRun::replan_reset(std::int64_t next, bool keep_target) {
   if (!networked_ || !cfg_.sync.replan) return;
   const SyncSchedule& s = policy_.schedule_at(next);
   const sync::Periods in_force{s.kx, s.ku, s.kv};
-  const SyncSchedule base = cfg_.sync.schedule();
   if (!replanner_) {
+    const SyncSchedule base = cfg_.sync.schedule();
     const std::array<std::int64_t, 3> tau = cfg_.sync.effective_delays();
     sync::ReplanOptions o;
     o.target = cfg_.sync.replan_target;

@@ -81,6 +81,8 @@ class Replanner {
   // the new reference); `keep_target` keeps it (a switch every rank made).
   void reset(Periods in_force, bool keep_target = false);
   const Periods& periods() const { return periods_; }
+  // Kx with Ku and Kv in the base ratios (the other methods: all three Kx).
+  Periods periods_of(std::int64_t kx) const;
   // At least 3, so that one outlier cannot set the reference.
   std::size_t reference_syncs() const { return static_cast<std::size_t>(std::max(3, opt_.syncs)); }
   double target() const { return target_; }
