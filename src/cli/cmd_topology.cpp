@@ -367,12 +367,10 @@ int run_simulate(const SimulateOptions& o) {
             : std::string()))
           .c_str(),
       o.jitter);
-  for (const sync::PeriodSwitch& sw : cfg.sync.switches)
+  for (const auto& [after, s] : base.switches)
     std::printf("after step %lld: Kx %lld, Ku %lld, Kv %lld (sync.switches)\n",
-                static_cast<long long>(sw.after),
-                static_cast<long long>(base.schedule_at(sw.after + 1).kx),
-                static_cast<long long>(base.schedule_at(sw.after + 1).ku),
-                static_cast<long long>(base.schedule_at(sw.after + 1).kv));
+                static_cast<long long>(after), static_cast<long long>(s.kx),
+                static_cast<long long>(s.ku), static_cast<long long>(s.kv));
   if (!base.regions.empty()) {
     std::printf("regions %s: inside each, Kx %lld, Ku %lld, Kv %lld (methods that average x)\n",
                 topology::describe_regions(base.regions).c_str(),
