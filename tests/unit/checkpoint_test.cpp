@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <span>
+#include <vector>
 
 #include "desloc/core/error.hpp"
 #include "desloc/core/file_io.hpp"
@@ -17,8 +18,29 @@ using namespace desloc;
 namespace fs = std::filesystem;
 
 namespace {
-// Version 6's period switches: a count and 32 entries of four int64s.
-constexpr std::size_t kSwitches = 8 + 32 * 4 * 8;
+// The file's parts, in bytes: the header (magic, version, reserved, payload length, CRC), and
+// at the payload's end version 6's period switches (a count and 32 entries of four int64s),
+// version 5's model description and version 3's writer name.
+constexpr std::size_t kHeader = 28, kSwitches = 8 + 32 * 4 * 8, kModel = 556, kWriter = 64;
+
+// After an edit of the payload: its length and CRC32C in the header again, so that only the
+// edit is left for a reader to object to.
+void reseal(std::vector<std::uint8_t>& b) {
+  const std::uint64_t payload = b.size() - kHeader;
+  std::memcpy(b.data() + 16, &payload, 8);
+  const std::uint32_t crc = crc32c(std::span<const std::uint8_t>(b.data() + kHeader, payload));
+  std::memcpy(b.data() + 24, &crc, 4);
+}
+
+// A file of an older `version`: the `bytes` bytes that end `tail` bytes before the end (what
+// that version did not have) removed.
+void downgrade(std::vector<std::uint8_t>& b, std::uint8_t version, std::size_t tail,
+               std::size_t bytes) {
+  b.erase(b.end() - static_cast<std::ptrdiff_t>(tail + bytes),
+          b.end() - static_cast<std::ptrdiff_t>(tail));
+  b[8] = version;
+  reseal(b);
+}
 
 class CheckpointFile : public ::testing::Test {
  protected:
@@ -199,11 +221,8 @@ TEST_F(CheckpointFile, ValidateAgreesWithLoadOnEveryDamage) {
 TEST_F(CheckpointFile, ValidateRejectsInconsistentLayout) {
   train::save_checkpoint(path("a.ckpt"), sample());
   mutate(path("a.ckpt"), [](auto& b) {
-    constexpr std::size_t kHeader = 28, kWorkersAt = kHeader + 32;
-    b[kWorkersAt] = 200;  // 200 workers cannot fit
-    const std::span<const std::uint8_t> payload(b.data() + kHeader, b.size() - kHeader);
-    const std::uint32_t crc = crc32c(payload);
-    std::memcpy(b.data() + 24, &crc, 4);
+    b[kHeader + 32] = 200;  // the worker count: 200 workers cannot fit
+    reseal(b);
   });
   std::string from_load;
   try {
@@ -289,13 +308,8 @@ TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
   // Version 3: the same payload without the six codec sizes (all zero without codecs).
   train::save_checkpoint(path("v3.ckpt"), sample());
   mutate(path("v3.ckpt"), [](auto& b) {
-    constexpr std::size_t kHeader = 28, kWriter = 64, kModel = 556, kCodecHead = 48;
-    b.erase(b.end() - kWriter - kModel - kSwitches - kCodecHead, b.end() - kWriter);
-    b[8] = 3;
-    const std::uint64_t payload = b.size() - kHeader;
-    std::memcpy(b.data() + 16, &payload, 8);
-    const std::uint32_t crc = crc32c(std::span<const std::uint8_t>(b.data() + kHeader, payload));
-    std::memcpy(b.data() + 24, &crc, 4);
+    constexpr std::size_t kCodecHead = 48;
+    downgrade(b, 3, kWriter, kModel + kSwitches + kCodecHead);
   });
   const auto old = train::load_checkpoint(path("v3.ckpt"));
   EXPECT_EQ(old.workers[2].params, sample().workers[2].params);
@@ -305,15 +319,12 @@ TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
 
   // A CRC-valid version 4 file whose codec sizes do not fit: both readers refuse it alike.
   mutate(path("v4.ckpt"), [](auto& b) {
-    constexpr std::size_t kHeader = 28;
     // The sizes sit before the codec data (1000 + 1000 + 3 x 1000 floats), the period
     // switches, the model description and the writer.
-    const std::size_t sizes_at = b.size() - 64 - 556 - kSwitches - 5000 * 4 - 48;
+    const std::size_t sizes_at = b.size() - kWriter - kModel - kSwitches - 5000 * 4 - 48;
     const std::uint64_t wrong = 999;
     std::memcpy(b.data() + sizes_at, &wrong, 8);  // ref_n of x
-    const std::uint32_t crc =
-        crc32c(std::span<const std::uint8_t>(b.data() + kHeader, b.size() - kHeader));
-    std::memcpy(b.data() + 24, &crc, 4);
+    reseal(b);
   });
   const std::string from_load = expect_data_error(path("v4.ckpt"));
   EXPECT_NE(from_load.find("inconsistent"), std::string::npos) << from_load;
@@ -350,15 +361,7 @@ TEST_F(CheckpointFile, TheModelDescriptionRoundTripsAndVersion4FilesHaveNone) {
   // Without a description (and in a version 4 file, which has no field for it): nullopt.
   train::save_checkpoint(path("none.ckpt"), sample());
   EXPECT_FALSE(train::load_checkpoint(path("none.ckpt")).model.has_value());
-  mutate(path("none.ckpt"), [](auto& b) {
-    constexpr std::size_t kHeader = 28, kWriter = 64, kModel = 556;
-    b.erase(b.end() - kWriter - kModel - kSwitches, b.end() - kWriter);
-    b[8] = 4;
-    const std::uint64_t payload = b.size() - kHeader;
-    std::memcpy(b.data() + 16, &payload, 8);
-    const std::uint32_t crc = crc32c(std::span<const std::uint8_t>(b.data() + kHeader, payload));
-    std::memcpy(b.data() + 24, &crc, 4);
-  });
+  mutate(path("none.ckpt"), [](auto& b) { downgrade(b, 4, kWriter, kModel + kSwitches); });
   const auto v4 = train::load_checkpoint(path("none.ckpt"));
   EXPECT_FALSE(v4.model.has_value());
   EXPECT_EQ(v4.workers[1].params, sample().workers[1].params);
@@ -385,15 +388,7 @@ TEST_F(CheckpointFile, PeriodSwitchesRoundTripAndVersion5FilesHaveNone) {
   // Version 5: the same file without the switch block.
   ck.switches = {{96, 64, 192, 384}};
   train::save_checkpoint(path("v5.ckpt"), ck);
-  mutate(path("v5.ckpt"), [](auto& b) {
-    constexpr std::size_t kHeader = 28, kWriter = 64, kModel = 556;
-    b.erase(b.end() - kWriter - kModel - kSwitches, b.end() - kWriter - kModel);
-    b[8] = 5;
-    const std::uint64_t payload = b.size() - kHeader;
-    std::memcpy(b.data() + 16, &payload, 8);
-    const std::uint32_t crc = crc32c(std::span<const std::uint8_t>(b.data() + kHeader, payload));
-    std::memcpy(b.data() + 24, &crc, 4);
-  });
+  mutate(path("v5.ckpt"), [](auto& b) { downgrade(b, 5, kWriter + kModel, kSwitches); });
   const auto v5 = train::load_checkpoint(path("v5.ckpt"));
   EXPECT_TRUE(v5.switches.empty());
   EXPECT_EQ(v5.workers[2].params, sample().workers[2].params);
