@@ -42,6 +42,14 @@ require_bed_prerequisites() {
   ip netns del "$probe"
 }
 
+# A test that runs a desloc job on the bed: the bed's prerequisites, the desloc binary $1 and
+# the corpus $2 the ctest fixture prepare_brown prepares.
+require_job_prerequisites() {
+  require_bed_prerequisites
+  [[ -x $1 ]] || fail "no desloc binary at $1"
+  [[ -f $2/dataset.toml ]] || skip_or_fail "no prepared corpus at $2 (ctest fixture prepare_brown)"
+}
+
 # Beds named <letter><pid> by an earlier run of these tests whose process is gone (for example
 # killed by the ctest timeout) are removed, so they cannot break this run. Live ones are left.
 sweep_stale_beds() {

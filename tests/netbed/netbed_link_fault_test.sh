@@ -51,9 +51,7 @@ fi
 readonly kBlipS=1.0           # below both the heartbeat timeout and the collective deadline
 readonly kPoll=0.05
 
-require_bed_prerequisites
-[[ -x $desloc ]] || fail "no desloc binary at $desloc"
-[[ -f $brown/dataset.toml ]] || skip_or_fail "no prepared corpus at $brown (ctest fixture prepare_brown)"
+require_job_prerequisites "$desloc" "$brown"
 sweep_stale_beds "$netbed" f
 bed="f$$"
 tmp=$(mktemp -d)

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# netbed_replan: re-planning while training (sync.replan, issue 15 item 5) on a shaped 3-site
-# bed of 2 sites, one rank each (2 workers on these 2 cores: steadier compute than 3), a real
+# netbed_replan: re-planning while training (sync.replan, issue 15 item 5) on a shaped bed of
+# 2 sites, one rank each (2 workers on these 2 cores: steadier compute than 3), a real
 # `desloc coordinator` + `desloc worker` job:
 #   1. every link at kRateKbit; the sites measure their parameter averages;
 #   2. B's egress is throttled 10x (netbed.sh rate): within kMaxSyncs averages of the first slow
 #      one every site switches to a Kx about 10x longer, at the same step, and the mean step time
 #      over the new plan's first cycle (Kv steps) is near its prediction (kStepTolerance);
 #   3. B's rate is restored: the sites switch back to a Kx near the first one (within 1/2-4x);
-#   4. the in-process run (`desloc train`) replaying the recorded switches (sync.switches) ends
-#      with the same validation loss, to the last printed digit.
+#   4. the in-process run (`desloc train`) replaying the recorded switches (sync.switches) gives
+#      every step's loss of both sites and the final validation loss, to the last printed digit.
 # usage: netbed_replan_test.sh path/to/netbed.sh path/to/desloc path/to/brown
 # (root; skips with 77, fails under CI=true; NETBED_KEEP=1 keeps the logs and prints where)
 set -euo pipefail
@@ -35,9 +35,7 @@ readonly kStepTolerance=0.25
 readonly kJobLimitS=240
 readonly kPoll=0.05
 
-require_bed_prerequisites
-[[ -x $desloc ]] || fail "no desloc binary at $desloc"
-[[ -f $brown/dataset.toml ]] || skip_or_fail "no prepared corpus at $brown (ctest fixture prepare_brown)"
+require_job_prerequisites "$desloc" "$brown"
 sweep_stale_beds "$netbed" q
 bed="q$$"
 tmp=$(mktemp -d)
