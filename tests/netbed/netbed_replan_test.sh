@@ -4,9 +4,11 @@
 # `desloc coordinator` + `desloc worker` job:
 #   1. every link at kRateKbit; the sites measure their parameter averages;
 #   2. B's egress is throttled 10x (netbed.sh rate): within kMaxSyncs averages of the first slow
-#      one every site switches to a Kx about 10x longer, at the same step, and the mean step time
+#      one every site switches, at the same step, to a Kx at least 4x longer (the average
+#      measured 5x-20x slower), predicted within the overhead target, and the mean step time
 #      over the new plan's first cycle (Kv steps) is near its prediction (kStepTolerance);
-#   3. B's rate is restored: the sites switch back to a Kx near the first one (within 1/2-4x);
+#   3. B's rate is restored: the average measures near the first reference (within 1/2-4x) and
+#      the sites switch back to a Kx a quarter of the slow one's or less;
 #   4. the in-process run (`desloc train`) replaying the recorded switches (sync.switches) gives
 #      every step's loss of both sites and the final validation loss, to the last printed digit.
 # usage: netbed_replan_test.sh path/to/netbed.sh path/to/desloc path/to/brown
@@ -155,8 +157,20 @@ b1=$(fields replan step | head -n 1)
 kx1=$(fields replan kx | head -n 1)
 kv1=$(fields replan kv | head -n 1)
 note "re-plan 1 after step $b1: kx $kKx -> $kx1, $(fields replan reason | head -n 1)"
-[[ $kx1 -ge $((5 * kKx)) && $kx1 -le $((20 * kKx)) ]] ||
-  die "a 10x slower link made kx $kx1, not within 5x-20x of $kKx"
+# The new Kx follows from the measured average and the measured compute, and kKx is the
+# config's, not a plan at this machine's compute speed, so the checks are on what the re-plan
+# measured: the average 5x-20x slower than its reference (the link 10x slower; a CI run measured
+# 14.7x and chose kx 350 with 5.2 ms of compute a step), a Kx at least 4x longer, and the
+# predicted overhead at the new Kx within the target.
+slowdown=$(awk -v s="$(fields replan state_s | head -n 1)" -v r="$(fields replan reference_s | head -n 1)" \
+  'BEGIN { printf "%.2f", s / r }')
+overhead1=$(fields replan overhead | head -n 1)
+target1=$(fields replan target | head -n 1)
+awk -v x="$slowdown" 'BEGIN { exit !(x >= 5 && x <= 20) }' ||
+  die "a 10x slower link measured ${slowdown}x its reference, not within 5x-20x"
+[[ $kx1 -ge $((4 * kKx)) ]] || die "a ${slowdown}x slower average made kx $kx1, not 4x $kKx or more"
+awk -v o="$overhead1" -v t="$target1" 'BEGIN { exit !(o <= t * 1.001) }' ||
+  die "kx $kx1 is predicted at $overhead1 of compute, beyond the target $target1"
 # The averages from the first slow one to the one that decided, both counted. "Slow": its step
 # took per state 6x the median before the throttle, twice the job's replan_drift, so that an
 # average the throttle caught halfway, which the ranks may not have judged off, does not start
@@ -205,8 +219,13 @@ note "re-plan 2 after step $b2: kx $kx1 -> $kx2, $(fields replan reason | sed -n
 # when TCP restarts from slow start (the bed keeps Linux's tcp_slow_start_after_idle = 1), so
 # the restored link measures slower than at the start (a full suite run: 0.060 s per state
 # against 0.039 s, kx 28).
-[[ $kx2 -ge $((kKx / 2)) && $kx2 -le $((4 * kKx)) && $((kx2 * 4)) -le $kx1 ]] ||
-  die "the restored link made kx $kx2, not within 1/2-4x of the first $kKx and 1/4 of $kx1"
+# As above the check is on the measurement: the restored average within 1/2-4x of the first
+# plan's reference, and a Kx a quarter of the slow one's or less.
+back=$(awk -v s="$(fields replan state_s | sed -n 2p)" -v r="$(fields replan reference_s | head -n 1)" \
+  'BEGIN { printf "%.2f", s / r }')
+awk -v x="$back" 'BEGIN { exit !(x >= 0.5 && x <= 4) }' ||
+  die "the restored link measured ${back}x the first reference, not within 1/2-4x"
+[[ $((kx2 * 4)) -le $kx1 ]] || die "the restored link made kx $kx2, not 1/4 of $kx1 or less"
 for i in 1 2; do
   p=${pids[$i]}
   while ! has_exited "$p"; do
@@ -246,6 +265,6 @@ PY
 )
 note "site losses against the replay: $differ"
 [[ $differ == "0 of $kSteps steps differ" ]] || die "the networked run and its replay differ: $differ"
-note "PASS: throttle at step $throttled_at -> kx $kx1 after step $b1 (average $syncs from the" \
+note "PASS: throttle at step $throttled_at (average ${slowdown}x slower) -> kx $kx1 after step $b1 (average $syncs from the" \
   "first slow one); step $measured s vs predicted $predicted s; restored at $restored_at ->" \
-  "kx $kx2 after step $b2"
+  "kx $kx2 after step $b2 (average ${back}x the first reference)"
