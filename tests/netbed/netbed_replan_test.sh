@@ -265,6 +265,6 @@ PY
 )
 note "site losses against the replay: $differ"
 [[ $differ == "0 of $kSteps steps differ" ]] || die "the networked run and its replay differ: $differ"
-note "PASS: throttle at step $throttled_at (average ${slowdown}x slower) -> kx $kx1 after step $b1 (average $syncs from the" \
-  "first slow one); step $measured s vs predicted $predicted s; restored at $restored_at ->" \
-  "kx $kx2 after step $b2 (average ${back}x the first reference)"
+note "PASS: throttle at step $throttled_at (average ${slowdown}x slower) -> kx $kx1 after step" \
+  "$b1 (average $syncs from the first slow one); step $measured s vs predicted $predicted s;" \
+  "restored at $restored_at -> kx $kx2 after step $b2 (average ${back}x the first reference)"
