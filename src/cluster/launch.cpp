@@ -76,6 +76,7 @@ transport::CoordinatorOptions coordinator_options(const train::JobConfig& cfg,
   o.heartbeat_timeout = std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms);
   o.elastic = cfg.job.on_site_failure == "continue";
   o.min_sites = static_cast<std::size_t>(cfg.job.min_sites);
+  o.straggler_ratio = cfg.job.straggler_ratio;
   o.recovery_timeout = std::chrono::seconds(cfg.job.recovery_timeout_s);
   o.tls = {cfg.job.tls, cfg.job.tls_cert, cfg.job.tls_key, "", ""};
   o.regions = cfg.job.regions;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -475,6 +476,15 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
                               const std::string& reason) {
   std::string why = reason;
   for (int attempt = 1;; ++attempt) {
+    // The straggler rule's evidence, read before the groups go.
+    transport::FailureEvidence seen;
+    for (const auto* g : {site_group.get(), wan_group.get(), wan_reverse.get(), region_group.get()})
+      if (g != nullptr) {
+        const transport::FailureEvidence e = g->failure_evidence();
+        seen.in_operation = std::max(seen.in_operation, e.in_operation);
+        seen.send_wait = std::max(seen.send_wait, e.send_wait);
+        seen.backlog = std::max(seen.backlog, e.backlog);
+      }
     // Tear the broken epoch's groups down first (they abort what is in flight).
     pairs.clear();
     region_group.reset();
@@ -487,6 +497,13 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
     report.snapshots.assign(snapshots.begin(), snapshots.end());
     report.worker_address = ports.packed;
     report.reason = why.substr(0, transport::kMaxReasonBytes);
+    const auto ms = [](std::chrono::milliseconds d) {
+      return static_cast<std::uint32_t>(
+          std::clamp<std::int64_t>(d.count(), 0, std::numeric_limits<std::uint32_t>::max()));
+    };
+    report.operation_ms = ms(seen.in_operation);
+    report.send_wait_ms = ms(seen.send_wait);
+    report.backlog_ms = ms(seen.backlog);
     const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.recovery_timeout_s) +
                           std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms) +
                           std::chrono::seconds(10);

@@ -413,6 +413,10 @@ void bind_job(Binder& b, JobSection& j) {
            "\"continue\": drop a failed site and go on in a new epoch; \"stop\": end the job",
            {"continue", "stop"});
   b.integer("min_sites", j.min_sites, "fewer live sites than this end the job", 1, 4096);
+  b.real("straggler_ratio", j.straggler_ratio,
+         "a failure that lost no site drops the site whose sends waited this many times as long "
+         "as any other site's (at least 1 s; 0 = never drop a live site)",
+         0.0, 1000.0);
   b.integer("coordinator_timeout_s", j.coordinator_timeout_s,
             "a rank that loses the coordinator trains on and reconnects for this long (0 = fail "
             "at once); a restarted coordinator rebuilds the membership from the ranks",
@@ -899,7 +903,14 @@ JobConfig from_table(const toml::table& root, const std::string& file,
         throw ConfigError(fmt::format("{}: sync.join_workers = {} must exceed the {} sites", file,
                                       job.sync.join_workers, m));
     }
-    if (std::string(sec.name) == "job") check_regions(b, root, file, job);
+    if (std::string(sec.name) == "job") {
+      check_regions(b, root, file, job);
+      // Below 1.5 the longest wait would barely stand out of the others (below 1 every failure
+      // would name one).
+      if (job.job.straggler_ratio > 0.0f && job.job.straggler_ratio < 1.5f)
+        throw ConfigError(fmt::format("{}: job.straggler_ratio = {} must be 0 (off) or >= 1.5",
+                                      b.location_of("straggler_ratio"), job.job.straggler_ratio));
+    }
   }
   for (auto&& [k, v] : root) {
     if (!known.contains(std::string(k.str())))

@@ -85,7 +85,7 @@ void wire_seeds(const fs::path& dir) {
   put(dir / "heartbeat.bin", wire::encode(wire::Heartbeat{3, 1234}));
   put(dir / "status.bin", wire::encode(wire::Status{1, 3, {"west/0", "1 more site"}}));
   put(dir / "recovery.bin", wire::encode(wire::Recovery{4, "site west went silent"}));
-  put(dir / "recover.bin", wire::encode(wire::Recover{4, {100, 120}, {5, 6, 7}, "ring broke"}));
+  put(dir / "recover.bin", wire::encode(wire::Recover{4, {100, 120}, {5, 6, 7}, "ring broke", 5000, 40, 31000}));
   put(dir / "recover_empty.bin", wire::encode(wire::Recover{}));
   put(dir / "bye.bin", wire::encode(wire::Bye{4, 600}));
 

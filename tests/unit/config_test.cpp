@@ -121,6 +121,19 @@ TEST(Config, OutOfRangeFloats) {
   EXPECT_NE(error_of("[schedule]\nlr = 0\n").find("schedule.lr"), std::string::npos);
 }
 
+// job.straggler_ratio: 0 turns the straggler rule off; between 0 and 1.5 nothing stands out.
+TEST(Config, StragglerRatioIsOffOrAtLeastOneAndAHalf) {
+  EXPECT_EQ(parse_config("[job]\nstraggler_ratio = 0\n", "job.toml").job.straggler_ratio, 0.0f);
+  EXPECT_EQ(parse_config("[job]\nstraggler_ratio = 8\n", "job.toml").job.straggler_ratio, 8.0f);
+  EXPECT_EQ(parse_config("", "job.toml").job.straggler_ratio, 4.0f);
+  EXPECT_NE(error_of("[job]\nstraggler_ratio = 1.2\n")
+                .find("job.toml:2:19: job.straggler_ratio = 1.2 must be 0 (off) or >= 1.5"),
+            std::string::npos)
+      << error_of("[job]\nstraggler_ratio = 1.2\n");
+  EXPECT_NE(error_of("[job]\nstraggler_ratio = -1\n").find("job.straggler_ratio"),
+            std::string::npos);
+}
+
 // transport.lane_share: strictly between 0 and 1, the key named; a weighted split is part of
 // the trajectory (it changes the order of sums) only where two lanes run (3+ sites).
 TEST(Config, LaneShareIsBoundedAndWeighsTheHashOnlyWithTwoLanes) {

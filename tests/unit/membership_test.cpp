@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace desloc::transport {
@@ -60,6 +61,8 @@ class Job {
     rep.snapshots = std::move(snapshots);
     rep.worker_address = {std::uint8_t(rank), 2};
     rep.reason = "collective broke";
+    if (const auto it = evidence.find(id); it != evidence.end())
+      std::tie(rep.operation_ms, rep.send_wait_ms, rep.backlog_ms) = it->second;
     return roster.on(RecoverEvent{id, connection[id], rep, now});
   }
   MembershipDecision heartbeat(const std::string& site, std::uint32_t rank, std::uint64_t step,
@@ -91,10 +94,17 @@ class Job {
 
   const Membership& membership() const { return *roster.state().membership; }
 
+  // What a rank's Recover says of the operation that broke.
+  void saw(const std::string& site, std::uint32_t rank, std::uint32_t operation_ms,
+           std::uint32_t send_wait_ms, std::uint32_t backlog_ms = 0) {
+    evidence[{site, rank}] = {operation_ms, send_wait_ms, backlog_ms};
+  }
+
   Roster roster;
   Clock::time_point now{};
   std::uint64_t connections = 0;
   std::map<RankId, std::uint64_t> connection;
+  std::map<RankId, std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>> evidence;
 };
 
 // The messages of one type that a decision sends, with their recipients.
@@ -331,6 +341,134 @@ const RecoveryRow kRecoveryRows[] = {
      2,
      {"west", "north"},
      5,
+     {},
+     "dropped site(s) [east]",
+     {"east"}},
+    // The straggler rule: a deadline missed with every site alive (north's egress throttled:
+    // its sends wait, the others' drain while they wait for its data).
+    {"AStragglerIsDroppedWhenItsSendsAloneWaited",
+     1,
+     1,
+     [](Job& j) {
+       j.saw("west", 0, 5000, 40);
+       j.saw("east", 0, 5000, 100);
+       j.saw("north", 0, 4950, 4900);
+       j.all_report(kSites, {60});
+     },
+     2,
+     {"west", "east"},
+     60,
+     {},
+     "site north's sends to its ring successor waited 4.90 s, the other sites' evidence at most "
+     "0.10 s (the straggler); dropped site(s) [north]",
+     {"north"}},
+    {"AStragglerSiteIsItsSlowestRanks",
+     2,
+     1,
+     [](Job& j) {
+       for (const auto& s : kSites) j.saw(s, 0, 5000, 50);
+       j.saw("east", 1, 5000, 300);
+       j.saw("west", 1, 5000, 2400);  // one rank's lane
+       j.all_report(kSites, {60});
+     },
+     2,
+     {"east", "north"},
+     60,
+     {},
+     "site west's sends to its ring successor waited 2.40 s, the other sites' evidence at most "
+     "0.30 s",
+     {"west"}},
+    {"AStragglersTcpBacklogIsEvidenceEvenPastTheOthersTimeInTheOperation",
+     1,
+     1,
+     [](Job& j) {
+       // C's eager sends completed into its kernel; its shaped link needs 31 s to deliver them.
+       j.saw("west", 0, 5000, 3, 0);
+       j.saw("east", 0, 5000, 2, 20);
+       j.saw("north", 0, 5000, 5, 31000);
+       j.all_report(kSites, {60});
+     },
+     2,
+     {"west", "east"},
+     60,
+     {},
+     "site north's unacknowledged TCP data needs 31.00 s to reach its peers at the rate its link "
+     "last delivered, the other sites' evidence at most 0.02 s (the straggler)",
+     {"north"}},
+    {"WaitsThatDoNotStandOutDropNobody",
+     1,
+     1,
+     [](Job& j) {
+       j.saw("west", 0, 5000, 40);
+       j.saw("east", 0, 5000, 1300);  // 3.8x shorter than north's: not 4x
+       j.saw("north", 0, 5000, 4900);
+       j.all_report(kSites, {60});
+     },
+     2,
+     {"west", "east", "north"},
+     60,
+     {},
+     "west/0 reported: collective broke",
+     {}},
+    {"ASiteThatEnteredLateIsNoEvidenceAgainstItsPredecessor",
+     1,
+     1,
+     [](Job& j) {
+       // north computed slowly and left east's sends unread: east's waited, but north was in
+       // the operation for 0.3 s only.
+       j.saw("west", 0, 5000, 40);
+       j.saw("east", 0, 5000, 4900, 3);  // north's kernel acknowledged what it buffered
+       j.saw("north", 0, 300, 0);
+       j.all_report(kSites, {60});
+     },
+     2,
+     {"west", "east", "north"},
+     60,
+     {},
+     "collective broke",
+     {}},
+    {"AWaitUnderASecondIsNoStraggler",
+     1,
+     1,
+     [](Job& j) {
+       j.saw("west", 0, 900, 0);
+       j.saw("east", 0, 900, 0);
+       j.saw("north", 0, 900, 850);
+       j.all_report(kSites, {60});
+     },
+     2,
+     {"west", "east", "north"},
+     60,
+     {},
+     "collective broke",
+     {}},
+    {"AStragglerIsKeptWhenDroppingItWouldEndTheJob",
+     1,
+     3,
+     [](Job& j) {
+       j.saw("west", 0, 5000, 0);
+       j.saw("east", 0, 5000, 0);
+       j.saw("north", 0, 5000, 4900);
+       j.all_report(kSites, {60});
+     },
+     2,
+     {"west", "east", "north"},
+     60,
+     {},
+     "collective broke",
+     {}},
+    {"ALostSiteIsDroppedAloneWhateverTheWaits",
+     1,
+     1,
+     [](Job& j) {
+       j.close("east", 0);
+       j.saw("west", 0, 5000, 0);
+       j.saw("north", 0, 5000, 4900);
+       j.all_report({"west", "north"}, {60});
+     },
+     2,
+     {"west", "north"},
+     60,
      {},
      "dropped site(s) [east]",
      {"east"}},
@@ -598,6 +736,53 @@ TEST(Membership, ARecoverBeforeTheMembershipIsAProtocolError) {
   Job job(rules);
   job.hello("west", 0);
   EXPECT_EQ(job.report("west", 0, {1}, 1).protocol_error, "Recover before the membership");
+}
+
+TEST(Membership, AStragglerRatioOfZeroNeverDropsALiveSite) {
+  Job job = Job::formed(kSites, 1, [](MembershipRules& r) { r.straggler_ratio = 0.0; });
+  job.saw("west", 0, 5000, 0);
+  job.saw("east", 0, 5000, 0);
+  job.saw("north", 0, 5000, 4900);
+  job.all_report(kSites, {60});
+  EXPECT_EQ(job.membership().epoch, 2u);
+  EXPECT_EQ(job.membership().sites, kSites);
+}
+
+TEST(Membership, TheStragglerWarningNamesTheSiteAndTheWaits) {
+  Job job = Job::formed(kSites, 1);
+  job.saw("west", 0, 5000, 0);
+  job.saw("east", 0, 5000, 250);
+  job.saw("north", 0, 5000, 4900);
+  job.report("west", 0, {60});
+  job.report("east", 0, {60});
+  const std::string log = logged(job.report("north", 0, {60}));
+  EXPECT_NE(log.find("site north's sends to its ring successor waited 4.90 s, the other sites' "
+                     "evidence at most 0.25 s: its outbound link is the straggler; dropping site "
+                     "north"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(job.roster.state().departed.at("north").find("(the straggler)"), std::string::npos);
+}
+
+TEST(Membership, FindStragglerNeedsTwoSitesAndARatio) {
+  std::map<RankId, Recover> reports;
+  Recover slow;
+  slow.operation_ms = 5000;
+  slow.send_wait_ms = 5000;
+  reports[{"west", 0}] = slow;
+  EXPECT_FALSE(find_straggler(reports, 4.0)) << "one site is nobody's straggler";
+  Recover quick;
+  quick.operation_ms = 5000;
+  quick.send_wait_ms = 1250;
+  reports[{"east", 0}] = quick;
+  const auto s = find_straggler(reports, 4.0);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->site, "west");
+  EXPECT_EQ(s->evidence, 5000ms);
+  EXPECT_FALSE(s->backlog);
+  EXPECT_EQ(s->others, 1250ms);
+  EXPECT_FALSE(find_straggler(reports, 4.1)) << "exactly 4x stands out at 4, not at 4.1";
+  EXPECT_FALSE(find_straggler(reports, 0.0));
 }
 
 TEST(Membership, CommonRollbackStepIsTheNewestSharedOne) {

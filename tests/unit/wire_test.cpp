@@ -57,7 +57,7 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(round_trip(recovered), recovered);
   const Recovery rec{2, "site west lost"};
   EXPECT_EQ(round_trip(rec), rec);
-  const Recover back{2, {64, 96}, {1, 2, 3}, "all_reduce #9 timed out"};
+  const Recover back{2, {64, 96}, {1, 2, 3}, "all_reduce #9 timed out", 5012, 4870, 31000};
   EXPECT_EQ(round_trip(back), back);
   EXPECT_EQ(round_trip(Bye{3, 500}), (Bye{3, 500}));
 }

@@ -43,7 +43,40 @@ MembershipRules MembershipRules::of(const CoordinatorOptions& o) {
   r.min_sites = o.min_sites;
   r.heartbeat_timeout = o.heartbeat_timeout;
   r.recovery_timeout = o.recovery_timeout;
+  r.straggler_ratio = o.straggler_ratio;
   return r;
+}
+
+std::optional<Straggler> find_straggler(const std::map<RankId, Recover>& reports, double ratio) {
+  using std::chrono::milliseconds;
+  if (!(ratio > 0.0)) return std::nullopt;
+  struct Seen {
+    milliseconds inside{0}, wait{0}, backlog{0};
+    milliseconds evidence() const { return std::max(wait, backlog); }
+  };
+  std::map<std::string, Seen> sites;  // per site, the largest of its ranks'
+  for (const auto& [id, rep] : reports) {
+    Seen& s = sites[id.site];
+    s.inside = std::max(s.inside, milliseconds(rep.operation_ms));
+    s.wait = std::max(s.wait, milliseconds(rep.send_wait_ms));
+    s.backlog = std::max(s.backlog, milliseconds(rep.backlog_ms));
+  }
+  if (sites.size() < 2) return std::nullopt;
+  const auto top = std::max_element(sites.begin(), sites.end(), [](const auto& a, const auto& b) {
+    return a.second.evidence() < b.second.evidence();
+  });
+  Straggler out{top->first, top->second.evidence(), top->second.backlog >= kStragglerFloor,
+                milliseconds(0)};
+  if (out.evidence < kStragglerFloor) return std::nullopt;
+  for (const auto& [site, s] : sites) {
+    if (site == out.site) continue;
+    out.others = std::max(out.others, s.evidence());
+    if (static_cast<double>(s.evidence().count()) * ratio >
+            static_cast<double>(out.evidence.count()) ||
+        (!out.backlog && 2 * s.inside < out.evidence))
+      return std::nullopt;
+  }
+  return out;
 }
 
 std::optional<std::int64_t> common_rollback_step(
@@ -97,6 +130,7 @@ class Roster::Step {
   void begin_recovery(const std::string& reason, const std::string& site);
   void try_finish_recovery(bool timed_out);
   bool drop_lost_and_late(bool timed_out);
+  void drop_straggler();
   std::set<std::string> joining_sites() const;
   Membership next_membership(const std::set<std::string>& joining);
   void close_recovery(Membership m, const std::set<std::string>& joining);
@@ -296,8 +330,11 @@ void Roster::Step::recover(const RecoverEvent& e) {
                                        e.id.str(), e.report.epoch, s_.membership->epoch));
     return;
   }
-  say(log::Level::kInfo, fmt::format("{} can roll back to step(s) [{}] ({})", e.id.str(),
-                                     fmt::join(e.report.snapshots, ", "), e.report.reason));
+  say(log::Level::kInfo,
+      fmt::format("{} can roll back to step(s) [{}] ({}; in the operation {} ms, sends waited "
+                  "{} ms, TCP backlog {} ms)",
+                  e.id.str(), fmt::join(e.report.snapshots, ", "), e.report.reason,
+                  e.report.operation_ms, e.report.send_wait_ms, e.report.backlog_ms));
   const bool first = !s_.recovering;
   s_.reports[e.id] = e.report;
   if (first) begin_recovery(fmt::format("{} reported: {}", e.id.str(), e.report.reason), "");
@@ -462,6 +499,36 @@ bool Roster::Step::drop_lost_and_late(bool timed_out) {
   return true;
 }
 
+// A failure that lost no site: every site is alive, and without the straggler rule the same
+// sites would fail the same step again until the ranks give up.
+void Roster::Step::drop_straggler() {
+  if (!s_.failing_sites.empty()) return;
+  const std::optional<Straggler> s = find_straggler(s_.reports, rules_.straggler_ratio);
+  if (!s) return;
+  const auto secs = [](std::chrono::milliseconds d) { return d.count() / 1000.0; };
+  const std::string evidence =
+      s->backlog
+          ? fmt::format(
+                "site {}'s unacknowledged TCP data needs {:.2f} s to reach its peers at the rate "
+                "its link last delivered, the other sites' evidence at most {:.2f} s",
+                s->site, secs(s->evidence), secs(s->others))
+          : fmt::format(
+                "site {}'s sends to its ring successor waited {:.2f} s, the other sites' "
+                "evidence at most {:.2f} s",
+                s->site, secs(s->evidence), secs(s->others));
+  const std::size_t min_sites = std::max<std::size_t>(rules_.min_sites, 1);
+  if (s_.membership->sites.size() - 1 < min_sites) {
+    say(log::Level::kWarn, fmt::format("{}, but dropping it would leave {} site(s), below the "
+                                       "job's minimum of {}: keeping it",
+                                       evidence, s_.membership->sites.size() - 1, min_sites));
+    return;
+  }
+  say(log::Level::kWarn,
+      fmt::format("{}: its outbound link is the straggler; dropping site {}", evidence, s->site));
+  s_.failing_sites.insert(s->site);
+  s_.recovery_reason += "; " + evidence + " (the straggler)";
+}
+
 // Restarted sites with every rank registered, and members that offer no rollback point (they
 // lost their state, e.g. in an interrupted transfer). Each gets the state from a peer in the
 // new epoch.
@@ -567,6 +634,7 @@ void Roster::Step::close_recovery(Membership m, const std::set<std::string>& joi
 // Opens the next epoch once every survivor reported, or at the timeout without the late ones.
 void Roster::Step::try_finish_recovery(bool timed_out) {
   if (!s_.recovering || !drop_lost_and_late(timed_out)) return;
+  drop_straggler();
   const std::set<std::string> joining = joining_sites();
   close_recovery(next_membership(joining), joining);
 }

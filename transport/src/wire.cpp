@@ -309,6 +309,9 @@ void write_payload(WireWriter& w, const Recover& m) {
   for (auto s : m.snapshots) w.put<std::int64_t>(s);
   w.put_bytes(m.worker_address, kMaxAddressBytes, "worker_address");
   w.put_string(m.reason, kMaxReasonBytes, "reason");
+  w.put<std::uint32_t>(m.operation_ms);
+  w.put<std::uint32_t>(m.send_wait_ms);
+  w.put<std::uint32_t>(m.backlog_ms);
 }
 void read_payload(WireReader& r, Recover& m) {
   m.epoch = r.get<std::uint64_t>("epoch");
@@ -323,6 +326,9 @@ void read_payload(WireReader& r, Recover& m) {
   }
   m.worker_address = r.get_bytes(kMaxAddressBytes, "worker_address");
   m.reason = r.get_string(kMaxReasonBytes, "reason");
+  m.operation_ms = r.get<std::uint32_t>("operation_ms");
+  m.send_wait_ms = r.get<std::uint32_t>("send_wait_ms");
+  m.backlog_ms = r.get<std::uint32_t>("backlog_ms");
 }
 
 void write_payload(WireWriter& w, const Bye& m) {

@@ -23,6 +23,7 @@
 #include "desloc/core/log.hpp"
 #include "desloc/transport/chunk_header.hpp"
 #include "desloc/transport/ring_order.hpp"
+#include "desloc/transport/tcp_backlog.hpp"
 #include "ucx_context.hpp"
 #include "ucx_endpoint.hpp"
 #include "ucx_status.hpp"
@@ -62,14 +63,16 @@ struct Transfer {
   void* request = nullptr;  // UCX request while in flight
   ucs_status_t status = UCS_INPROGRESS;
   bool is_recv = false;
-  std::vector<std::byte> staging;  // header + payload, with chunk headers
-  ucp_tag_recv_info_t info{};      // recv: the matched message's length and tag
+  std::vector<std::byte> staging;      // header + payload, with chunk headers
+  ucp_tag_recv_info_t info{};          // recv: the matched message's length and tag
+  Clock::time_point posted{}, done{};  // send: when posted, and when UCX took it (or failed it)
   bool pending() const { return status == UCS_INPROGRESS; }
 };
 
 void on_send_done(void* request, ucs_status_t status, void* user_data) {
   auto* t = static_cast<Transfer*>(user_data);
   t->status = status;
+  t->done = Clock::now();
   t->request = nullptr;
   std::vector<std::byte>().swap(t->staging);  // sent: the copy is no longer needed
   ucp_request_free(request);
@@ -171,6 +174,7 @@ class UcxCollective final : public Collective {
   const ByteCounters& bytes() const override { return counters_; }
   void reset_bytes() override { counters_ = {}; }
   void set_label(const OpLabel& label) override { label_ = label; }
+  FailureEvidence failure_evidence() const override { return evidence_; }
 
   void all_reduce_sum(std::span<float> data) override {
     OpState op = begin(CollectiveOp::kAllReduce);
@@ -341,6 +345,7 @@ class UcxCollective final : public Collective {
     try {
       body();
     } catch (const std::exception& e) {
+      note_evidence(op);
       abort_inflight(e.what());
       throw;
     }
@@ -475,6 +480,7 @@ class UcxCollective final : public Collective {
   Transfer& post_send(const OpState& op, const void* src, std::size_t bytes, int step,
                       std::size_t chunk) {
     Transfer& t = transfers_.emplace_back();
+    t.posted = Clock::now();
     ucp_request_param_t params{};
     params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     params.cb.send = &on_send_done;
@@ -495,6 +501,7 @@ class UcxCollective final : public Collective {
     counters_[op.op].sent += bytes;
     if (r == nullptr) {
       t.status = UCS_OK;
+      t.done = t.posted;
       std::vector<std::byte>().swap(t.staging);
     } else if (UCS_PTR_IS_ERR(r)) {
       t.status = UCS_PTR_STATUS(r);
@@ -632,14 +639,16 @@ class UcxCollective final : public Collective {
   }
 
   // In a ring stage every rank sends its own first chunk unconditionally, so a rank stuck at
-  // step s heard everything up to s-1 and the chain breaks s+1 hops upstream.
+  // step s heard everything up to s-1 and the chain breaks s+1 hops upstream. A slow link
+  // stalls every rank too, where the hops say nothing: the coordinator's straggler rule finds
+  // it from the ranks' TCP backlogs.
   std::string stall_hint(const OpState& op, int step) const {
     if (op.op == CollectiveOp::kBroadcast) {
       return "; the payload comes from root " + peer_name(op.root);
     }
     if (step >= size_ - 1) return {};
-    return "; the stall starts at " + peer_name(mod(rank_ - 1 - step, size_)) +
-           ", which has not sent its first chunk";
+    return "; unless a link is slow, the stall starts at " +
+           peer_name(mod(rank_ - 1 - step, size_)) + ", which has not sent its first chunk";
   }
 
   int left() const { return mod(rank_ - 1, size_); }
@@ -649,6 +658,19 @@ class UcxCollective final : public Collective {
     if (i < options_.peer_names.size() && !options_.peer_names[i].empty())
       return "rank " + std::to_string(peer) + " (" + options_.peer_names[i] + ")";
     return "rank " + std::to_string(peer);
+  }
+
+  // The straggler rule's evidence, before the abort fails what is in flight.
+  void note_evidence(const OpState& op) {
+    using std::chrono::duration_cast, std::chrono::milliseconds;
+    const auto now = Clock::now();
+    evidence_.in_operation = duration_cast<milliseconds>(now - op.start);
+    for (const Transfer& t : transfers_) {
+      if (t.is_recv) continue;
+      const auto waited = duration_cast<milliseconds>((t.pending() ? now : t.done) - t.posted);
+      evidence_.send_wait = std::max(evidence_.send_wait, waited);
+    }
+    evidence_.backlog = tcp_backlog().drain;
   }
 
   // After a failure: cancel our receives, force-close the endpoint (failing its sends), and let
@@ -685,7 +707,8 @@ class UcxCollective final : public Collective {
   std::uint32_t seq_ = 0;
   OpLabel label_;
   ByteCounters counters_;
-  std::string broken_;  // why the group became unusable; empty while healthy
+  std::string broken_;        // why the group became unusable; empty while healthy
+  FailureEvidence evidence_;  // of the operation that broke the group
   std::vector<float> scratch_;
   // The UCX resources live on the heap so that a group whose abort left requests in flight
   // can leak them instead of destroying them under UCX (see the destructor). Declaration order

@@ -100,6 +100,17 @@ struct CollectiveOptions {
   OpLabel crash_in{};
 };
 
+// What a rank saw of a collective operation that failed. The rank behind a slow outbound link
+// is the one whose sends wait: its peers' sends drain while they wait for its data.
+struct FailureEvidence {
+  std::chrono::milliseconds in_operation{0};  // from the operation's start to the failure
+  std::chrono::milliseconds send_wait{0};     // the longest a send to the ring successor waited,
+                                              // counting one still waiting at the failure
+  // The process's TCP backlog at the failure, as the time its slowest socket needs to deliver
+  // it (tcp_backlog.hpp): what an eager send handed to the kernel behind a slow link.
+  std::chrono::milliseconds backlog{0};
+};
+
 // A fixed group of size() ranks; this process is rank(). Every rank must call the same
 // operations in the same order with the same lengths (ranks are matched by call order). All
 // calls block until this rank's part is complete. Not thread-safe: one caller thread per object.
@@ -137,6 +148,11 @@ class Collective {
 
   virtual const ByteCounters& bytes() const = 0;
   virtual void reset_bytes() = 0;
+
+  // What this rank saw of the operation that broke the group; zeros while the group works,
+  // and from backends that do not track it. The coordinator's straggler rule reads it
+  // (docs/cluster.md).
+  virtual FailureEvidence failure_evidence() const { return {}; }
 
   // Labels the operations that follow (until the next call). Backends without chunk headers
   // ignore it.

@@ -27,6 +27,7 @@ struct MembershipRules {
   std::size_t min_sites = 1;            // fewer live sites end the job
   std::chrono::milliseconds heartbeat_timeout{3000};
   std::chrono::milliseconds recovery_timeout{10000};
+  double straggler_ratio = 4.0;  // find_straggler's; 0 = never drop a live site
 
   static MembershipRules of(const CoordinatorOptions& options);
   std::size_t world() const { return num_sites * ranks_per_site; }
@@ -156,6 +157,23 @@ class Roster {
   MembershipRules rules_;
   MembershipState state_;
 };
+
+// The straggler rule. After a failed operation that lost no site (every rank alive and
+// reporting), a site stands out as the one behind a slow outbound link when its evidence, the
+// longer of its ranks' TCP backlogs (as time to drain) and their sends' waits, is at least
+// kStragglerFloor and `ratio` times every other site's. A send's wait alone also needs every
+// other site inside the operation at least half that long: a site that entered late (say one
+// that computed slowly and left its predecessor's sends unread) is no evidence against the
+// predecessor, and its kernel had acknowledged those bytes, so no backlog shows there.
+// nullopt when no site stands out, fewer than 2 sites reported, or ratio <= 0.
+inline constexpr std::chrono::milliseconds kStragglerFloor{1000};
+struct Straggler {
+  std::string site;
+  std::chrono::milliseconds evidence{0};  // its ranks' longest backlog or send wait
+  bool backlog = false;                   // the evidence is the TCP backlog, not a send's wait
+  std::chrono::milliseconds others{0};    // the other sites' longest
+};
+std::optional<Straggler> find_straggler(const std::map<RankId, Recover>& reports, double ratio);
 
 // The newest step every survivor can roll back to: the intersection of their snapshot lists.
 // nullopt when `offers` is empty or they share none.

@@ -235,6 +235,13 @@ struct Recover {
   std::vector<std::int64_t> snapshots;       // steps this rank holds a rollback snapshot for
   std::vector<std::uint8_t> worker_address;  // new, as in Hello
   std::string reason;                        // what this rank saw fail
+  // The straggler rule's evidence (Collective::failure_evidence, the largest over the rank's
+  // groups): how long the rank had been in the operation that broke, the longest one of its
+  // sends to a ring successor waited, and how long its TCP backlog needs to drain. Zeros when
+  // no operation broke (a rank that learned of the failure between operations).
+  std::uint32_t operation_ms = 0;
+  std::uint32_t send_wait_ms = 0;
+  std::uint32_t backlog_ms = 0;
   bool operator==(const Recover&) const = default;
 };
 
