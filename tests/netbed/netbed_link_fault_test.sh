@@ -6,6 +6,10 @@
 #   throttle  site C's egress cut to 1% of its rate mid-run: rides through or C is dropped; with a
 #             round trip and the tuned timeouts C must be dropped by the straggler rule (its
 #             heartbeats still arrive, so only the ranks' TCP backlogs can name it)
+#   slow      (only when named in NETBED_SCENARIOS; needs a round trip, else C's heartbeats
+#             queue behind its data and it falls silent) C's egress at 1% under a deadline
+#             no average reaches: the coordinator names C from the heartbeats, C's rate comes
+#             back, and the job finishes in epoch 1
 # Each survivor's final validation loss must be within kLossTolerance of the fault-free
 # in-process run (`desloc train`); one row per scenario goes to <build>/fault_report.md, in the
 # format of tests/integration/fault_test.cpp. Scenarios run in subshells: a failed one ends
@@ -51,6 +55,8 @@ else                          # desloc's defaults, as `desloc config --defaults`
   readonly kCutOffLimitS=120
 fi
 readonly kBlipS=1.0           # below both the heartbeat timeout and the collective deadline
+readonly kSlowDeadlineS=120   # slow: no average at 1% comes near it
+readonly kSlowWarnS=20        # slow: the warning within this of the throttle
 readonly kPoll=0.05
 
 require_job_prerequisites "$desloc" "$brown"
@@ -204,17 +210,17 @@ problem() {
 
 # Starts the coordinator (in site A) and one worker per site for scenario $scn on port $1.
 declare -A worker=()
-launch() {
-  local port=$1 s
+launch() {  # $1: port, $2: config (default $tmp/job.toml)
+  local port=$1 config=${2:-$tmp/job.toml} s
   mkdir -p "$tmp/$scn"
-  "$netbed" exec --name "$bed" --site A -- "$desloc" coordinator --config "$tmp/job.toml" \
+  "$netbed" exec --name "$bed" --site A -- "$desloc" coordinator --config "$config" \
     --listen "$addr:$port" >"$tmp/$scn/coordinator.log" 2>&1 &
   coordinator=$!
   echo "$coordinator" >>"$pids_file"
   [[ -n $(wait_for_line "$tmp/$scn/coordinator.log" "listening on" 10) ]] ||
     fail_scn "the coordinator did not start listening on $addr:$port"
   for s in A B C; do
-    "$netbed" exec --name "$bed" --site "$s" -- "$desloc" worker --config "$tmp/job.toml" \
+    "$netbed" exec --name "$bed" --site "$s" -- "$desloc" worker --config "$config" \
       --site "$s" --rank 0 --coordinator "$addr:$port" --out-dir "$tmp/$scn/out" --no-progress \
       >"$tmp/$scn/$s.log" 2>&1 &
     worker[$s]=$!
@@ -361,16 +367,57 @@ scenario_cut() {
     "$loss_delta" "$bytes_resent" "dropped C, finished on 2 sites; $c_outcome"
 }
 
+# C's egress (every htb class) at $1 kbit/s.
+set_c_rate() {
+  local cls
+  for cls in $(tc -n "$c_ns" class show dev "$c_dev" | awk '$1 == "class" && $2 == "htb" { print $3 }'); do
+    # quantum: at least one MTU (the default, rate / r2q, is below it at 1% of the rate)
+    tc -n "$c_ns" class change dev "$c_dev" parent 1: classid "$cls" htb \
+      rate "${1}kbit" ceil "${1}kbit" quantum 1514
+  done
+}
+
+# slow: C's egress at 1% under a deadline far beyond its averages (kSlowDeadlineS), so nothing
+# fails: the coordinator must still name C from the heartbeats' TCP backlogs, within
+# kSlowWarnS; then C's rate comes back, the all-clear follows and every rank finishes in epoch 1.
+scenario_slow() {
+  local fault_at warned named cleared s
+  sed "s/^deadline_s = .*/deadline_s = $kSlowDeadlineS/" "$tmp/job.toml" >"$tmp/slow.toml"
+  launch 29544 "$tmp/slow.toml"
+  reach $kFaultStep
+  set_c_rate "$slow_kbit"
+  fault_at=$(now)
+  note "$scn: C's egress at ${slow_kbit} kbit/s (1%) from step $(leader_step)," \
+    "deadline ${kSlowDeadlineS}s"
+  warned=$(wait_for_line "$tmp/$scn/coordinator.log" "site C's outbound link is slow" "$kSlowWarnS")
+  [[ -n $warned ]] || fail_scn "no slow-link warning within ${kSlowWarnS}s of the throttle"
+  named=$(grep -oE "site C's outbound link is slow: .* Nothing failed" \
+    "$tmp/$scn/coordinator.log" | head -n 1)
+  note "$scn: named after $(elapsed "$fault_at" "$warned") s: ${named% Nothing failed}"
+  set_c_rate "$kRateKbit"
+  cleared=$(wait_for_line "$tmp/$scn/coordinator.log" "site C's TCP backlog is back in line" \
+    "$kSlowDeadlineS")
+  [[ -n $cleared ]] || fail_scn "no all-clear after C's rate came back"
+  for s in A B C; do
+    wait_exit "${worker[$s]}" "$(job_left)"
+    [[ $status == 0 ]] || fail_scn "rank $s/0 exited with $status after a slow link"
+  done
+  finish_coordinator
+  ! grep -q "closing membership epoch" "$tmp/$scn/coordinator.log" ||
+    fail_scn "a slow link within the deadline changed the membership:" \
+      "$(grep 'membership epoch' "$tmp/$scn/coordinator.log")"
+  check_finished
+  row "netbed: site egress at 1% (${slow_kbit} kbit/s) within a ${kSlowDeadlineS} s deadline, then restored$bed_label" \
+    "$(elapsed "$fault_at" "$warned")" - "$loss_delta" "$bytes_resent" \
+    "named C live (heartbeats' TCP backlog), rode through, every rank finished"
+}
+
 # throttle: C's whole egress at 1% of its rate; either outcome is allowed, but it must be one.
 scenario_throttle() {
-  local fault_at cls s outcome d=- r=-
+  local fault_at s outcome d=- r=-
   launch 29543
   reach $kFaultStep
-  for cls in $(tc -n "$c_ns" class show dev "$c_dev" | awk '$1 == "class" && $2 == "htb" { print $3 }'); do
-    # quantum: at least one MTU (the default, rate / r2q, is below it at this rate)
-    tc -n "$c_ns" class change dev "$c_dev" parent 1: classid "$cls" htb \
-      rate "${slow_kbit}kbit" ceil "${slow_kbit}kbit" quantum 1514
-  done
+  set_c_rate "$slow_kbit"
   fault_at=$(now)
   note "$scn: C's egress at ${slow_kbit} kbit/s (1%) from step $(leader_step)"
   while ! grep -q "closing membership epoch" "$tmp/$scn/coordinator.log"; do

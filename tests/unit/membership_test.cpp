@@ -69,7 +69,10 @@ class Job {
                                std::optional<std::uint64_t> epoch = std::nullopt) {
     const RankId id{site, rank};
     const auto e = epoch.value_or(roster.state().membership ? roster.state().membership->epoch : 0);
-    return roster.on(HeartbeatEvent{id, connection[id], e, step, now});
+    RankReport report;
+    if (const auto it = backlog_ms.find(id); it != backlog_ms.end())
+      report.tcp_backlog_ms = it->second;
+    return roster.on(HeartbeatEvent{id, connection[id], e, step, now, report});
   }
   MembershipDecision bye(const std::string& site, std::uint32_t rank, std::uint64_t step) {
     const RankId id{site, rank};
@@ -77,14 +80,17 @@ class Job {
   }
   MembershipDecision tick() { return roster.on(TickEvent{now}); }
   void advance(std::chrono::milliseconds d) { now += d; }
-  // `d` passes in seconds: the ranks of `sites` heartbeat, and the coordinator checks.
-  void live(std::chrono::milliseconds d, const std::vector<std::string>& sites) {
+  // `d` passes in seconds: the ranks of `sites` heartbeat, and the coordinator checks. Returns
+  // what the coordinator logged meanwhile.
+  std::string live(std::chrono::milliseconds d, const std::vector<std::string>& sites) {
+    std::string log;
     for (auto left = d; left > 0ms; left -= 1000ms) {
       advance(std::min<std::chrono::milliseconds>(left, 1000ms));
       for (const auto& s : sites)
         for (std::uint32_t r = 0; r < roster.rules().ranks_per_site; ++r) heartbeat(s, r, 1);
-      tick();
+      for (const auto& l : tick().log) log += l.text + "\n";
     }
+    return log;
   }
   // Every survivor of `sites` (all its ranks) reports `snapshots`.
   void all_report(const std::vector<std::string>& sites, const Steps& snapshots) {
@@ -105,6 +111,7 @@ class Job {
   std::uint64_t connections = 0;
   std::map<RankId, std::uint64_t> connection;
   std::map<RankId, std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>> evidence;
+  std::map<RankId, std::uint32_t> backlog_ms;  // what each rank's heartbeats report
 };
 
 // The messages of one type that a decision sends, with their recipients.
@@ -762,6 +769,33 @@ TEST(Membership, TheStragglerWarningNamesTheSiteAndTheWaits) {
             std::string::npos)
       << log;
   EXPECT_NE(job.roster.state().departed.at("north").find("(the straggler)"), std::string::npos);
+}
+
+// A link that stretches averages without failing them: the heartbeats' TCP backlogs name it
+// once it stood out for a heartbeat timeout (3 s here), nothing else happens, and the all-clear
+// follows when it stops.
+TEST(Membership, ASlowLinkThatFailsNothingIsNamedFromTheHeartbeats) {
+  Job job = Job::formed(kSites, 2);
+  EXPECT_EQ(job.live(5000ms, kSites), "");
+  job.backlog_ms[{"north", 1}] = 9000;
+  job.backlog_ms[{"west", 0}] = 40;
+  const std::string before = job.live(2000ms, kSites);
+  EXPECT_EQ(before.find("outbound link is slow"), std::string::npos) << before;
+  const std::string warned = job.live(2000ms, kSites);
+  EXPECT_NE(warned.find("site north's outbound link is slow: its TCP backlog has stood out for "
+                        "3.0 s and needs 9.00 s to drain, the other sites' at most 0.04 s"),
+            std::string::npos)
+      << warned;
+  EXPECT_EQ(job.live(5000ms, kSites).find("outbound link is slow"), std::string::npos)
+      << "named once";
+  EXPECT_EQ(job.membership().epoch, 1u) << "nothing failed: no recovery";
+  EXPECT_FALSE(job.roster.state().recovering);
+  job.backlog_ms[{"north", 1}] = 30;
+  EXPECT_NE(job.live(1000ms, kSites).find("site north's TCP backlog is back in line"),
+            std::string::npos);
+  job.backlog_ms[{"north", 1}] = 9000;
+  job.backlog_ms[{"east", 0}] = 2500;  // 3.6x shorter than north's: nobody stands out
+  EXPECT_EQ(job.live(6000ms, kSites).find("outbound link is slow"), std::string::npos);
 }
 
 TEST(Membership, FindStragglerNeedsTwoSitesAndARatio) {

@@ -131,6 +131,7 @@ class Roster::Step {
   void try_finish_recovery(bool timed_out);
   bool drop_lost_and_late(bool timed_out);
   void drop_straggler();
+  void watch_slow_links();
   std::set<std::string> joining_sites() const;
   Membership next_membership(const std::set<std::string>& joining);
   void close_recovery(Membership m, const std::set<std::string>& joining);
@@ -391,6 +392,42 @@ void Roster::Step::tick() {
   }
   rebuild_if_quiet();
   try_finish_recovery(s_.recovering && now_ - s_.recovery_start > rules_.recovery_timeout);
+  watch_slow_links();
+}
+
+// A link slow enough to stretch an average but not past the deadline fails nothing, so the
+// straggler rule never runs: the heartbeats' TCP backlogs show it instead. A site whose backlog
+// stands out (find_straggler's test) for a heartbeat timeout is named once, until it stops.
+void Roster::Step::watch_slow_links() {
+  std::optional<Straggler> slow;
+  if (s_.membership && !s_.recovering) {
+    std::map<RankId, Recover> seen;
+    for (const auto& [id, r] : s_.ranks)
+      if (r.connected() && !r.silent && !r.finished && !r.joining) {
+        Recover e;
+        e.backlog_ms = r.report.tcp_backlog_ms;
+        seen[id] = e;
+      }
+    slow = find_straggler(seen,
+                          rules_.straggler_ratio > 0.0 ? rules_.straggler_ratio : kSlowLinkRatio);
+  }
+  if (!slow || slow->site != s_.slow_site) {
+    if (s_.slow_warned)
+      say(log::Level::kInfo,
+          fmt::format("site {}'s TCP backlog is back in line with the others'", s_.slow_site));
+    s_.slow_site = slow ? slow->site : std::string();
+    s_.slow_since = now_;
+    s_.slow_warned = false;
+  }
+  if (!slow || s_.slow_warned || now_ - s_.slow_since < rules_.heartbeat_timeout) return;
+  s_.slow_warned = true;
+  say(log::Level::kWarn,
+      fmt::format("site {}'s outbound link is slow: its TCP backlog has stood out for {:.1f} s "
+                  "and needs {:.2f} s to drain, the other sites' at most {:.2f} s. Nothing "
+                  "failed, so the job runs at its pace: transport.deadline_s bounds one "
+                  "average, and sync.replan adapts the periods",
+                  slow->site, seconds_between(s_.slow_since, now_), slow->evidence.count() / 1e3,
+                  slow->others.count() / 1e3));
 }
 
 // After the membership: every rank that disconnected or went silent, so that the others can

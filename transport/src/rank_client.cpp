@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <utility>  // before Asio: Boost 1.74 awaitable.hpp uses std::exchange unincluded
@@ -15,6 +17,7 @@
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/transport/control_plane.hpp"
+#include "desloc/transport/tcp_backlog.hpp"
 #include "framed_peer.hpp"
 
 namespace desloc::transport {
@@ -335,6 +338,9 @@ void RankClient::Impl::schedule_heartbeat() {
         hb.report = report;
       }
       hb.step = step.load();
+      const auto backlog = tcp_backlog().drain.count();
+      hb.report.tcp_backlog_ms = static_cast<std::uint32_t>(
+          std::clamp<std::int64_t>(backlog, 0, std::numeric_limits<std::uint32_t>::max()));
       conn->send(encode(hb));
     }
     schedule_heartbeat();

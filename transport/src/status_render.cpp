@@ -185,6 +185,11 @@ std::string prometheus_text(const JobStatus& s) {
   per_rank("desloc_rank_replans_total", "counter",
            "Period switches re-planning has made at a rank (sync.replan).",
            [](const RankProgress& r) { return std::to_string(r.report.replans); });
+  per_rank(
+      "desloc_rank_tcp_backlog_seconds", "gauge",
+      "Time a rank's unacknowledged TCP data needs to drain at the rate its slowest link "
+      "last delivered, sampled at its last heartbeat: seconds behind a slow outbound link.",
+      [](const RankProgress& r) { return fmt::format("{:.3f}", r.report.tcp_backlog_ms / 1e3); });
   per_rank("desloc_payload_guard_rejections_total", "counter",
            "Sites the payload guard left out of a rank's wide-area averages.",
            [](const RankProgress& r) { return std::to_string(r.report.guard_rejections); });
@@ -269,6 +274,7 @@ std::string status_json(const JobStatus& s) {
                      {"guard_rejections", p.guard_rejections},
                      {"kx", p.kx},
                      {"replans", p.replans},
+                     {"tcp_backlog_s", p.tcp_backlog_ms / 1e3},
                      {"missing", missing.count(r.id) > 0}});
   }
   j["ranks"] = ranks;

@@ -255,6 +255,7 @@ void write_payload(WireWriter& w, const Heartbeat& m) {
   w.put<std::uint32_t>(p.replans);
   w.put<std::uint64_t>(p.region_lane.bytes_sent);
   w.put<std::uint32_t>(std::bit_cast<std::uint32_t>(p.region_lane.recent_bytes_per_s));
+  w.put<std::uint32_t>(p.tcp_backlog_ms);
 }
 void read_payload(WireReader& r, Heartbeat& m) {
   RankReport& p = m.report;
@@ -274,6 +275,7 @@ void read_payload(WireReader& r, Heartbeat& m) {
   p.replans = r.get<std::uint32_t>("replans");
   p.region_lane.bytes_sent = r.get<std::uint64_t>("region_lane.bytes_sent");
   p.region_lane.recent_bytes_per_s = std::bit_cast<float>(r.get<std::uint32_t>("region_lane.rate"));
+  p.tcp_backlog_ms = r.get<std::uint32_t>("tcp_backlog_ms");
 }
 
 void write_payload(WireWriter& w, const Status& m) {

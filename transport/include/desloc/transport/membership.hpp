@@ -65,6 +65,11 @@ struct MembershipState {
   std::uint64_t rebuild_epoch = 0;
   Clock::time_point last_rebuild_registration{};
   std::size_t status_sent_for = 0;  // ranks registered at the last Status broadcast
+  // The site whose heartbeats' TCP backlogs stand out now (find_straggler over them), since
+  // when, and whether the coordinator warned about it yet.
+  std::string slow_site;
+  Clock::time_point slow_since{};
+  bool slow_warned = false;
 };
 
 // --- Events: what the coordinator's I/O saw. `connection` identifies the control connection.
@@ -167,6 +172,9 @@ class Roster {
 // predecessor, and its kernel had acknowledged those bytes, so no backlog shows there.
 // nullopt when no site stands out, fewer than 2 sites reported, or ratio <= 0.
 inline constexpr std::chrono::milliseconds kStragglerFloor{1000};
+// The ratio the coordinator's slow-link warning uses where job.straggler_ratio is 0 (dropping
+// off; warning still on).
+inline constexpr double kSlowLinkRatio = 4.0;
 struct Straggler {
   std::string site;
   std::chrono::milliseconds evidence{0};  // its ranks' longest backlog or send wait

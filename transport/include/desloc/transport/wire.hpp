@@ -195,6 +195,9 @@ struct RankReport {
   // Hierarchical DES-LOC (job.regions): what the rank sent to the next live site of its region's
   // ring, and the rate it achieved there over its last few region averages.
   LaneReport region_lane{};
+  // The rank process's TCP backlog as drain time (tcp_backlog.hpp), sampled by the rank client
+  // as it sends each heartbeat, so a long average behind a slow link shows while it runs.
+  std::uint32_t tcp_backlog_ms = 0;
   std::uint64_t syncs() const;  // the sum of sync_buckets
   bool operator==(const RankReport&) const = default;
 };
