@@ -311,6 +311,15 @@ std::vector<std::string> Coordinator::departed() const {
   return impl_->roster.departed();
 }
 
+Coordinator::Snapshot Coordinator::snapshot() const {
+  std::lock_guard lock(impl_->mu);
+  const auto now = Clock::now();
+  const Roster& roster = impl_->roster;
+  return {roster.state().ranks.size(), roster.state().membership,
+          roster.progress(now),        impl_->history,
+          roster.missing(now),         roster.departed()};
+}
+
 std::vector<std::string> Coordinator::unregistered() const {
   std::lock_guard lock(impl_->mu);
   return impl_->roster.unregistered();

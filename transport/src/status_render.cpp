@@ -60,14 +60,15 @@ std::string site_state(const JobStatus& s, const std::string& site) {
 }  // namespace
 
 JobStatus read_status(const Coordinator& c, const JobDescription& job, double uptime_s) {
+  Coordinator::Snapshot now = c.snapshot();
   JobStatus s;
   s.job = job;
-  s.registered = c.registered();
-  s.membership = c.membership();
-  s.ranks = c.progress();
-  s.missing = c.missing();
-  s.departed = c.departed();
-  s.history = c.history();
+  s.registered = now.registered;
+  s.membership = std::move(now.membership);
+  s.ranks = std::move(now.progress);
+  s.missing = std::move(now.missing);
+  s.departed = std::move(now.departed);
+  s.history = std::move(now.history);
   s.uptime_s = uptime_s;
   return s;
 }

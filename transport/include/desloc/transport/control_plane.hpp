@@ -117,6 +117,17 @@ class Coordinator {
   std::vector<std::string> unregistered() const;
   // Sites dropped from the job so far, with the epoch that dropped them and why.
   std::vector<std::string> departed() const;
+  // All of the above but unregistered(), read under one lock: a consistent view (the status
+  // endpoint's), where separate queries could straddle an epoch change.
+  struct Snapshot {
+    std::size_t registered = 0;
+    std::optional<Membership> membership;
+    std::vector<RankProgress> progress;
+    JobHistory history;
+    std::vector<RankId> missing;
+    std::vector<std::string> departed;
+  };
+  Snapshot snapshot() const;
   // Rethrows (once) an exception that escaped a handler on the coordinator's thread.
   void rethrow_if_failed();
 
