@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -98,24 +99,40 @@ inline std::vector<std::string> train_field(const fs::path& metrics, const std::
   return out;
 }
 
-// The child of `parent` whose command line holds `arg` as one argument; -1 if none.
-inline pid_t child_with_argument(pid_t parent, const std::string& arg) {
+// A /proc file of NUL-separated strings (cmdline, environ), one entry each.
+inline std::vector<std::string> proc_strings(const fs::path& file) {
+  std::ifstream in(file);
+  std::vector<std::string> out;
+  for (std::string a; std::getline(in, a, '\0');) out.push_back(a);
+  return out;
+}
+
+// The first process for which `match(pid, its /proc directory)` holds; -1 if none.
+template <class Match>
+pid_t find_process(Match match) {
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), {});
-    const auto close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    char state = 0;
-    int ppid = 0;
-    if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != parent)
-      continue;
-    std::ifstream cmdline(entry.path() / "cmdline");
-    for (std::string a; std::getline(cmdline, a, '\0');)
-      if (a == arg) return static_cast<pid_t>(std::stol(name));
+    const auto pid = static_cast<pid_t>(std::stol(name));
+    if (match(pid, entry.path())) return pid;
   }
   return -1;
+}
+
+// The child of `parent` whose command line holds `arg` as one argument; -1 if none.
+inline pid_t child_with_argument(pid_t parent, const std::string& arg) {
+  return find_process([&](pid_t, const fs::path& proc) {
+    std::ifstream stat(proc / "stat");
+    const std::string text((std::istreambuf_iterator<char>(stat)), {});
+    const auto close = text.rfind(')');
+    char state = 0;
+    int ppid = 0;
+    if (close == std::string::npos ||
+        std::sscanf(text.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != parent)
+      return false;
+    const auto args = proc_strings(proc / "cmdline");
+    return std::find(args.begin(), args.end(), arg) != args.end();
+  });
 }
 
 // A job run by hand: the coordinator on an ephemeral port, and workers started one by one.

@@ -162,18 +162,12 @@ TEST_F(Slurm, TheSbatchExampleRunsTheJobAsLaunchDoesBitForBit) {
 // The pid of a `desloc worker` whose environment holds SLURM_PROCID=`procid`; -1 if none.
 pid_t slurm_task(int procid) {
   const std::string want = "SLURM_PROCID=" + std::to_string(procid);
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream cmdline(entry.path() / "cmdline");
-    std::vector<std::string> args;
-    for (std::string a; std::getline(cmdline, a, '\0');) args.push_back(a);
-    if (args.size() < 2 || args[0] != DESLOC_CLI || args[1] != "worker") continue;
-    std::ifstream environ(entry.path() / "environ");
-    for (std::string e; std::getline(environ, e, '\0');)
-      if (e == want) return static_cast<pid_t>(std::stol(name));
-  }
-  return -1;
+  return find_process([&](pid_t, const fs::path& proc) {
+    const auto args = proc_strings(proc / "cmdline");
+    if (args.size() < 2 || args[0] != DESLOC_CLI || args[1] != "worker") return false;
+    const auto env = proc_strings(proc / "environ");
+    return std::find(env.begin(), env.end(), want) != env.end();
+  });
 }
 
 // A rank the scheduler started dies (SIGKILL) mid-run: the coordinator names it and drops its
