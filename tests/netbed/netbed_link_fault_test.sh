@@ -270,6 +270,20 @@ finish_coordinator() {
   [[ $status != killed ]] || fail_scn "the coordinator did not exit after the job (killed)"
 }
 
+# After a fault ($1 names it) that must change nothing: every rank exits 0 in epoch 1, the
+# coordinator too, and the leader finished (check_finished).
+expect_rode_through() {
+  local s
+  for s in A B C; do
+    wait_exit "${worker[$s]}" "$(job_left)"
+    [[ $status == 0 ]] || fail_scn "rank $s/0 exited with $status after $1"
+  done
+  finish_coordinator
+  ! grep -q "closing membership epoch" "$tmp/$scn/coordinator.log" ||
+    fail_scn "$1 changed the membership:" "$(grep 'membership epoch' "$tmp/$scn/coordinator.log")"
+  check_finished
+}
+
 # scenario detect recover delta bytes outcome ("-" for a time that does not apply)
 row() {
   printf '| %s | %s | %s | %s | %.0f | %s |\n' "$@" >>"$tmp/rows"
@@ -329,7 +343,7 @@ expect_survivors_finish() {
 
 # blip: C's link down for less than both the heartbeat timeout and the collective deadline.
 scenario_blip() {
-  local fault_at s
+  local fault_at
   launch 29541
   reach $kFaultStep
   ip -n "$c_ns" link set "$c_dev" down
@@ -337,15 +351,7 @@ scenario_blip() {
   sleep "$kBlipS"
   ip -n "$c_ns" link set "$c_dev" up
   note "$scn: C's link was down for ${kBlipS}s from step $(leader_step)"
-  for s in A B C; do
-    wait_exit "${worker[$s]}" "$(job_left)"
-    [[ $status == 0 ]] || fail_scn "rank $s/0 exited with $status after a ${kBlipS}s link blip"
-  done
-  finish_coordinator
-  ! grep -q "closing membership epoch" "$tmp/$scn/coordinator.log" ||
-    fail_scn "a ${kBlipS}s blip changed the membership:" \
-      "$(grep 'membership epoch' "$tmp/$scn/coordinator.log")"
-  check_finished
+  expect_rode_through "a ${kBlipS}s link blip"
   row "netbed: site link down ${kBlipS} s (under heartbeat timeout and deadline)$bed_label" \
     - - "$loss_delta" "$bytes_resent" "rode through, every rank finished"
   note "$scn: rode through ($(elapsed "$fault_at" "$(now)") s from the fault to the end)"
@@ -381,7 +387,7 @@ set_c_rate() {
 # fails: the coordinator must still name C from the heartbeats' TCP backlogs, within
 # kSlowWarnS; then C's rate comes back, the all-clear follows and every rank finishes in epoch 1.
 scenario_slow() {
-  local fault_at warned named cleared s
+  local fault_at warned named cleared
   sed "s/^deadline_s = .*/deadline_s = $kSlowDeadlineS/" "$tmp/job.toml" >"$tmp/slow.toml"
   launch 29544 "$tmp/slow.toml"
   reach $kFaultStep
@@ -398,15 +404,7 @@ scenario_slow() {
   cleared=$(wait_for_line "$tmp/$scn/coordinator.log" "site C's TCP backlog is back in line" \
     "$kSlowDeadlineS")
   [[ -n $cleared ]] || fail_scn "no all-clear after C's rate came back"
-  for s in A B C; do
-    wait_exit "${worker[$s]}" "$(job_left)"
-    [[ $status == 0 ]] || fail_scn "rank $s/0 exited with $status after a slow link"
-  done
-  finish_coordinator
-  ! grep -q "closing membership epoch" "$tmp/$scn/coordinator.log" ||
-    fail_scn "a slow link within the deadline changed the membership:" \
-      "$(grep 'membership epoch' "$tmp/$scn/coordinator.log")"
-  check_finished
+  expect_rode_through "a slow link within the deadline"
   row "netbed: site egress at 1% (${slow_kbit} kbit/s) within a ${kSlowDeadlineS} s deadline, then restored$bed_label" \
     "$(elapsed "$fault_at" "$warned")" - "$loss_delta" "$bytes_resent" \
     "named C live (heartbeats' TCP backlog), rode through, every rank finished"

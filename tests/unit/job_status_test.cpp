@@ -91,6 +91,7 @@ TEST(Heartbeat, CarriesTheWholeReportAndKeepsItsSize) {
   hb.report.kx = 268;
   hb.report.replans = 1;
   hb.report.region_lane = {9, 3.5f};
+  hb.report.tcp_backlog_ms = 9010;
   const auto frame = transport::encode(hb);
   const auto back = transport::decode<transport::Heartbeat>(
       {transport::MessageType::kHeartbeat,
@@ -103,8 +104,10 @@ TEST(Heartbeat, CarriesTheWholeReportAndKeepsItsSize) {
   EXPECT_EQ(back.report.kx, 268);
   EXPECT_EQ(back.report.replans, 1u);
   EXPECT_EQ(back.report.region_lane, (transport::LaneReport{9, 3.5f}));
-  // Fixed size whatever the job: 2 x 8 + 4 + 4 + 8 + 13 x 8 + 8 + 2 x 12 + 8 + 8 + 4 + 12 bytes.
-  EXPECT_EQ(frame.size() - transport::kFrameHeaderBytes, 200u);
+  EXPECT_EQ(back.report.tcp_backlog_ms, 9010u);
+  // Fixed size whatever the job: 2 x 8 + 4 + 4 + 8 + 13 x 8 + 8 + 2 x 12 + 8 + 8 + 4 + 12 + 4
+  // bytes.
+  EXPECT_EQ(frame.size() - transport::kFrameHeaderBytes, 204u);
 }
 
 TEST(JobHistory, RecordsEachEpochOnceWithItsRing) {
