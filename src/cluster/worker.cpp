@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -497,13 +496,9 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
     report.snapshots.assign(snapshots.begin(), snapshots.end());
     report.worker_address = ports.packed;
     report.reason = why.substr(0, transport::kMaxReasonBytes);
-    const auto ms = [](std::chrono::milliseconds d) {
-      return static_cast<std::uint32_t>(
-          std::clamp<std::int64_t>(d.count(), 0, std::numeric_limits<std::uint32_t>::max()));
-    };
-    report.operation_ms = ms(seen.in_operation);
-    report.send_wait_ms = ms(seen.send_wait);
-    report.backlog_ms = ms(seen.backlog);
+    report.operation_ms = transport::wire_ms(seen.in_operation);
+    report.send_wait_ms = transport::wire_ms(seen.send_wait);
+    report.backlog_ms = transport::wire_ms(seen.backlog);
     const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.recovery_timeout_s) +
                           std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms) +
                           std::chrono::seconds(10);

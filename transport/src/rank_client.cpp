@@ -3,11 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <future>
-#include <limits>
 #include <mutex>
 #include <thread>
 #include <utility>  // before Asio: Boost 1.74 awaitable.hpp uses std::exchange unincluded
@@ -338,9 +336,7 @@ void RankClient::Impl::schedule_heartbeat() {
         hb.report = report;
       }
       hb.step = step.load();
-      const auto backlog = tcp_backlog().drain.count();
-      hb.report.tcp_backlog_ms = static_cast<std::uint32_t>(
-          std::clamp<std::int64_t>(backlog, 0, std::numeric_limits<std::uint32_t>::max()));
+      hb.report.tcp_backlog_ms = wire_ms(tcp_backlog().drain);
       conn->send(encode(hb));
     }
     schedule_heartbeat();

@@ -55,7 +55,7 @@ struct JobSection {
   // "stop" ends the job with an error naming it.
   std::string on_site_failure = "continue";
   int min_sites = 1;             // fewer live sites than this end the job
-  float straggler_ratio = 4.0f;  // drop a live site whose sends waited this x longer; 0 = never
+  float straggler_ratio = 4.0f;  // drop a live site whose TCP backlog is this x others'; 0 = never
   int recovery_timeout_s = 30;   // a survivor must report for the next epoch within this
   // A rank that loses the coordinator trains on and reconnects for this long (0 = fail).
   int coordinator_timeout_s = 300;

@@ -20,8 +20,8 @@ namespace desloc::transport {
 // its own kWireVersion.
 // 2: recovery epochs; 3: heartbeats carry the loss, tokens/s and wide-area bytes; 4: and the
 // sync-duration histogram, the lanes' bytes and rates, and the payload guard's rejections; 5:
-// and the parameter-average period in force, the re-plans and the region ring's lane; Recover
-// carries the rank's longest send wait.
+// and the parameter-average period in force, the re-plans, the region ring's lane and the
+// rank's TCP backlog; Recover carries the straggler rule's evidence.
 inline constexpr std::uint16_t kProtocolVersion = 5;
 
 using Clock = std::chrono::steady_clock;
@@ -71,7 +71,8 @@ struct CoordinatorOptions {
   // Fewer live sites than this end the job instead of a new epoch.
   std::size_t min_sites = 1;
   // A failure that lost no site drops the straggler (find_straggler, membership.hpp) when its
-  // sends waited this many times as long as any other site's; 0 = never drop a live site.
+  // evidence (TCP backlog or send wait) is this many times any other site's; 0 = never drop a
+  // live site.
   double straggler_ratio = 4.0;
   // Hierarchical DES-LOC (job.regions), for the status endpoint's per-link bytes.
   std::vector<std::vector<std::string>> regions;

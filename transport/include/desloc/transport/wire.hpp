@@ -3,9 +3,12 @@
 // Every integer is little-endian on the wire; every decode is bounds-checked.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -178,6 +181,13 @@ struct LaneReport {
 
 // What a rank reports about its training on every heartbeat (the status endpoint's figures);
 // fixed size on the wire, whatever the job's length.
+// A duration in a 32-bit milliseconds field (Recover's evidence, the heartbeat's TCP backlog):
+// clamped to the field's range.
+inline std::uint32_t wire_ms(std::chrono::milliseconds d) {
+  return static_cast<std::uint32_t>(
+      std::clamp<std::int64_t>(d.count(), 0, std::numeric_limits<std::uint32_t>::max()));
+}
+
 struct RankReport {
   float loss = 0.0f;                 // the rank's site's training loss at the step (0 before one)
   float tokens_per_s = 0.0f;         // the rank's last step
