@@ -6,8 +6,10 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -80,6 +82,7 @@ TEST(TcpBacklog, APeerThatStopsReadingLeavesBytesThatWouldDrainFast) {
   EXPECT_GT(full.bytes, 0u) << "the unread bytes beyond the reader's window stay in the writer";
   EXPECT_LE(full.bytes, wrote);
   EXPECT_GT(full.drain_rate_bps, 0u);
+  EXPECT_EQ(ip_text(full.drain_peer), "127.0.0.1") << "the socket it judged leads to the reader";
   EXPECT_LT(full.drain, 1000ms) << "loopback delivers fast: a reader that stopped is no slow "
                                    "link (bytes "
                                 << full.drain_bytes << ", rate " << full.drain_rate_bps << " B/s)";
@@ -95,6 +98,37 @@ TEST(TcpBacklog, APeerThatStopsReadingLeavesBytesThatWouldDrainFast) {
   while (tcp_backlog().bytes != 0 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(1ms);
   EXPECT_EQ(tcp_backlog().bytes, 0u);
+}
+
+// A reader that closes with bytes unread resets the connection. The writer's descriptor stays
+// open, and SIOCOUTQ (sequence numbers) still counts what was in flight: no backlog, since
+// those bytes are never delivered (on the bed such a socket made a survivor look slow).
+TEST(TcpBacklog, ASocketClosedByAResetIsNoBacklog) {
+  Fd listener, writer, reader;
+  ASSERT_NO_FATAL_FAILURE(connect_pair(listener, writer, reader));
+  std::vector<char> buf(1 << 16, 'x');
+  ASSERT_EQ(::write(writer.fd, buf.data(), 1000), 1000);
+  ASSERT_EQ(::read(reader.fd, buf.data(), 1000), 1000);
+  ASSERT_EQ(::fcntl(writer.fd, F_SETFL, O_NONBLOCK), 0);
+  while (::write(writer.fd, buf.data(), buf.size()) > 0) {
+  }
+  ASSERT_GT(tcp_backlog().bytes, 0u);
+  ::close(reader.fd);  // unread data: an RST
+  reader.fd = -1;
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  tcp_info info{};
+  do {
+    std::this_thread::sleep_for(1ms);
+    socklen_t len = sizeof info;
+    ASSERT_EQ(::getsockopt(writer.fd, IPPROTO_TCP, TCP_INFO, &info, &len), 0);
+  } while (info.tcpi_state != 7 && std::chrono::steady_clock::now() < until);
+  ASSERT_EQ(info.tcpi_state, 7) << "the reset closes the writer's connection (TCP_CLOSE)";
+  int queued = 0;
+  ASSERT_EQ(::ioctl(writer.fd, SIOCOUTQ, &queued), 0);
+  EXPECT_GT(queued, 0) << "the kernel still counts the bytes in flight";
+  const TcpBacklog after = tcp_backlog();
+  EXPECT_EQ(after.bytes, 0u);
+  EXPECT_EQ(after.drain, 0ms);
 }
 
 }  // namespace

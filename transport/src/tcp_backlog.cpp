@@ -13,6 +13,18 @@
 #include <memory>
 
 namespace desloc::transport {
+namespace {
+
+// The kernel's TCP states (include/net/tcp_states.h; not in the uapi headers).
+enum TcpState : std::uint8_t {
+  kEstablished = 1,
+  kFinWait1 = 4,
+  kCloseWait = 8,
+  kLastAck = 9,
+  kClosing = 11,
+};
+
+}  // namespace
 
 TcpBacklog tcp_backlog() {
   TcpBacklog out;
@@ -35,6 +47,19 @@ TcpBacklog tcp_backlog() {
     tcp_info info{};
     len = sizeof info;
     if (getsockopt(int(fd), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
+    // Only a connection that can still deliver: SIOCOUTQ counts sequence numbers, so a socket
+    // closed by a reset (TCP_CLOSE, its descriptor not yet closed) still shows what was in
+    // flight, and it never drains.
+    switch (info.tcpi_state) {
+      case kEstablished:
+      case kCloseWait:
+      case kFinWait1:
+      case kClosing:
+      case kLastAck:
+        break;
+      default:
+        continue;
+    }
     const auto bytes = static_cast<std::uint64_t>(queued);
     out.bytes += bytes;
     // No delivery sample yet (a connection whose first bytes are not acknowledged): no rate to
@@ -47,6 +72,11 @@ TcpBacklog tcp_backlog() {
       out.drain = drain;
       out.drain_bytes = bytes;
       out.drain_rate_bps = info.tcpi_delivery_rate;
+      sockaddr_storage peer{};
+      socklen_t peer_len = sizeof peer;
+      out.drain_peer = getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0
+                           ? ip_address(*reinterpret_cast<const sockaddr*>(&peer))
+                           : kNoAddress;
     }
   }
   return out;

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdint>
 
+#include "desloc/transport/ip_address.hpp"
+
 namespace desloc::transport {
 
 struct TcpBacklog {
@@ -15,8 +17,9 @@ struct TcpBacklog {
   // socket whose peer stopped reading holds bytes but drains fast once it reads. Sockets with
   // no delivery sample yet are left out of it.
   std::chrono::milliseconds drain{0};
-  std::uint64_t drain_bytes = 0;     // that socket's backlog
-  std::uint64_t drain_rate_bps = 0;  // and its delivery rate, bytes per second
+  std::uint64_t drain_bytes = 0;      // that socket's backlog
+  std::uint64_t drain_rate_bps = 0;   // and its delivery rate, bytes per second
+  IpAddress drain_peer = kNoAddress;  // and the address it is connected to
 };
 
 // Reads every TCP socket among this process's descriptors (Linux: SIOCOUTQ and TCP_INFO); zeros
