@@ -482,7 +482,10 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
         const transport::FailureEvidence e = g->failure_evidence();
         seen.in_operation = std::max(seen.in_operation, e.in_operation);
         seen.send_wait = std::max(seen.send_wait, e.send_wait);
-        seen.backlog = std::max(seen.backlog, e.backlog);
+        if (e.backlog > seen.backlog) {
+          seen.backlog = e.backlog;
+          seen.backlog_peer = e.backlog_peer;
+        }
       }
     // Tear the broken epoch's groups down first (they abort what is in flight).
     pairs.clear();
@@ -499,6 +502,7 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
     report.operation_ms = transport::wire_ms(seen.in_operation);
     report.send_wait_ms = transport::wire_ms(seen.send_wait);
     report.backlog_ms = transport::wire_ms(seen.backlog);
+    report.backlog_peer = seen.backlog_peer;
     const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.recovery_timeout_s) +
                           std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms) +
                           std::chrono::seconds(10);

@@ -6,6 +6,8 @@
 #   throttle  site C's egress cut to 1% of its rate mid-run: rides through or C is dropped; with a
 #             round trip and the tuned timeouts C must be dropped by the straggler rule (its
 #             heartbeats still arrive, so only the ranks' TCP backlogs can name it)
+#   ingress   (only when named in NETBED_SCENARIOS; needs a round trip) A -> C and B -> C at
+#             1%: C must be dropped as the straggler by its inbound link
 #   slow      (only when named in NETBED_SCENARIOS; needs a round trip, else C's heartbeats
 #             queue behind its data and it falls silent) C's egress at 1% under a deadline
 #             no average reaches: the coordinator names C from the heartbeats, C's rate comes
@@ -450,6 +452,34 @@ scenario_throttle() {
   note "$scn: $outcome"
   row "netbed: site egress throttled to 1% (${slow_kbit} kbit/s)$bed_label" "$d" "$r" \
     "$loss_delta" "$bytes_resent" "$outcome"
+}
+
+# ingress: what A and B send to C at 1% past the deadline (only when named in NETBED_SCENARIOS;
+# needs a round trip, so that the sites' addresses differ and the timeouts are tuned). C's own
+# sockets drain; A's and B's back up toward C: the straggler rule must drop C by its inbound
+# link, not A or B, and A and B finish.
+scenario_ingress() {
+  local fault_at why
+  [[ -n $rtt && $timeouts == tuned ]] || fail_scn "ingress needs a round trip and tuned timeouts"
+  launch 29545
+  reach $kFaultStep
+  "$netbed" rate --name "$bed" --rate "A>C=${slow_kbit}kbit,B>C=${slow_kbit}kbit" >/dev/null
+  fault_at=$(now)
+  note "$scn: A -> C and B -> C at ${slow_kbit} kbit/s (1%) from step $(leader_step)"
+  expect_c_dropped "$fault_at"
+  why=$(grep -oE "the TCP data other sites sent to site C [^:]*: its inbound link is the straggler" \
+    "$tmp/$scn/coordinator.log" || true)
+  [[ -n $why ]] ||
+    fail_scn "C was dropped, but not as the straggler by its inbound link: $(grep -oE \
+      'closing membership epoch 1: [^;]*;[^;]*' "$tmp/$scn/coordinator.log")"
+  note "$scn: ${why%%: its inbound*}"
+  expect_survivors_finish "$fault_at"
+  "$netbed" rate --name "$bed" --rate "A>C=${kRateKbit}kbit,B>C=${kRateKbit}kbit" >/dev/null
+  finish_coordinator
+  check_finished
+  row "netbed: site ingress throttled to 1% (${slow_kbit} kbit/s)$bed_label" "$detect_s" \
+    "$recover_s" "$loss_delta" "$bytes_resent" \
+    "dropped C (the straggler, by its inbound link), finished on 2 sites; $c_outcome"
 }
 
 # ---- the fault-free reference ---------------------------------------------------------------

@@ -92,6 +92,7 @@ TEST(Heartbeat, CarriesTheWholeReportAndKeepsItsSize) {
   hb.report.replans = 1;
   hb.report.region_lane = {9, 3.5f};
   hb.report.tcp_backlog_ms = 9010;
+  hb.report.tcp_backlog_peer = transport::parse_ip_address("10.77.0.3");
   const auto frame = transport::encode(hb);
   const auto back = transport::decode<transport::Heartbeat>(
       {transport::MessageType::kHeartbeat,
@@ -105,9 +106,10 @@ TEST(Heartbeat, CarriesTheWholeReportAndKeepsItsSize) {
   EXPECT_EQ(back.report.replans, 1u);
   EXPECT_EQ(back.report.region_lane, (transport::LaneReport{9, 3.5f}));
   EXPECT_EQ(back.report.tcp_backlog_ms, 9010u);
+  EXPECT_EQ(transport::ip_text(back.report.tcp_backlog_peer), "10.77.0.3");
   // Fixed size whatever the job: 2 x 8 + 4 + 4 + 8 + 13 x 8 + 8 + 2 x 12 + 8 + 8 + 4 + 12 + 4
-  // bytes.
-  EXPECT_EQ(frame.size() - transport::kFrameHeaderBytes, 204u);
+  // + 16 bytes.
+  EXPECT_EQ(frame.size() - transport::kFrameHeaderBytes, 220u);
 }
 
 TEST(JobHistory, RecordsEachEpochOnceWithItsRing) {

@@ -25,7 +25,7 @@ class Job {
 
   // S sites x R ranks, all registered: epoch 1.
   static Job formed(const std::vector<std::string>& sites, std::size_t R,
-                    std::function<void(MembershipRules&)> tweak = {}) {
+                    std::function<void(MembershipRules&)> tweak = {}, bool one_host = false) {
     MembershipRules rules;
     rules.num_sites = sites.size();
     rules.ranks_per_site = R;
@@ -34,6 +34,7 @@ class Job {
     rules.recovery_timeout = 10000ms;
     if (tweak) tweak(rules);
     Job job(rules);
+    job.shared_address = one_host;
     for (const auto& s : sites)
       for (std::uint32_t r = 0; r < R; ++r) job.hello(s, r);
     return job;
@@ -42,8 +43,8 @@ class Job {
   MembershipDecision hello(const std::string& site, std::uint32_t rank, std::uint64_t epoch = 0) {
     const RankId id{site, rank};
     const std::uint64_t c = ++connections;
-    auto d =
-        roster.on(HelloEvent{id, {std::uint8_t(rank), 1}, epoch, "connection " + id.str(), c, now});
+    auto d = roster.on(HelloEvent{
+        id, {std::uint8_t(rank), 1}, epoch, "connection " + id.str(), c, now, address_of(site)});
     if (!d.reject) connection[id] = c;
     return d;
   }
@@ -63,6 +64,8 @@ class Job {
     rep.reason = "collective broke";
     if (const auto it = evidence.find(id); it != evidence.end())
       std::tie(rep.operation_ms, rep.send_wait_ms, rep.backlog_ms) = it->second;
+    if (const auto it = backlog_to.find(id); it != backlog_to.end())
+      rep.backlog_peer = address_of(it->second);
     return roster.on(RecoverEvent{id, connection[id], rep, now});
   }
   MembershipDecision heartbeat(const std::string& site, std::uint32_t rank, std::uint64_t step,
@@ -72,6 +75,8 @@ class Job {
     RankReport report;
     if (const auto it = backlog_ms.find(id); it != backlog_ms.end())
       report.tcp_backlog_ms = it->second;
+    if (const auto it = backlog_to.find(id); it != backlog_to.end())
+      report.tcp_backlog_peer = address_of(it->second);
     return roster.on(HeartbeatEvent{id, connection[id], e, step, now, report});
   }
   MembershipDecision bye(const std::string& site, std::uint32_t rank, std::uint64_t step) {
@@ -105,6 +110,14 @@ class Job {
            std::uint32_t send_wait_ms, std::uint32_t backlog_ms = 0) {
     evidence[{site, rank}] = {operation_ms, send_wait_ms, backlog_ms};
   }
+  // Each site's ranks register from one address of their own (10.0.0.x, in order of first
+  // Hello), unless `shared_address`: then every rank from 127.0.0.1, as on one host.
+  IpAddress address_of(const std::string& site) {
+    if (shared_address) return parse_ip_address("127.0.0.1");
+    const auto [it, fresh] = addresses.emplace(site, kNoAddress);
+    if (fresh) it->second = parse_ip_address("10.0.0." + std::to_string(addresses.size()));
+    return it->second;
+  }
 
   Roster roster;
   Clock::time_point now{};
@@ -112,6 +125,9 @@ class Job {
   std::map<RankId, std::uint64_t> connection;
   std::map<RankId, std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>> evidence;
   std::map<RankId, std::uint32_t> backlog_ms;  // what each rank's heartbeats report
+  std::map<RankId, std::string> backlog_to;    // the site its slowest socket leads to
+  bool shared_address = false;
+  std::map<std::string, IpAddress> addresses;
 };
 
 // The messages of one type that a decision sends, with their recipients.
@@ -400,6 +416,61 @@ const RecoveryRow kRecoveryRows[] = {
      60,
      {},
      "site north's unacknowledged TCP data needs 31.00 s to reach its peers at the rate its link "
+     "last delivered, the other sites' evidence at most 0.02 s (the straggler)",
+     {"north"}},
+    // A throttled ingress: the backlogs of north's peers lead to north, whose own is empty.
+    {"AStragglerIsTheSiteEverySlowBacklogLeadsTo",
+     1,
+     1,
+     [](Job& j) {
+       j.saw("west", 0, 5000, 2, 11000);
+       j.saw("east", 0, 5000, 3, 10500);
+       j.saw("north", 0, 5000, 0, 10);
+       j.backlog_to[{"west", 0}] = "north";
+       j.backlog_to[{"east", 0}] = "north";
+       j.backlog_to[{"north", 0}] = "west";
+       j.all_report(kSites, {60});
+     },
+     2,
+     {"west", "east"},
+     60,
+     {},
+     "the TCP data other sites sent to site north needs 11.00 s to reach it at the rate its link "
+     "last delivered, the other links' evidence at most 0.00 s (the straggler)",
+     {"north"}},
+    {"WithoutKnowingWhereBacklogsLeadTwoSlowSendersDropNobody",
+     1,
+     1,
+     [](Job& j) {
+       j.saw("west", 0, 5000, 2, 11000);
+       j.saw("east", 0, 5000, 3, 10500);
+       j.saw("north", 0, 5000, 0, 10);
+       j.all_report(kSites, {60});
+     },
+     2,
+     {"west", "east", "north"},
+     60,
+     {},
+     "collective broke",
+     {}},
+    // A throttled egress seen from one socket: both ends of the link stand out; the sender goes.
+    {"BothEndsOfOneSlowLinkStandOutAndTheSenderIsDropped",
+     1,
+     1,
+     [](Job& j) {
+       j.saw("west", 0, 5000, 0, 20);
+       j.saw("east", 0, 5000, 0, 10);
+       j.saw("north", 0, 5000, 0, 9000);
+       j.backlog_to[{"west", 0}] = "east";
+       j.backlog_to[{"east", 0}] = "north";
+       j.backlog_to[{"north", 0}] = "west";
+       j.all_report(kSites, {60});
+     },
+     2,
+     {"west", "east"},
+     60,
+     {},
+     "site north's unacknowledged TCP data needs 9.00 s to reach its peers at the rate its link "
      "last delivered, the other sites' evidence at most 0.02 s (the straggler)",
      {"north"}},
     {"WaitsThatDoNotStandOutDropNobody",
@@ -783,7 +854,7 @@ TEST(Membership, ASlowLinkThatFailsNothingIsNamedFromTheHeartbeats) {
   EXPECT_EQ(before.find("outbound link is slow"), std::string::npos) << before;
   const std::string warned = job.live(2000ms, kSites);
   EXPECT_NE(warned.find("site north's outbound link is slow: its TCP backlog has stood out for "
-                        "3.0 s and needs 9.00 s to drain, the other sites' at most 0.04 s"),
+                        "3.0 s and needs 9.00 s to drain, the other links' at most 0.04 s"),
             std::string::npos)
       << warned;
   EXPECT_EQ(job.live(5000ms, kSites).find("outbound link is slow"), std::string::npos)
@@ -796,6 +867,68 @@ TEST(Membership, ASlowLinkThatFailsNothingIsNamedFromTheHeartbeats) {
   job.backlog_ms[{"north", 1}] = 9000;
   job.backlog_ms[{"east", 0}] = 2500;  // 3.6x shorter than north's: nobody stands out
   EXPECT_EQ(job.live(6000ms, kSites).find("outbound link is slow"), std::string::npos);
+}
+
+// The heartbeats of a throttled ingress: west's and east's backlogs lead to north.
+TEST(Membership, ASlowInboundLinkIsNamedFromThePeersBacklogs) {
+  Job job = Job::formed(kSites, 1);
+  job.backlog_ms[{"west", 0}] = 8000;
+  job.backlog_ms[{"east", 0}] = 7000;
+  job.backlog_to[{"west", 0}] = "north";
+  job.backlog_to[{"east", 0}] = "north";
+  const std::string warned = job.live(4000ms, kSites);
+  EXPECT_NE(warned.find("site north's inbound link is slow: the TCP backlog of the data other "
+                        "sites send it has stood out for 3.0 s and needs 8.00 s to drain, the "
+                        "other links' at most 0.00 s"),
+            std::string::npos)
+      << warned;
+  job.backlog_ms[{"west", 0}] = 0;
+  job.backlog_ms[{"east", 0}] = 0;
+  EXPECT_NE(job.live(1000ms, kSites).find("the TCP backlog toward site north is back in line"),
+            std::string::npos);
+  // From one host (every rank's control connection from 127.0.0.1) a socket's address names no
+  // site: two slow senders, nobody stands out.
+  Job local = Job::formed(kSites, 1, {}, true);
+  local.backlog_ms[{"west", 0}] = 8000;
+  local.backlog_ms[{"east", 0}] = 7000;
+  local.backlog_to = job.backlog_to;
+  EXPECT_EQ(local.live(5000ms, kSites).find("link is slow"), std::string::npos);
+}
+
+TEST(Membership, SiteAddressesLeaveOutAnAddressSeveralSitesShare) {
+  std::map<RankId, RankRecord> ranks;
+  const IpAddress a = parse_ip_address("10.0.0.1"), b = parse_ip_address("10.0.0.2"),
+                  l = parse_ip_address("::1");
+  ranks[{"west", 0}].address = a;
+  ranks[{"west", 1}].address = a;
+  ranks[{"east", 0}].address = b;
+  ranks[{"north", 0}].address = l;
+  ranks[{"south", 0}].address = l;
+  ranks[{"far", 0}].address = kNoAddress;
+  const auto at = site_addresses(ranks);
+  EXPECT_EQ(at.size(), 2u);
+  EXPECT_EQ(at.at(a), "west");
+  EXPECT_EQ(at.at(b), "east");
+  EXPECT_EQ(ip_text(a), "10.0.0.1");
+  EXPECT_EQ(ip_text(l), "::1");
+  EXPECT_EQ(ip_text(kNoAddress), "unknown");
+  EXPECT_EQ(parse_ip_address("10.0.0"), kNoAddress);
+}
+
+// Two sites share their only link: whichever end is slow, the sender is named.
+TEST(Membership, FindStragglerNamesTheSenderOfTheOnlySlowLink) {
+  std::map<RankId, Recover> reports;
+  reports[{"west", 0}].backlog_ms = 6000;
+  reports[{"west", 0}].backlog_peer = parse_ip_address("10.0.0.2");
+  reports[{"east", 0}].backlog_ms = 5;
+  const std::map<IpAddress, std::string> at{{parse_ip_address("10.0.0.1"), "west"},
+                                            {parse_ip_address("10.0.0.2"), "east"}};
+  const auto s = find_straggler(reports, 4.0, at);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->site, "west");
+  EXPECT_FALSE(s->inbound);
+  EXPECT_TRUE(s->backlog);
+  EXPECT_EQ(s->evidence, 6000ms);
 }
 
 TEST(Membership, FindStragglerNeedsTwoSitesAndARatio) {

@@ -57,8 +57,10 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(round_trip(recovered), recovered);
   const Recovery rec{2, "site west lost"};
   EXPECT_EQ(round_trip(rec), rec);
-  const Recover back{2, {64, 96}, {1, 2, 3}, "all_reduce #9 timed out", 5012, 4870, 31000};
+  const Recover back{2,    {64, 96}, {1, 2, 3}, "all_reduce #9 timed out",
+                     5012, 4870,     31000,     parse_ip_address("fe80::7")};
   EXPECT_EQ(round_trip(back), back);
+  EXPECT_EQ(ip_text(round_trip(back).backlog_peer), "fe80::7");
   EXPECT_EQ(round_trip(Bye{3, 500}), (Bye{3, 500}));
 }
 

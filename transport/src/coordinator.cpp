@@ -108,8 +108,13 @@ std::optional<Reject> Coordinator::Impl::admit(const std::shared_ptr<Coordinator
   MembershipDecision d;
   {
     std::lock_guard lock(mu);
-    const MembershipEvent hello = HelloEvent{
-        id, h.worker_address, h.epoch, session->name(), session->connection(), Clock::now()};
+    const MembershipEvent hello = HelloEvent{id,
+                                             h.worker_address,
+                                             h.epoch,
+                                             session->name(),
+                                             session->connection(),
+                                             Clock::now(),
+                                             endpoint_address(session->socket())};
     d = roster.on(hello);
     observe(hello);
   }

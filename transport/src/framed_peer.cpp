@@ -25,6 +25,15 @@ std::string endpoint_name(const asio::ip::tcp::socket& s) {
   return ep.address().to_string() + ":" + std::to_string(ep.port());
 }
 
+IpAddress endpoint_address(const asio::ip::tcp::socket& s) {
+  boost::system::error_code ec;
+  const auto ep = s.remote_endpoint(ec);
+  if (ec) return kNoAddress;
+  const asio::ip::address a = ep.address();
+  return a.is_v4() ? asio::ip::make_address_v6(asio::ip::v4_mapped, a.to_v4()).to_bytes()
+                   : a.to_v6().to_bytes();
+}
+
 FramedPeer::FramedPeer(tcp::socket socket, ssl::context* tls, std::string name,
                        std::size_t max_payload)
     : stream_(std::move(socket), tls),

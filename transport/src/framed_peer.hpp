@@ -16,6 +16,8 @@ namespace desloc::transport {
 
 // "ip:port" of the socket's peer, or "<unknown peer>".
 std::string endpoint_name(const boost::asio::ip::tcp::socket& s);
+// The socket's peer address (IPv4 mapped), or kNoAddress.
+IpAddress endpoint_address(const boost::asio::ip::tcp::socket& s);
 
 // `tls` non-null: TLS over the socket, whose handshake is the subclass's, before start_reading.
 // Asio allows one async_write in flight, hence the queue. Subclasses see frames and the close.

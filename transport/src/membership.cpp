@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <tuple>
 
 namespace desloc::transport {
 namespace {
@@ -47,35 +48,70 @@ MembershipRules MembershipRules::of(const CoordinatorOptions& o) {
   return r;
 }
 
-std::optional<Straggler> find_straggler(const std::map<RankId, Recover>& reports, double ratio) {
+std::optional<Straggler> find_straggler(const std::map<RankId, Recover>& reports, double ratio,
+                                        const std::map<IpAddress, std::string>& site_at) {
   using std::chrono::milliseconds;
   if (!(ratio > 0.0)) return std::nullopt;
-  struct Seen {
-    milliseconds inside{0}, wait{0}, backlog{0};
-    milliseconds evidence() const { return std::max(wait, backlog); }
+  struct Item {
+    std::string from, to;  // `to` empty: the evidence names the sender only
+    milliseconds ms{0};
+    bool backlog = false;
   };
-  std::map<std::string, Seen> sites;  // per site, the largest of its ranks'
+  std::vector<Item> items;
+  std::map<std::string, milliseconds> inside;  // per site, its ranks' longest in the operation
   for (const auto& [id, rep] : reports) {
-    Seen& s = sites[id.site];
-    s.inside = std::max(s.inside, milliseconds(rep.operation_ms));
-    s.wait = std::max(s.wait, milliseconds(rep.send_wait_ms));
-    s.backlog = std::max(s.backlog, milliseconds(rep.backlog_ms));
+    milliseconds& in = inside[id.site];
+    in = std::max(in, milliseconds(rep.operation_ms));
+    std::string to;
+    if (const auto it = site_at.find(rep.backlog_peer);
+        rep.backlog_peer != kNoAddress && it != site_at.end() && it->second != id.site)
+      to = it->second;
+    items.push_back({id.site, to, milliseconds(rep.backlog_ms), true});
+    items.push_back({id.site, "", milliseconds(rep.send_wait_ms), false});
   }
-  if (sites.size() < 2) return std::nullopt;
-  const auto top = std::max_element(sites.begin(), sites.end(), [](const auto& a, const auto& b) {
-    return a.second.evidence() < b.second.evidence();
+  if (inside.size() < 2) return std::nullopt;
+  std::vector<Straggler> standing;
+  for (const auto& [site, unused] : inside) {
+    Straggler s{site};
+    milliseconds backlog{0};
+    for (const Item& i : items) {
+      if (i.from != site && i.to != site) {
+        s.others = std::max(s.others, i.ms);
+        continue;
+      }
+      if (i.backlog) backlog = std::max(backlog, i.ms);
+      // The longest item; at equal lengths the site's own sends before others' to it.
+      const bool in = i.from != site;
+      if (i.ms > s.evidence || (i.ms == s.evidence && s.inbound && !in)) {
+        s.evidence = i.ms;
+        s.inbound = in;
+      }
+    }
+    s.backlog = backlog >= kStragglerFloor;
+    if (s.evidence < kStragglerFloor ||
+        static_cast<double>(s.others.count()) * ratio > static_cast<double>(s.evidence.count()))
+      continue;
+    bool late = false;  // a send's wait against a site that others entered too late to read
+    for (const auto& [other, in] : inside)
+      if (other != site && !s.backlog && 2 * in < s.evidence) late = true;
+    if (!late) standing.push_back(s);
+  }
+  if (standing.empty()) return std::nullopt;
+  // Both ends of one slow link: the sender.
+  return *std::min_element(standing.begin(), standing.end(), [](const auto& a, const auto& b) {
+    return std::tie(b.evidence, a.inbound) < std::tie(a.evidence, b.inbound);
   });
-  Straggler out{top->first, top->second.evidence(), top->second.backlog >= kStragglerFloor,
-                milliseconds(0)};
-  if (out.evidence < kStragglerFloor) return std::nullopt;
-  for (const auto& [site, s] : sites) {
-    if (site == out.site) continue;
-    out.others = std::max(out.others, s.evidence());
-    if (static_cast<double>(s.evidence().count()) * ratio >
-            static_cast<double>(out.evidence.count()) ||
-        (!out.backlog && 2 * s.inside < out.evidence))
-      return std::nullopt;
+}
+
+std::map<IpAddress, std::string> site_addresses(const std::map<RankId, RankRecord>& ranks) {
+  std::map<IpAddress, std::string> out;
+  std::set<IpAddress> shared;
+  for (const auto& [id, r] : ranks) {
+    if (r.address == kNoAddress) continue;
+    const auto [it, fresh] = out.emplace(r.address, id.site);
+    if (!fresh && it->second != id.site) shared.insert(r.address);
   }
+  for (const IpAddress& a : shared) out.erase(a);
   return out;
 }
 
@@ -169,7 +205,7 @@ void Roster::Step::hello(const HelloEvent& e) {
 
 std::optional<Reject> Roster::Step::admit(const HelloEvent& e) {
   const RankId& id = e.id;
-  RankRecord fresh{e.peer, e.worker_address, e.connection, e.now};
+  RankRecord fresh{e.peer, e.worker_address, e.connection, e.now, e.address};
   if (e.epoch > 0) {
     // A rank that trains in epoch e.epoch lost its coordinator and reconnects.
     if (s_.membership) {
@@ -178,6 +214,7 @@ std::optional<Reject> Roster::Step::admit(const HelloEvent& e) {
           !it->second.joining) {
         auto& r = it->second;  // a broken connection to this same coordinator
         r.peer = e.peer;
+        r.address = e.address;
         r.connection = e.connection;
         r.last_seen = e.now;
         r.silent = false;
@@ -333,9 +370,10 @@ void Roster::Step::recover(const RecoverEvent& e) {
   }
   say(log::Level::kInfo,
       fmt::format("{} can roll back to step(s) [{}] ({}; in the operation {} ms, sends waited "
-                  "{} ms, TCP backlog {} ms)",
+                  "{} ms, TCP backlog {} ms to {})",
                   e.id.str(), fmt::join(e.report.snapshots, ", "), e.report.reason,
-                  e.report.operation_ms, e.report.send_wait_ms, e.report.backlog_ms));
+                  e.report.operation_ms, e.report.send_wait_ms, e.report.backlog_ms,
+                  ip_text(e.report.backlog_peer)));
   const bool first = !s_.recovering;
   s_.reports[e.id] = e.report;
   if (first) begin_recovery(fmt::format("{} reported: {}", e.id.str(), e.report.reason), "");
@@ -406,28 +444,38 @@ void Roster::Step::watch_slow_links() {
       if (r.connected() && !r.silent && !r.finished && !r.joining) {
         Recover e;
         e.backlog_ms = r.report.tcp_backlog_ms;
+        e.backlog_peer = r.report.tcp_backlog_peer;
         seen[id] = e;
       }
-    slow = find_straggler(seen,
-                          rules_.straggler_ratio > 0.0 ? rules_.straggler_ratio : kSlowLinkRatio);
+    slow =
+        find_straggler(seen, rules_.straggler_ratio > 0.0 ? rules_.straggler_ratio : kSlowLinkRatio,
+                       site_addresses(s_.ranks));
   }
   if (!slow || slow->site != s_.slow_site) {
     if (s_.slow_warned)
       say(log::Level::kInfo,
-          fmt::format("site {}'s TCP backlog is back in line with the others'", s_.slow_site));
+          s_.slow_inbound
+              ? fmt::format("the TCP backlog toward site {} is back in line with the others'",
+                            s_.slow_site)
+              : fmt::format("site {}'s TCP backlog is back in line with the others'",
+                            s_.slow_site));
     s_.slow_site = slow ? slow->site : std::string();
+    s_.slow_inbound = slow && slow->inbound;
     s_.slow_since = now_;
     s_.slow_warned = false;
   }
   if (!slow || s_.slow_warned || now_ - s_.slow_since < rules_.heartbeat_timeout) return;
   s_.slow_warned = true;
   say(log::Level::kWarn,
-      fmt::format("site {}'s outbound link is slow: its TCP backlog has stood out for {:.1f} s "
-                  "and needs {:.2f} s to drain, the other sites' at most {:.2f} s. Nothing "
-                  "failed, so the job runs at its pace: transport.deadline_s bounds one "
-                  "average, and sync.replan adapts the periods",
-                  slow->site, seconds_between(s_.slow_since, now_), slow->evidence.count() / 1e3,
-                  slow->others.count() / 1e3));
+      fmt::format(
+          "site {}'s {} link is slow: {} has stood out for {:.1f} s and needs {:.2f} s "
+          "to drain, the other links' at most {:.2f} s. Nothing failed, so the job "
+          "runs at its pace: transport.deadline_s bounds one average, and sync.replan "
+          "adapts the periods",
+          slow->site, slow->inbound ? "inbound" : "outbound",
+          slow->inbound ? "the TCP backlog of the data other sites send it" : "its TCP backlog",
+          seconds_between(s_.slow_since, now_), slow->evidence.count() / 1e3,
+          slow->others.count() / 1e3));
 }
 
 // After the membership: every rank that disconnected or went silent, so that the others can
@@ -540,11 +588,17 @@ bool Roster::Step::drop_lost_and_late(bool timed_out) {
 // sites would fail the same step again until the ranks give up.
 void Roster::Step::drop_straggler() {
   if (!s_.failing_sites.empty()) return;
-  const std::optional<Straggler> s = find_straggler(s_.reports, rules_.straggler_ratio);
+  const std::optional<Straggler> s =
+      find_straggler(s_.reports, rules_.straggler_ratio, site_addresses(s_.ranks));
   if (!s) return;
   const auto secs = [](std::chrono::milliseconds d) { return d.count() / 1000.0; };
   const std::string evidence =
-      s->backlog
+      s->inbound ? fmt::format(
+                       "the TCP data other sites sent to site {} needs {:.2f} s to reach it at "
+                       "the rate its link last delivered, the other links' evidence at most "
+                       "{:.2f} s",
+                       s->site, secs(s->evidence), secs(s->others))
+      : s->backlog
           ? fmt::format(
                 "site {}'s unacknowledged TCP data needs {:.2f} s to reach its peers at the rate "
                 "its link last delivered, the other sites' evidence at most {:.2f} s",
@@ -560,8 +614,8 @@ void Roster::Step::drop_straggler() {
                                        evidence, s_.membership->sites.size() - 1, min_sites));
     return;
   }
-  say(log::Level::kWarn,
-      fmt::format("{}: its outbound link is the straggler; dropping site {}", evidence, s->site));
+  say(log::Level::kWarn, fmt::format("{}: its {} link is the straggler; dropping site {}", evidence,
+                                     s->inbound ? "inbound" : "outbound", s->site));
   s_.failing_sites.insert(s->site);
   s_.recovery_reason += "; " + evidence + " (the straggler)";
 }

@@ -336,7 +336,9 @@ void RankClient::Impl::schedule_heartbeat() {
         hb.report = report;
       }
       hb.step = step.load();
-      hb.report.tcp_backlog_ms = wire_ms(tcp_backlog().drain);
+      const TcpBacklog backlog = tcp_backlog();
+      hb.report.tcp_backlog_ms = wire_ms(backlog.drain);
+      hb.report.tcp_backlog_peer = backlog.drain_peer;
       conn->send(encode(hb));
     }
     schedule_heartbeat();

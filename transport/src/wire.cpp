@@ -44,6 +44,7 @@ class WireWriter {
     check_len(n, 0xffffffffu, field);
     put<std::uint32_t>(static_cast<std::uint32_t>(n));
   }
+  void put_raw(std::span<const std::uint8_t> b) { bytes_.insert(bytes_.end(), b.begin(), b.end()); }
   std::vector<std::uint8_t>& bytes() { return bytes_; }
 
  private:
@@ -256,6 +257,7 @@ void write_payload(WireWriter& w, const Heartbeat& m) {
   w.put<std::uint64_t>(p.region_lane.bytes_sent);
   w.put<std::uint32_t>(std::bit_cast<std::uint32_t>(p.region_lane.recent_bytes_per_s));
   w.put<std::uint32_t>(p.tcp_backlog_ms);
+  w.put_raw(p.tcp_backlog_peer);
 }
 void read_payload(WireReader& r, Heartbeat& m) {
   RankReport& p = m.report;
@@ -276,6 +278,7 @@ void read_payload(WireReader& r, Heartbeat& m) {
   p.region_lane.bytes_sent = r.get<std::uint64_t>("region_lane.bytes_sent");
   p.region_lane.recent_bytes_per_s = std::bit_cast<float>(r.get<std::uint32_t>("region_lane.rate"));
   p.tcp_backlog_ms = r.get<std::uint32_t>("tcp_backlog_ms");
+  r.get_raw(p.tcp_backlog_peer, "tcp_backlog_peer");
 }
 
 void write_payload(WireWriter& w, const Status& m) {
@@ -314,6 +317,7 @@ void write_payload(WireWriter& w, const Recover& m) {
   w.put<std::uint32_t>(m.operation_ms);
   w.put<std::uint32_t>(m.send_wait_ms);
   w.put<std::uint32_t>(m.backlog_ms);
+  w.put_raw(m.backlog_peer);
 }
 void read_payload(WireReader& r, Recover& m) {
   m.epoch = r.get<std::uint64_t>("epoch");
@@ -331,6 +335,7 @@ void read_payload(WireReader& r, Recover& m) {
   m.operation_ms = r.get<std::uint32_t>("operation_ms");
   m.send_wait_ms = r.get<std::uint32_t>("send_wait_ms");
   m.backlog_ms = r.get<std::uint32_t>("backlog_ms");
+  r.get_raw(m.backlog_peer, "backlog_peer");
 }
 
 void write_payload(WireWriter& w, const Bye& m) {

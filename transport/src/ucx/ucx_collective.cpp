@@ -612,8 +612,12 @@ class UcxCollective final : public Collective {
     auto abort_requested = [&] {
       return options_.should_abort && (aborted = aborted || options_.should_abort());
     };
-    worker_->wait_until([&] { return !t.pending() || successor_failed() || abort_requested(); },
-                        op.deadline);
+    worker_->wait_until(
+        [&] {
+          sample_backlog(op);
+          return !t.pending() || successor_failed() || abort_requested();
+        },
+        op.deadline);
     if (t.pending() && aborted) {
       throw PeerFailure("rank " + std::to_string(rank_) + ": " + std::string(op_name(op.op)) +
                         " #" + std::to_string(op.seq) +
@@ -660,6 +664,24 @@ class UcxCollective final : public Collective {
     return "rank " + std::to_string(peer);
   }
 
+  // The TCP backlog while an operation waits: every kBacklogEvery once it has run for
+  // kBacklogAfter, the longest of the last deadline kept. At the failure itself the evidence
+  // may be gone: a peer whose deadline passed first aborts, which resets its connections, and a
+  // reset socket never delivers what it held (tcp_backlog leaves it out). It may also be in the
+  // operation before: a rank whose part of the failed one completed went on to the next.
+  static constexpr std::chrono::milliseconds kBacklogAfter{500};
+  static constexpr std::chrono::milliseconds kBacklogEvery{250};
+  void sample_backlog(const OpState& op) {
+    const auto now = Clock::now();
+    if (now - op.start < kBacklogAfter || now < next_backlog_sample_) return;
+    next_backlog_sample_ = now + kBacklogEvery;
+    const TcpBacklog b = tcp_backlog();
+    if (b.drain >= peak_backlog_.drain || now - peak_backlog_at_ > options_.deadline) {
+      peak_backlog_ = b;
+      peak_backlog_at_ = now;
+    }
+  }
+
   // The straggler rule's evidence, before the abort fails what is in flight.
   void note_evidence(const OpState& op) {
     using std::chrono::duration_cast, std::chrono::milliseconds;
@@ -670,7 +692,11 @@ class UcxCollective final : public Collective {
       const auto waited = duration_cast<milliseconds>((t.pending() ? now : t.done) - t.posted);
       evidence_.send_wait = std::max(evidence_.send_wait, waited);
     }
-    evidence_.backlog = tcp_backlog().drain;
+    TcpBacklog backlog = tcp_backlog();
+    if (peak_backlog_.drain > backlog.drain && now - peak_backlog_at_ <= options_.deadline)
+      backlog = peak_backlog_;
+    evidence_.backlog = backlog.drain;
+    evidence_.backlog_peer = backlog.drain_peer;
   }
 
   // After a failure: cancel our receives, force-close the endpoint (failing its sends), and let
@@ -709,6 +735,9 @@ class UcxCollective final : public Collective {
   ByteCounters counters_;
   std::string broken_;        // why the group became unusable; empty while healthy
   FailureEvidence evidence_;  // of the operation that broke the group
+  TcpBacklog peak_backlog_;   // the longest sample_backlog saw within a deadline
+  Clock::time_point peak_backlog_at_{};
+  Clock::time_point next_backlog_sample_{};
   std::vector<float> scratch_;
   // The UCX resources live on the heap so that a group whose abort left requests in flight
   // can leak them instead of destroying them under UCX (see the destructor). Declaration order

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "desloc/transport/ip_address.hpp"
+
 namespace desloc::transport {
 
 enum class CollectiveOp : std::uint8_t { kAllReduce = 0, kAllGather, kBroadcast, kBarrier };
@@ -106,9 +108,11 @@ struct FailureEvidence {
   std::chrono::milliseconds in_operation{0};  // from the operation's start to the failure
   std::chrono::milliseconds send_wait{0};     // the longest a send to the ring successor waited,
                                               // counting one still waiting at the failure
-  // The process's TCP backlog at the failure, as the time its slowest socket needs to deliver
-  // it (tcp_backlog.hpp): what an eager send handed to the kernel behind a slow link.
+  // The process's TCP backlog during the operation (the longest of samples while it waited and
+  // at the failure), as the time its slowest socket needs to deliver it (tcp_backlog.hpp): what
+  // an eager send handed to the kernel behind a slow link.
   std::chrono::milliseconds backlog{0};
+  IpAddress backlog_peer = kNoAddress;  // where that socket leads
 };
 
 // A fixed group of size() ranks; this process is rank(). Every rank must call the same

@@ -21,8 +21,9 @@ namespace desloc::transport {
 // 2: recovery epochs; 3: heartbeats carry the loss, tokens/s and wide-area bytes; 4: and the
 // sync-duration histogram, the lanes' bytes and rates, and the payload guard's rejections; 5:
 // and the parameter-average period in force, the re-plans, the region ring's lane and the
-// rank's TCP backlog; Recover carries the straggler rule's evidence.
-inline constexpr std::uint16_t kProtocolVersion = 5;
+// rank's TCP backlog; Recover carries the straggler rule's evidence; 6: the heartbeat's and
+// Recover's TCP backlog name the address their slowest socket leads to.
+inline constexpr std::uint16_t kProtocolVersion = 6;
 
 using Clock = std::chrono::steady_clock;
 

@@ -41,6 +41,9 @@ struct RankRecord {
   // none is open. Events from another connection of the same rank id are stale.
   std::uint64_t connection = 0;
   Clock::time_point last_seen{};
+  // Its control connection's address: the straggler rule takes a slow socket that leads there
+  // to lead to this rank's site (when no other site's rank registered from it).
+  IpAddress address = kNoAddress;
   bool silent = false;              // past heartbeat_timeout: listed missing
   std::uint64_t step = 0;           // from its latest heartbeat
   RankReport report;                // from its latest heartbeat
@@ -65,9 +68,10 @@ struct MembershipState {
   std::uint64_t rebuild_epoch = 0;
   Clock::time_point last_rebuild_registration{};
   std::size_t status_sent_for = 0;  // ranks registered at the last Status broadcast
-  // The site whose heartbeats' TCP backlogs stand out now (find_straggler over them), since
+  // The site whose links' TCP backlogs stand out now (find_straggler over the heartbeats), since
   // when, and whether the coordinator warned about it yet.
   std::string slow_site;
+  bool slow_inbound = false;  // its inbound link (others' backlogs toward it)
   Clock::time_point slow_since{};
   bool slow_warned = false;
 };
@@ -83,6 +87,7 @@ struct HelloEvent {
   std::string peer;
   std::uint64_t connection = 0;
   Clock::time_point now{};
+  IpAddress address = kNoAddress;  // the control connection's peer address
 };
 struct HeartbeatEvent {
   RankId id;
@@ -164,24 +169,34 @@ class Roster {
 };
 
 // The straggler rule. After a failed operation that lost no site (every rank alive and
-// reporting), a site stands out as the one behind a slow outbound link when its evidence, the
-// longer of its ranks' TCP backlogs (as time to drain) and their sends' waits, is at least
-// kStragglerFloor and `ratio` times every other site's. A send's wait alone also needs every
-// other site inside the operation at least half that long: a site that entered late (say one
-// that computed slowly and left its predecessor's sends unread) is no evidence against the
-// predecessor, and its kernel had acknowledged those bytes, so no backlog shows there.
-// nullopt when no site stands out, fewer than 2 sites reported, or ratio <= 0.
+// reporting), it looks for the site behind a slow link. Each rank's report is evidence against
+// links: its TCP backlog (as time to drain) against the link from its site to the site its
+// slowest socket leads to (`site_at`; the sender alone where that is unknown), its longest
+// send's wait against its own site. A site stands out when the evidence on links that touch it
+// (it sends or receives there) is at least kStragglerFloor and `ratio` times the evidence on
+// every link that does not. So a throttled egress (its backlogs to every peer) and a throttled
+// ingress (every peer's backlog to it) both point at that site; where both ends of one slow
+// link stand out (two sites, or one slow direction), the sender is named. A send's wait alone
+// also needs every other site inside the operation at least half that long: a site that
+// entered late (say one that computed slowly and left its predecessor's sends unread) is no
+// evidence against the predecessor, and its kernel had acknowledged those bytes, so no backlog
+// shows there. nullopt when no site stands out, fewer than 2 sites reported, or ratio <= 0.
 inline constexpr std::chrono::milliseconds kStragglerFloor{1000};
 // The ratio the coordinator's slow-link warning uses where job.straggler_ratio is 0 (dropping
 // off; warning still on).
 inline constexpr double kSlowLinkRatio = 4.0;
 struct Straggler {
   std::string site;
-  std::chrono::milliseconds evidence{0};  // its ranks' longest backlog or send wait
-  bool backlog = false;                   // the evidence is the TCP backlog, not a send's wait
-  std::chrono::milliseconds others{0};    // the other sites' longest
+  std::chrono::milliseconds evidence{0};  // the longest backlog or send wait on its links
+  bool backlog = false;                   // the evidence is a TCP backlog, not a send's wait
+  bool inbound = false;  // the backlog is other sites' data to it, not its own to them
+  std::chrono::milliseconds others{0};  // the longest on links that do not touch it
 };
-std::optional<Straggler> find_straggler(const std::map<RankId, Recover>& reports, double ratio);
+std::optional<Straggler> find_straggler(const std::map<RankId, Recover>& reports, double ratio,
+                                        const std::map<IpAddress, std::string>& site_at = {});
+// The site behind each address ranks registered from; an address ranks of several sites share
+// (one host, loopback) is left out, since a socket that leads there names no site.
+std::map<IpAddress, std::string> site_addresses(const std::map<RankId, RankRecord>& ranks);
 
 // The newest step every survivor can roll back to: the intersection of their snapshot lists.
 // nullopt when `offers` is empty or they share none.

@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "desloc/transport/ip_address.hpp"
+
 namespace desloc::transport {
 
 // Frame header, 16 bytes:
@@ -208,7 +210,8 @@ struct RankReport {
   // The rank process's TCP backlog as drain time (tcp_backlog.hpp), sampled by the rank client
   // as it sends each heartbeat, so a long average behind a slow link shows while it runs.
   std::uint32_t tcp_backlog_ms = 0;
-  std::uint64_t syncs() const;  // the sum of sync_buckets
+  IpAddress tcp_backlog_peer = kNoAddress;  // where that slowest socket leads
+  std::uint64_t syncs() const;              // the sum of sync_buckets
   bool operator==(const RankReport&) const = default;
 };
 
@@ -255,6 +258,7 @@ struct Recover {
   std::uint32_t operation_ms = 0;
   std::uint32_t send_wait_ms = 0;
   std::uint32_t backlog_ms = 0;
+  IpAddress backlog_peer = kNoAddress;  // the address the slowest socket is connected to
   bool operator==(const Recover&) const = default;
 };
 
