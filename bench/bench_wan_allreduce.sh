@@ -20,7 +20,7 @@ usage: $prog [--build DIR] [--quick] [--scenarios NAME,...] [--impls desloc,gloo
        [--repeats N] [--warmup N] [--rndv-thresh inf|auto|BYTES] [--mpi-alg ring|default|N]
        [--bytes-100m BYTES] [--bytes-1g BYTES] [--results DIR] [--no-goodput] [--python PATH]
        [--desloc-args "--chunk-bytes B --inflight K"] [--rtt T] [--tcp-buffer BYTES]
-       [--idle-ms MS] [--no-slow-start-after-idle]
+       [--idle-ms MS] [--no-slow-start-after-idle] [--congestion CC]
 
 Runs as root (network namespaces). For every scenario it brings a bed up, measures the TCP
 goodput of the ring's links (iperf3, all flows at once), runs desloc, gloo and Open MPI ranks
@@ -47,6 +47,8 @@ goodput of the ring's links (iperf3, all flows at once), runs desloc, gloo and O
                      syncs do (desloc only: use with --impls desloc)
   --no-slow-start-after-idle
                      net.ipv4.tcp_slow_start_after_idle=0 in every site (netbed.sh)
+  --congestion CC    TCP congestion control in every site (netbed.sh --congestion; default:
+                     the host's, bbr here; bbr's ProbeRTT costs 2-5% here, docs/transport.md)
 Exit status: 0 all targets met, 3 some target missed, 1 a failure (desloc failed or bad usage).
 EOF
 }
@@ -87,6 +89,7 @@ rtt=
 tcp_buffer=
 idle_ms=0
 ssai=1
+congestion=''
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) build=${2:?}; shift 2 ;;
@@ -107,6 +110,7 @@ while [[ $# -gt 0 ]]; do
     --tcp-buffer) tcp_buffer=${2:?}; shift 2 ;;
     --idle-ms) idle_ms=${2:?}; shift 2 ;;
     --no-slow-start-after-idle) ssai=0; shift ;;
+    --congestion) congestion=${2:-}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
@@ -375,6 +379,10 @@ run_scenario() {
   if [[ $ssai -eq 0 ]]; then
     rargs+=(--no-slow-start-after-idle)
     link+=", no slow start after idle"
+  fi
+  if [[ -n $congestion ]]; then
+    rargs+=(--congestion "$congestion")
+    link+=", $congestion"
   fi
   [[ $idle_ms -eq 0 ]] || link+=", idle ${idle_ms} ms before each all-reduce"
   say "scenario $name: bringing up $n sites ($link)"

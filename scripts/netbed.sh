@@ -19,7 +19,7 @@ usage:
   $prog up     --name BED --sites A,B[,C...] [--rate A-B=100mbit,A>C=1gbit,...]
                [--default-rate 1gbit] [--shaper htb|tbf] [--subnet 10.77.0.0/24]
                [--rtt A-B=40ms,A>C=10ms,...] [--jitter A-B=1ms,...] [--loss A-B=0.1%,...]
-               [--tcp-buffer BYTES] [--no-slow-start-after-idle]
+               [--tcp-buffer BYTES] [--no-slow-start-after-idle] [--congestion CC]
   $prog rate   --name BED --rate A-B=10mbit,A>C=1gbit,...
   $prog down   --name BED
   $prog status [--name BED]
@@ -45,6 +45,9 @@ usage:
   --no-slow-start-after-idle sets net.ipv4.tcp_slow_start_after_idle=0 in every site: a
          connection idle for a retransmission timeout keeps its congestion window instead of
          restarting from the initial one (Linux's default is 1; docs/transport.md).
+  --congestion CC sets net.ipv4.tcp_congestion_control=CC (e.g. cubic, bbr) in every site;
+         without it a site inherits the host's. A namespace may only choose what the host lists
+         in net.ipv4.tcp_allowed_congestion_control (docs/transport.md: bbr's ProbeRTT).
   rate changes the given links' rates while the bed is up (and jobs run on it): a live
          throttle or its restoration. htb beds only.
 Runs as root. 'up' removes everything it made if it fails; 'down' is idempotent and also
@@ -190,7 +193,7 @@ fail_point() {  # test hook: NETBED_FAIL_AT=<point> makes 'up' fail there (tests
 
 cmd_up() {
   local bed='' sites_csv='' rates_csv='' default_rate=1gbit shaper=htb subnet=$kDefaultSubnet
-  local rtt_csv='' jitter_csv='' loss_csv='' tcp_buffer='' ssai=1
+  local rtt_csv='' jitter_csv='' loss_csv='' tcp_buffer='' ssai=1 congestion=''
   while [[ $# -gt 0 ]]; do
     case $1 in
       --name) bed=${2:-}; shift 2 ;;
@@ -201,6 +204,7 @@ cmd_up() {
       --loss) loss_csv=${2:-}; shift 2 ;;
       --tcp-buffer) tcp_buffer=${2:-}; shift 2 ;;
       --no-slow-start-after-idle) ssai=0; shift ;;
+      --congestion) congestion=${2:-}; shift 2 ;;
       --default-rate) default_rate=${2:-}; shift 2 ;;
       --shaper) shaper=${2:-}; shift 2 ;;
       --subnet)
@@ -219,6 +223,15 @@ cmd_up() {
   [[ -z $tcp_buffer || ($tcp_buffer =~ ^[0-9]+$ && $tcp_buffer -ge 65536 && $tcp_buffer -le 1073741824) ]] ||
     die "up: --tcp-buffer must be a byte count from 65536 to 1073741824, got '$tcp_buffer'"
   [[ $shaper == htb || $shaper == tbf ]] || die "up: --shaper must be htb or tbf, got '$shaper'"
+  if [[ -n $congestion ]]; then
+    local allowed
+    allowed=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null || true)
+    [[ " $allowed " == *" $congestion "* ]] ||
+      die "up: --congestion $congestion: a namespace may only choose what the host allows" \
+        "(net.ipv4.tcp_allowed_congestion_control = '$allowed'; available:" \
+        "'$(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null)'); allow it with:" \
+        "sysctl -w net.ipv4.tcp_allowed_congestion_control='$allowed $congestion'"
+  fi
 
   local -a sites
   local -A index=()
@@ -295,6 +308,9 @@ cmd_up() {
       ip netns exec "$s_ns" sysctl -qw "net.ipv4.tcp_wmem=4096 16384 $tcp_buffer" "net.ipv4.tcp_rmem=4096 131072 $tcp_buffer"
     fi
     ip netns exec "$s_ns" sysctl -qw "net.ipv4.tcp_slow_start_after_idle=$ssai"
+    if [[ -n $congestion ]]; then
+      ip netns exec "$s_ns" sysctl -qw "net.ipv4.tcp_congestion_control=$congestion"
+    fi
     ip link add name "$dev" netns "$s_ns" type veth peer name "$bdev" netns "$br"
     ip -n "$br" link set "$bdev" master br0 up
     ip -n "$s_ns" addr add "$subnet.$i/24" dev "$dev"
@@ -363,7 +379,7 @@ cmd_up() {
   up_done=1
   trap - EXIT INT TERM ERR
 
-  echo "netbed '$bed': ${#sites[@]} sites on $subnet.0/24, shaper $shaper, bridge namespace $br${tcp_buffer:+, TCP buffers up to $tcp_buffer bytes}$([[ $ssai -eq 1 ]] || echo ", no slow start after idle")"
+  echo "netbed '$bed': ${#sites[@]} sites on $subnet.0/24, shaper $shaper, bridge namespace $br${tcp_buffer:+, TCP buffers up to $tcp_buffer bytes}$([[ $ssai -eq 1 ]] || echo ", no slow start after idle")${congestion:+, congestion control $congestion}"
   printf '%-16s %-24s %-15s %-15s %s\n' SITE NAMESPACE DEVICE ADDRESS "EGRESS RATE TO (one-way delay/jitter/loss)"
   for a in "${sites[@]}"; do
     i=${index[$a]}
@@ -510,6 +526,11 @@ cmd_status() {
     ssai+="$site=$(ip netns exec "$(ns_site "$bed" "$site")" cat /proc/sys/net/ipv4/tcp_slow_start_after_idle 2>/dev/null) "
   done < <(bed_sites "$bed")
   echo "tcp_slow_start_after_idle: $ssai"
+  local cc=""
+  while read -r idx site addr dev; do
+    cc+="$site=$(ip netns exec "$(ns_site "$bed" "$site")" cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null) "
+  done < <(bed_sites "$bed")
+  echo "tcp_congestion_control: $cc"
   # The delay lines, read off the running desloc-netdelay processes' command lines.
   local pid arg q spec delays any=''
   while read -r idx site addr dev; do
