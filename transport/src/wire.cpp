@@ -151,9 +151,7 @@ void read_payload(WireReader& r, Hello& m) {
   m.epoch = r.get<std::uint64_t>("epoch");
 }
 
-void write_payload(WireWriter& w, const Challenge& m) {
-  w.bytes().insert(w.bytes().end(), m.nonce.begin(), m.nonce.end());
-}
+void write_payload(WireWriter& w, const Challenge& m) { w.put_raw(m.nonce); }
 void read_payload(WireReader& r, Challenge& m) { r.get_raw(m.nonce, "nonce"); }
 
 void write_payload(WireWriter& w, const AuthResponse& m) {
