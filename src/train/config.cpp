@@ -414,8 +414,9 @@ void bind_job(Binder& b, JobSection& j) {
            {"continue", "stop"});
   b.integer("min_sites", j.min_sites, "fewer live sites than this end the job", 1, 4096);
   b.real("straggler_ratio", j.straggler_ratio,
-         "a failure that lost no site drops the site whose unsent TCP data (or send wait) is "
-         "this many times any other site's (at least 1 s; 0 = never drop a live site)",
+         "a failure that lost no site drops the site on the slow link: the TCP data unsent to "
+         "or from it (or its send wait) is this many times any other link's (at least 1 s; "
+         "0 = never drop a live site)",
          0.0, 1000.0);
   b.integer("coordinator_timeout_s", j.coordinator_timeout_s,
             "a rank that loses the coordinator trains on and reconnects for this long (0 = fail "
