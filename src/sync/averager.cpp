@@ -29,9 +29,36 @@ void VirtualAverager::resize(int workers) {
   traffic_.resize(static_cast<std::size_t>(workers));
 }
 
+void Averager::open_control(std::span<const DueAverage> due, bool stop) {
+  opened_due_.assign(due.begin(), due.end());
+  opened_stop_ = stop;
+}
+
+Averager::ControlAnswer Averager::close_control() {
+  ControlAnswer answer = close_with([this] { return exchange_control(opened_due_, opened_stop_); });
+  answer.measure = take_measure();
+  opened_due_.clear();
+  return answer;
+}
+
+Averager::ControlAnswer Averager::close_with(const std::function<bool()>& exchange) {
+  ControlAnswer answer;
+  answer_rejections_ = &answer.rejections;
+  try {
+    answer.stop = exchange();
+  } catch (...) {
+    answer_rejections_ = nullptr;
+    throw;
+  }
+  answer_rejections_ = nullptr;
+  return answer;
+}
+
 void Averager::hold_verdict(optim::StateKind kind, std::vector<Rejection> rejected, int sites,
                             bool log) {
-  rejections_.insert(rejections_.end(), rejected.begin(), rejected.end());
+  std::vector<Rejection>& record =
+      answer_rejections_ != nullptr ? *answer_rejections_ : rejections_;
+  record.insert(record.end(), rejected.begin(), rejected.end());
   const int kept = enforce_rejections(rejected, sites, guard_, log);
   verdicts_[static_cast<std::size_t>(kind)] = Verdict{std::move(rejected), kept};
 }

@@ -223,19 +223,51 @@ bool CollectiveAverager::exchange_control(std::span<const DueAverage> due, bool 
   return exchange(due, stop, true);
 }
 
+void CollectiveAverager::open_control(std::span<const DueAverage> due, bool stop) {
+  opened_ = site_rows(due, stop, true);
+}
+
+Averager::ControlAnswer CollectiveAverager::close_control() {
+  if (!opened_)
+    throw Error("collective averager: step " + std::to_string(step_) +
+                " closes a control exchange it never opened");
+  const ControlRows site = std::move(*opened_);
+  opened_.reset();
+  std::optional<SyncMeasure> measured;
+  ControlAnswer answer = close_with([&] { return agree(site, measured); });
+  answer.measure = measured;
+  return answer;
+}
+
+bool CollectiveAverager::exchange(std::span<const DueAverage> due, bool stop, bool measure) {
+  std::optional<SyncMeasure> measured;
+  const bool any_stop = agree(site_rows(due, stop, measure), measured);
+  if (measure && wan_.size() > 1) measure_ = measured;
+  return any_stop;
+}
+
 // The rows of one rank's control message: one PayloadHealth per due state (zero when the guard
 // is off), then the stop request in `nonfinite`, then with `measure` two rows of what this rank
 // measured since the last such exchange: {seconds of its averages, their wide-area bytes} and
 // {its mean compute seconds per step, the number of averages}. A site's row is the sum of its
 // ranks' rows, except the seconds (the slowest rank's) and the count (the same on every rank:
 // the engine finishes a site's averages before the next exchange).
-bool CollectiveAverager::exchange(std::span<const DueAverage> due, bool stop, bool measure) {
+CollectiveAverager::ControlRows CollectiveAverager::site_rows(std::span<const DueAverage> due,
+                                                              bool stop, bool measure) {
+  ControlRows out;
+  out.stop = stop;
+  out.measure = measure;
   const int sites = wan_.size();
-  if (sites == 1) return stop;  // the site reducer already agreed on it
-  for (const DueAverage& d : due) check_one_replica(d.kind, d.local);
+  if (sites == 1) return out;  // the site reducer already agreed on the stop
+  for (const DueAverage& d : due) {
+    check_one_replica(d.kind, d.local);
+    out.kinds.push_back(d.kind);
+    out.elements.push_back(d.local[0].size());
+  }
   const std::size_t stop_row = due.size();
   const std::size_t rows = due.size() + 1 + (measure ? 2 : 0);
-  std::vector<PayloadHealth> mine(rows);
+  std::vector<PayloadHealth>& mine = out.rows;
+  mine.resize(rows);
   const int ranks = site_ != nullptr ? site_->size() : 1;
   const int r = site_ != nullptr ? site_->rank() : 0;
   // Its own scratch, kept per thread: an average started earlier may still use scratch_ on the
@@ -255,38 +287,46 @@ bool CollectiveAverager::exchange(std::span<const DueAverage> due, bool stop, bo
                           double(pending_.averages)};
     pending_ = {};
   }
-  const transport::OpLabel label{step_, transport::kLabelControl, static_cast<std::uint32_t>(r)};
+  if (site_ == nullptr) return out;
   // The site's figure is the sum of its ranks' shard figures in rank order: every rank of the
   // site holds the same bits, even when one rank's shard is the bad one.
-  if (site_ != nullptr) {
-    health_.assign(rows * static_cast<std::size_t>(ranks), PayloadHealth{});
-    site_->set_label(label);
-    site_->all_gather(std::as_bytes(std::span<const PayloadHealth>(mine)),
-                      std::as_writable_bytes(std::span<PayloadHealth>(health_)));
-    std::fill(mine.begin(), mine.end(), PayloadHealth{});
-    for (int q = 0; q < ranks; ++q)
-      for (std::size_t k = 0; k < rows; ++k) {
-        const PayloadHealth& h = health_[std::size_t(q) * rows + k];
-        if (k == stop_row + 1) {
-          mine[k].nonfinite = std::max(mine[k].nonfinite, h.nonfinite);
-          mine[k].sum_squares += h.sum_squares;
-        } else if (k == stop_row + 2) {
-          mine[k].nonfinite = std::max(mine[k].nonfinite, h.nonfinite);
-          mine[k].sum_squares = h.sum_squares;
-        } else {
-          mine[k] += h;
-        }
+  std::vector<PayloadHealth> gathered(rows * static_cast<std::size_t>(ranks));
+  site_->set_label({step_, transport::kLabelControl, static_cast<std::uint32_t>(r)});
+  site_->all_gather(std::as_bytes(std::span<const PayloadHealth>(mine)),
+                    std::as_writable_bytes(std::span<PayloadHealth>(gathered)));
+  std::fill(mine.begin(), mine.end(), PayloadHealth{});
+  for (int q = 0; q < ranks; ++q)
+    for (std::size_t k = 0; k < rows; ++k) {
+      const PayloadHealth& h = gathered[std::size_t(q) * rows + k];
+      if (k == stop_row + 1) {
+        mine[k].nonfinite = std::max(mine[k].nonfinite, h.nonfinite);
+        mine[k].sum_squares += h.sum_squares;
+      } else if (k == stop_row + 2) {
+        mine[k].nonfinite = std::max(mine[k].nonfinite, h.nonfinite);
+        mine[k].sum_squares = h.sum_squares;
+      } else {
+        mine[k] += h;
       }
-  }
+    }
+  return out;
+}
+
+bool CollectiveAverager::agree(const ControlRows& site, std::optional<SyncMeasure>& measured) {
+  const int sites = wan_.size();
+  if (sites == 1) return site.stop;
+  const std::size_t states = site.kinds.size();
+  const std::size_t stop_row = states;
+  const std::size_t rows = site.rows.size();
+  const int r = site_ != nullptr ? site_->rank() : 0;
   // The WAN all-gather gives every rank of the job the same table, so all decide alike.
   health_.assign(rows * static_cast<std::size_t>(sites), PayloadHealth{});
-  wan_.set_label(label);
-  wan_.all_gather(std::as_bytes(std::span<const PayloadHealth>(mine)),
+  wan_.set_label({step_, transport::kLabelControl, static_cast<std::uint32_t>(r)});
+  wan_.all_gather(std::as_bytes(std::span<const PayloadHealth>(site.rows)),
                   std::as_writable_bytes(std::span<PayloadHealth>(health_)));
   bool any_stop = false;
   for (int s = 0; s < sites; ++s)
     any_stop = any_stop || health_[std::size_t(s) * rows + stop_row].nonfinite > 0.0;
-  if (measure) {
+  if (site.measure) {
     SyncMeasure m;
     m.bytes_per_s = std::numeric_limits<double>::infinity();
     for (int s = 0; s < sites; ++s) {
@@ -300,16 +340,16 @@ bool CollectiveAverager::exchange(std::span<const DueAverage> due, bool stop, bo
       m.compute_seconds = std::max(m.compute_seconds, work.nonfinite);
       m.bytes_per_s = std::min(m.bytes_per_s, wire.sum_squares / wire.nonfinite);
     }
-    measure_ = m.valid() ? std::optional(m) : std::nullopt;
+    measured = m.valid() ? std::optional(m) : std::nullopt;
   }
   if (guard_.enabled)
-    for (std::size_t k = 0; k < due.size(); ++k) {
+    for (std::size_t k = 0; k < states; ++k) {
       std::vector<PayloadHealth> column(static_cast<std::size_t>(sites));
       for (int s = 0; s < sites; ++s) column[std::size_t(s)] = health_[std::size_t(s) * rows + k];
       // One warning per site (its rank 0), not one per rank.
-      hold_verdict(due[k].kind,
-                   judge_payloads(column, due[k].local[0].size(), guard_, step_, due[k].kind),
-                   sites, site_ == nullptr || site_->rank() == 0);
+      hold_verdict(site.kinds[k],
+                   judge_payloads(column, site.elements[k], guard_, step_, site.kinds[k]), sites,
+                   site_ == nullptr || site_->rank() == 0);
     }
   return any_stop;
 }

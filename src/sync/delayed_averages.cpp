@@ -21,7 +21,7 @@ std::string describe(optim::StateKind kind, int fragment, int fragments) {
 }
 }  // namespace
 
-bool DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
+void DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
                             std::span<const int> fragment, std::span<const int> parts,
                             Averager& averager, bool stop) {
   settle();
@@ -41,11 +41,9 @@ bool DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
                     std::to_string(p.fold_at) +
                     "; a state's delay must be smaller than its period");
   }
-  if (due.empty()) return false;
+  if (due.empty()) return;
   averager_ = &averager;
   averager.begin_step(t);
-  // The control exchange judges the live values, which are the snapshots' values.
-  const bool stop_agreed = averager.exchange_control(due, stop);
   for (std::size_t k = 0; k < due.size(); ++k) {
     const DueAverage& d = due[k];
     Pending p;
@@ -55,27 +53,43 @@ bool DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
     p.start = t;
     if (d.codec != nullptr) p.codec = *d.codec;
     p.fold_at = t + opts_.tau[index(d.kind)];
-    p.snap.resize(d.local.size());
-    p.mean.resize(d.local.size());
     for (std::size_t w = 0; w < d.local.size(); ++w) {
+      p.snap.push_back(reuse(d.local[w].size()));
+      p.mean.push_back(reuse(d.local[w].size()));
       p.snap[w].assign(d.local[w].begin(), d.local[w].end());
       p.mean[w].assign(d.local[w].begin(), d.local[w].end());
     }
     Pending& q = pending_.emplace_back(std::move(p));
     for (std::vector<float>& m : q.mean) q.views.emplace_back(m);
     on_wire_.push_back(&q);
+    // The exchange judges the snapshots: the values the average starts from.
+    control_.push_back({q.kind, q.views, q.codec ? &*q.codec : nullptr});
   }
+  averager.open_control(control_, stop);
+  {
+    const std::lock_guard lock(mu_);
+    sent_ = 0;
+    finished_ = false;
+  }
+  completed_ = 0;
+  answered_ = false;
   comm_ = std::thread([this] {
     try {
+      answer_ = averager_->close_control();
       for (Pending* p : on_wire_) {
         if (p->codec) averager_->set_codec(p->kind, *p->codec);
         averager_->average_across_sites(p->kind, p->views);
+        const std::lock_guard lock(mu_);
+        ++sent_;
+        wire_.notify_all();
       }
     } catch (...) {
       comm_error_ = std::current_exception();
     }
+    const std::lock_guard lock(mu_);
+    finished_ = true;
+    wire_.notify_all();
   });
-  return stop_agreed;
 }
 
 void DelayedAverages::join() {
@@ -87,17 +101,45 @@ void DelayedAverages::join() {
   }
 }
 
-void DelayedAverages::settle() {
-  join();
-  for (Pending* p : on_wire_) {
+void DelayedAverages::complete_through(std::size_t count) {
+  count = std::min(count, on_wire_.size());
+  if (completed_ >= count) return;
+  {
+    std::unique_lock lock(mu_);
+    wire_.wait(lock, [&] { return sent_ >= count || finished_; });
+    if (sent_ < count) {  // the thread stopped early: it failed
+      lock.unlock();
+      join();
+    }
+  }
+  if (!answered_) {  // the exchange's answer came before any average
+    stop_agreed_ = stop_agreed_ || answer_.stop;
+    measure_ = std::exchange(answer_.measure, std::nullopt);
+    averager_->record_rejections(answer_.rejections);
+    answer_ = {};
+    answered_ = true;
+  }
+  // In start order, so every rank of the site completes (all-gathers) them in the same order.
+  for (; completed_ < count; ++completed_) {
+    Pending* p = on_wire_[completed_];
     averager_->complete_average(p->kind, p->views);
     p->complete = true;
   }
-  on_wire_.clear();
+  if (completed_ == on_wire_.size()) {
+    join();
+    on_wire_.clear();
+    control_.clear();
+    completed_ = 0;
+  }
 }
 
+void DelayedAverages::settle() { complete_through(on_wire_.size()); }
+
 void DelayedAverages::fold(Pending& p, std::int64_t n, std::span<Replica> replicas) {
-  if (!p.complete) settle();
+  if (!p.complete) {  // on the wire: wait for it (and those started before it) only
+    const auto at = std::find(on_wire_.begin(), on_wire_.end(), &p);
+    complete_through(static_cast<std::size_t>(at - on_wire_.begin()) + 1);
+  }
   const std::vector<std::span<float>> dst = state_views(replicas, p.kind, p.fragment, p.fragments);
   if (dst.size() != p.mean.size())
     throw Error("sync engine: " + std::to_string(dst.size()) + " replicas fold the average of " +
@@ -154,7 +196,26 @@ void DelayedAverages::fold_pending(std::int64_t t, bool drain, std::span<Replica
                std::find(v_fragments.begin(), v_fragments.end(), f) == v_fragments.end();
       });
   if (bound) bound_momentum(replicas);
+  for (Pending& p : pending_)
+    if (p.folded)
+      for (auto* buffers : {&p.snap, &p.mean})
+        for (std::vector<float>& b : *buffers) spare_.push_back(std::move(b));
   pending_.remove_if([](const Pending& p) { return p.folded; });
+}
+
+std::vector<float> DelayedAverages::reuse(std::size_t n) {
+  // The best fit: the smallest spare buffer that holds n, else the largest (it grows once).
+  if (spare_.empty()) return {};
+  const auto smaller = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.capacity() < b.capacity();
+  };
+  auto best = spare_.end();
+  for (auto it = spare_.begin(); it != spare_.end(); ++it)
+    if (it->capacity() >= n && (best == spare_.end() || smaller(*it, *best))) best = it;
+  if (best == spare_.end()) best = std::max_element(spare_.begin(), spare_.end(), smaller);
+  std::vector<float> b = std::move(*best);
+  spare_.erase(best);
+  return b;
 }
 
 void DelayedAverages::fold_due(std::int64_t t, std::span<Replica> replicas) {
@@ -169,6 +230,9 @@ void DelayedAverages::abandon() {
   if (comm_.joinable()) comm_.join();
   comm_error_ = nullptr;
   on_wire_.clear();
+  control_.clear();
+  completed_ = 0;
+  answer_ = {};
   pending_.clear();
 }
 

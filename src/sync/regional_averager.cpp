@@ -37,20 +37,22 @@ bool RegionalAverager::job_wide(optim::StateKind kind) const {
   }
 }
 
-void RegionalAverager::collect_rejections() {
-  for (Rejection r : global_.rejections()) rejections_.push_back(std::move(r));
+void RegionalAverager::collect_rejections(std::vector<Rejection>& into) {
+  for (Rejection r : global_.rejections()) into.push_back(std::move(r));
   global_.clear_rejections();
-  for (Rejection r : region_.rejections()) {
-    if (!region_sites_.empty()) r.site = region_sites_.at(static_cast<std::size_t>(r.site));
-    rejections_.push_back(std::move(r));
-  }
+  for (Rejection r : region_.rejections()) into.push_back(by_job_index(std::move(r)));
   region_.clear_rejections();
+}
+
+Rejection RegionalAverager::by_job_index(Rejection r) const {
+  if (!region_sites_.empty()) r.site = region_sites_.at(static_cast<std::size_t>(r.site));
+  return r;
 }
 
 void RegionalAverager::average(optim::StateKind kind, std::span<const std::span<float>> local) {
   open_step();
   route(kind).average(kind, local);
-  collect_rejections();
+  collect_rejections(rejections_);
 }
 
 void RegionalAverager::average_across_sites(optim::StateKind kind,
@@ -63,7 +65,7 @@ void RegionalAverager::complete_average(optim::StateKind kind,
                                         std::span<const std::span<float>> local) {
   open_step();
   route(kind).complete_average(kind, local);
-  collect_rejections();
+  collect_rejections(rejections_);
 }
 
 bool RegionalAverager::exchange_control(std::span<const DueAverage> due, bool stop) {
@@ -73,8 +75,32 @@ bool RegionalAverager::exchange_control(std::span<const DueAverage> due, bool st
   bool any_stop = false;
   if (!job.empty()) any_stop = global_.exchange_control(job, stop);
   if (!region.empty()) region_.exchange_control(region, false);
-  collect_rejections();
+  collect_rejections(rejections_);
   return any_stop;
+}
+
+void RegionalAverager::open_control(std::span<const DueAverage> due, bool stop) {
+  open_step();
+  std::vector<DueAverage> job, region;
+  for (const DueAverage& d : due) (job_wide(d.kind) ? job : region).push_back(d);
+  job_open_ = !job.empty();
+  region_open_ = !region.empty();
+  if (job_open_) global_.open_control(job, stop);
+  if (region_open_) region_.open_control(region, false);
+}
+
+Averager::ControlAnswer RegionalAverager::close_control() {
+  ControlAnswer answer;
+  if (job_open_) answer = global_.close_control();
+  answer.measure.reset();  // as take_measure(), which this averager leaves at its default
+  if (region_open_)
+    for (Rejection& r : region_.close_control().rejections)
+      answer.rejections.push_back(by_job_index(std::move(r)));
+  // What an inner averager recorded itself (GroupedAverager gathers its regions' verdicts into
+  // rejections()): nobody else reads those until the thread is joined.
+  collect_rejections(answer.rejections);
+  job_open_ = region_open_ = false;
+  return answer;
 }
 
 Traffic RegionalAverager::traffic(int w) const {

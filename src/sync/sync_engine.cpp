@@ -139,10 +139,9 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
     // The averager is left alone on steps with nothing due: a batch may be on the wire.
     due_ = policy_.at(t);
     t_ = t;
-    stop_agreed_ = false;
     if (due_.any()) {
       const DueViews d = due_views(replicas);
-      stop_agreed_ = delayed_.start(t, d.due, d.fragment, d.parts, averager, stop);
+      delayed_.start(t, d.due, d.fragment, d.parts, averager, stop);
     }
     return due_;
   }
@@ -259,7 +258,7 @@ bool SyncEngine::finish_started(std::span<Replica> replicas) {
 bool SyncEngine::finish(std::span<Replica> replicas, bool stop) {
   if (opts_.delays()) {
     delayed_.fold_due(t_, replicas);
-    return due_.any() && stop_agreed_;
+    return delayed_.stop_agreed();
   }
   if (comm_.joinable()) return finish_started(replicas);
   if (!due_.any()) return false;
@@ -273,6 +272,10 @@ bool SyncEngine::finish(std::span<Replica> replicas, bool stop) {
   }
   reset_moments(replicas);
   return stop_agreed;
+}
+
+std::optional<SyncMeasure> SyncEngine::take_measure(Averager& averager) {
+  return opts_.delays() ? delayed_.take_measure() : averager.take_measure();
 }
 
 float SyncEngine::update(std::span<Replica> replicas, float lr) const {

@@ -448,6 +448,7 @@ TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
   // gradients are computed.
   std::vector<sync::Replica> replicas = views_of(sites_);
   s.due = engine_.begin(t, *averager_, replicas, site_stop_);
+  s.sync_seconds = seconds_since(t0);
   site_losses_.resize(sites_.size());  // sites may have joined
   double loss_sum = 0.0;
   const auto t_compute = Clock::now();
@@ -457,12 +458,14 @@ TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
   }
   double compute_s = seconds_since(t_compute);
   inject_poison(t, s.due);  // under overlap the averages started from the unpoisoned values
+  const auto t_finish = Clock::now();
   const bool stop = engine_.finish(replicas, site_stop_);
+  s.sync_seconds += seconds_since(t_finish);
   if (networked_) {
     if (cfg_.sync.method == SyncMethod::kNone)
       stop_agreed_ = site_stop_;
-    else if (s.due.any())
-      stop_agreed_ = stop;
+    else
+      stop_agreed_ = stop_agreed_ || stop;  // with delayed averages: known when settled
   }
   s.lr = optim::learning_rate(cfg_.schedule, step_, total_);
   const auto t_update = Clock::now();
@@ -479,7 +482,7 @@ TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
 
 void TrainingRun::replan(std::int64_t t) {
   if (!policy_.global_at(t).x) return;
-  const std::optional<sync::SyncMeasure> m = averager_->take_measure();
+  const std::optional<sync::SyncMeasure> m = engine_.take_measure(*averager_);
   const bool injected = inject_replan_ && inject_replan_->first == t;
   // Configured switches are the config's plan: re-planning starts after the last, measuring
   // afresh from the periods each puts in force.
@@ -599,6 +602,7 @@ void TrainingRun::record_step(const StepResult& s) {
   r.grad_norm = s.grad_norm;
   r.tokens_per_s = double(tokens_per_step_) * double(live_sites_) / s.seconds;
   r.step_ms = s.seconds * 1e3;
+  r.sync_ms = s.sync_seconds * 1e3;
   r.tokens = tokens_seen_;
   r.workers = sites_.size();
   r.synced = fmt::format("{}{}{}{}", s.due.grad ? "g" : "", s.due.x ? "x" : "", s.due.u ? "u" : "",

@@ -54,6 +54,7 @@ class TrainingRun {
     sync::SyncDecision due;
     float loss = 0, grad_norm = 0, lr = 0;
     double seconds = 0;
+    double sync_seconds = 0;  // of `seconds`, in the sync engine's begin() and finish()
   };
 
   SiteReplica make_site(int index) const;

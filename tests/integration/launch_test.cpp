@@ -202,6 +202,14 @@ TEST(Launch, TwoSitesOfTwoRanksOverlappingWithPeriodSwitchesReproduceTheInProces
                               kSwitches);
 }
 
+// The same with delayed averages, whose control exchange's wide-area half (the re-planning
+// measurements with it) runs on the communication thread and is taken when its batch settles.
+TEST(Launch, DelayedAveragesWithPeriodSwitchesAndReplanningReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x1_delayed_switch", {"west", "east", "north"}, 1,
+                              "replan = true\nreplan_drift = 100000\n",
+                              std::string(kSwitches) + "overlap = \"delayed\"\ndelay = 1\n");
+}
+
 // Re-planning (issue 15, item 5): a switch decided while training is part of the training
 // state. A launched job with sync.replan re-plans after step 4 (injected: every rank decides
 // kx 2 -> 3 there, as a drift would make it), and is cut back to its step-8 checkpoints (kx 3

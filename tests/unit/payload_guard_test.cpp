@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -489,4 +490,99 @@ TEST(NetworkedGuard, OneControlExchangeCarriesEveryDueStateAndTheStopRequest) {
   virt.begin_step(2);
   virt.average(StateKind::kU, views);
   EXPECT_EQ(seen[0].u, u[0]);
+}
+
+// With delayed averages the control exchange's wide-area half runs on the communication thread
+// (Averager::open_control / close_control): the step that starts the averages waits for no
+// WAN round trip, and what the exchange decided (the stop agreement, the guard's rejection)
+// arrives on every rank at the step the batch is settled, here its fold two steps later. The
+// folded moments equal the in-process engine's (VirtualAverager) bit for bit.
+TEST(NetworkedGuard, ADelayedBatchsControlAnswerArrivesWhereItIsSettled) {
+  Watchdog watchdog(90s);
+  constexpr int S = 3, R = 2;
+  constexpr std::size_t n = 2048;
+  const sync::SyncPolicy policy(
+      {.method = SyncMethod::kDesloc, .workers = S, .kx = 4, .ku = 4, .kv = 4});
+  sync::StepOptions opts;
+  opts.overlap = sync::Overlap::kDelayed;
+  opts.delay.fill(2);
+  auto value = [](int s, std::size_t i, int k) {
+    return 0.01f * float(k + 1) * healthy(s, i) + (k == 2 ? 1.0f : 0.0f);  // v > 0
+  };
+  struct Site {
+    optim::Optimizer opt{optim::OptimizerConfig{}, n};
+    std::vector<float> x = std::vector<float>(n), grad = std::vector<float>(n);
+    explicit Site(int s, decltype(value)& v) {
+      for (std::size_t i = 0; i < n; ++i) {
+        x[i] = v(s, i, 0);
+        opt.state().u[i] = v(s, i, 1) * (s == 2 ? 1e4f : 1.0f);  // north's u is absurd
+        opt.state().v[i] = v(s, i, 2);
+      }
+    }
+  };
+  struct Seen {
+    std::vector<int> stop_at;              // steps whose finish() reported the stop
+    std::vector<std::size_t> rejected_by;  // rejections() after each step 4..6
+    std::vector<sync::Rejection> rejected;
+    std::uint64_t wan_gathers = 0;
+    std::vector<std::vector<float>> x, u, v;  // per replica
+  };
+  const auto run = [&](sync::Averager& avg, std::span<sync::Replica> replicas, bool stop) {
+    Seen me;
+    sync::SyncEngine engine(policy, opts);
+    for (std::int64_t t = 4; t <= 6; ++t) {
+      engine.begin(t, avg, replicas, stop);
+      if (engine.finish(replicas, stop)) me.stop_at.push_back(int(t));
+      me.rejected_by.push_back(avg.rejections().size());
+    }
+    me.rejected = avg.rejections();
+    for (const sync::Replica& w : replicas) {
+      me.x.emplace_back(w.x.begin(), w.x.end());
+      me.u.push_back(w.opt->state().u);
+      me.v.push_back(w.opt->state().v);
+    }
+    return me;
+  };
+  test_support::WorldOptions world;
+  world.collective.deadline = 20s;
+  std::vector<Seen> seen(std::size_t(S * R));
+  test_support::run_world(S, R, world, [&](int s, int r, test_support::Groups& groups) {
+    sync::CollectiveAverager avg(*groups.wan, groups.site.get());
+    sync::PayloadGuard g;
+    g.site_names = {"east", "west", "north"};
+    avg.set_payload_guard(g);
+    Site site(s, value);
+    std::vector<sync::Replica> replicas{{site.x, site.grad, &site.opt}};
+    Seen me = run(avg, replicas, /*stop=*/s == 1 && r == 1);
+    me.wan_gathers = groups.wan->bytes()[transport::CollectiveOp::kAllGather].calls;
+    seen[std::size_t(s * R + r)] = std::move(me);
+  });
+  // In one process: the three sites as replicas of one engine.
+  std::vector<std::unique_ptr<Site>> sites;
+  std::vector<sync::Replica> replicas;
+  for (int s = 0; s < S; ++s) {
+    sites.push_back(std::make_unique<Site>(s, value));
+    replicas.push_back({sites.back()->x, sites.back()->grad, &sites.back()->opt});
+  }
+  sync::VirtualAverager virt(S, sync::SumOrder::kRing, R);
+  virt.set_payload_guard(sync::PayloadGuard{});
+  const Seen one = run(virt, replicas, /*stop=*/false);
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    SCOPED_TRACE("rank " + std::to_string(i));
+    EXPECT_EQ(seen[i].stop_at, std::vector<int>({6}));  // settled at the fold, not at step 4
+    EXPECT_EQ(seen[i].rejected_by, std::vector<std::size_t>({0, 0, 1}));
+    ASSERT_EQ(seen[i].rejected.size(), 1u);
+    EXPECT_EQ(seen[i].rejected[0].site, 2);
+    EXPECT_EQ(seen[i].rejected[0].state, StateKind::kU);
+    EXPECT_EQ(seen[i].rejected[0].step, 4);
+    EXPECT_EQ(seen[i].wan_gathers, 1u);  // the control exchange, on the thread
+    // Each site keeps its own progress: rank (s, r) holds replica s of the in-process run.
+    const std::size_t site = i / R;
+    EXPECT_EQ(seen[i].x[0], one.x[site]);
+    EXPECT_EQ(seen[i].u[0], one.u[site]);
+    EXPECT_EQ(seen[i].v[0], one.v[site]);
+  }
+  EXPECT_EQ(one.rejected_by, std::vector<std::size_t>({0, 0, 1}));
+  EXPECT_TRUE(one.stop_at.empty());
+  EXPECT_NE(one.u[0], Site(0, value).opt.state().u);  // the fold happened
 }

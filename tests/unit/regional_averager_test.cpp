@@ -78,5 +78,31 @@ TEST(RegionalAverager, TheRegionsGuardNamesTheRejectedSiteByItsJobWideIndex) {
   EXPECT_EQ(w.replicas[0][0], 1.5f);
 }
 
+// The exchange in two halves (delayed averages: the second runs on the communication thread):
+// the same answers, with the rejections in the answer instead of rejections().
+TEST(RegionalAverager, TheExchangeInTwoHalvesAnswersAsTheWholeOne) {
+  World w;
+  w.replicas[3][5] = std::numeric_limits<float>::quiet_NaN();
+  const DueAverage d{optim::StateKind::kX, w.views, nullptr};
+  w.avg.begin_step(2);  // only inside the regions: no stop agreed
+  w.avg.open_control(std::span(&d, 1), true);
+  Averager::ControlAnswer a = w.avg.close_control();
+  EXPECT_FALSE(a.stop);
+  EXPECT_TRUE(w.avg.rejections().empty());
+  ASSERT_EQ(a.rejections.size(), 1u);
+  EXPECT_EQ(a.rejections[0].site, 3);
+  w.avg.record_rejections(a.rejections);
+  w.average_x();
+  ASSERT_EQ(w.avg.rejections().size(), 1u);
+  EXPECT_EQ(w.replicas[3][0], 3.0f);  // left out of its region's mean, as with the whole exchange
+  w.avg.clear_rejections();
+  w.avg.begin_step(4);  // job-wide: the stop travels
+  w.avg.open_control(std::span(&d, 1), true);
+  a = w.avg.close_control();
+  EXPECT_TRUE(a.stop);
+  EXPECT_TRUE(a.rejections.empty());
+  EXPECT_FALSE(a.measure.has_value());
+}
+
 }  // namespace
 }  // namespace desloc::sync

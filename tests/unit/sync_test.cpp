@@ -2,7 +2,11 @@
 // the DES-LOC step on a hand-computed two-worker quadratic, and [sync] config errors.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "desloc/core/error.hpp"
@@ -524,6 +528,82 @@ TEST(SyncEngine, DelayedAveragesDrainEarlyAndRefuseAnOverlap) {
               std::string::npos)
         << e.message();
   }
+}
+
+namespace {
+// The in-process averager, with the wide-area half of v's averages held until released: a
+// slow link under one state of a batch.
+class HeldV final : public sync::Averager {
+ public:
+  explicit HeldV(int workers) : inner_(workers) {}
+  void average(StateKind kind, std::span<const std::span<float>> local) override {
+    if (kind == StateKind::kV) {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return released_; });
+    }
+    inner_.average(kind, local);
+  }
+  bool exchange_control(std::span<const sync::DueAverage> due, bool stop) override {
+    return inner_.exchange_control(due, stop);
+  }
+  int workers() const override { return inner_.workers(); }
+  sync::Traffic traffic(int w) const override { return inner_.traffic(w); }
+  void release() {
+    const std::lock_guard lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+  bool released() {
+    const std::lock_guard lock(mu_);
+    return released_;
+  }
+
+ private:
+  sync::VirtualAverager inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool released_ = false;
+};
+}  // namespace
+
+// A batch of delayed averages (x, u and v started at one step) travels in that order; x and u
+// are folded at their own steps while v is still on the wire, not after the whole batch.
+TEST(SyncEngine, ADelayedFoldWaitsForItsOwnAverageOnly) {
+  optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+  optim::Optimizer o0(cfg, 1), o1(cfg, 1);
+  std::vector<float> x0 = {1.0f}, x1 = {3.0f}, g0 = {0.0f}, g1 = {0.0f};
+  o0.state().v[0] = 4.0f;
+  o1.state().v[0] = 8.0f;
+  std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
+  const SyncPolicy policy({.method = SyncMethod::kDesloc, .workers = 2, .kx = 4, .ku = 4, .kv = 4});
+  HeldV avg(2);
+  sync::StepOptions opts;
+  opts.overlap = sync::Overlap::kDelayed;
+  opts.delay = {0, 1, 1, 3};  // by StateKind: grad, x, u, v
+  sync::SyncEngine engine(policy, opts);
+  // Releases v after 3 s: a fold that waited for it would return only then.
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    avg.release();
+  });
+  for (std::int64_t t = 1; t <= 5; ++t) {
+    engine.begin(t, avg, reps, false);
+    engine.finish(reps);
+  }
+  EXPECT_FALSE(avg.released()) << "step 5's fold of x waited for v's average";
+  EXPECT_EQ(x0[0], 2.0f);  // x folded at step 5: 1 + (2 - 1)
+  EXPECT_EQ(x1[0], 2.0f);
+  EXPECT_EQ(o0.state().v[0], 4.0f);  // v not yet
+  for (std::int64_t t = 6; t <= 7; ++t) {
+    engine.begin(t, avg, reps, false);
+    engine.finish(reps);
+  }
+  releaser.join();
+  // v folded at step 7, n = 3 steps after its snapshot, with no update meanwhile:
+  // v + beta2^3 (6 - v).
+  const float c = static_cast<float>(std::pow(double(cfg.beta2), 3.0));
+  EXPECT_EQ(o0.state().v[0], std::max(0.0f, 4.0f + c * (6.0f - 4.0f)));
+  EXPECT_EQ(o1.state().v[0], std::max(0.0f, 8.0f + c * (6.0f - 8.0f)));
 }
 
 namespace {

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -121,6 +122,29 @@ class Averager {
   // payloads must not change between this call and their average().
   virtual bool exchange_control(std::span<const DueAverage> due, bool stop) = 0;
 
+  // The control exchange in two halves, for averages that start on a communication thread
+  // (sync.overlap = "delayed"), so that the step waits for no wide-area round trip:
+  // open_control() runs on the caller's thread (it measures the payloads and agrees inside
+  // the site, whose group the gradient's reduction shares); close_control() is the wide-area
+  // half, run on the communication thread right before the averages. Its answer holds what
+  // exchange_control() returns, what take_measure() would then give, and the guard's
+  // rejections, which the caller records (record_rejections) once the thread is joined: the
+  // trainer reads rejections() meanwhile. The verdicts are held for the averages as with
+  // exchange_control(). `due` (its spans and payloads) must stay alive and unchanged until
+  // close_control() returns. By default the first half keeps its arguments and the second
+  // makes the whole exchange.
+  struct ControlAnswer {
+    bool stop = false;
+    std::optional<SyncMeasure> measure;
+    std::vector<Rejection> rejections;
+  };
+  virtual void open_control(std::span<const DueAverage> due, bool stop);
+  virtual ControlAnswer close_control();
+  // Appends rejections a ControlAnswer carried.
+  void record_rejections(std::span<const Rejection> rejected) {
+    rejections_.insert(rejections_.end(), rejected.begin(), rejected.end());
+  }
+
   // Re-planning (sync.replan): the trainer notes each step's compute seconds, and a networked
   // averager's next control exchange also carries what the sites measured of the averages
   // since the last one, every rank receiving the same table. In one process nothing is
@@ -135,9 +159,13 @@ class Averager {
     std::vector<Rejection> rejected;
     int kept = 0;  // sites averaged
   };
-  // Records the verdict (rejections(), one warning when `log`) and keeps it for kind's next
-  // average(); throws Error when every site is rejected.
+  // Records the verdict (rejections(), or the ControlAnswer's during close_control(); one
+  // warning when `log`) and keeps it for kind's next average(); throws Error when every site
+  // is rejected.
   void hold_verdict(optim::StateKind kind, std::vector<Rejection> rejected, int sites, bool log);
+  // close_control() for an implementation whose exchange_control() runs whole: the rejections
+  // its verdicts find go to the answer instead of rejections().
+  ControlAnswer close_with(const std::function<bool()>& exchange);
   // The verdict exchange_control left for kind, consumed; nullopt when there is none.
   std::optional<Verdict> take_verdict(optim::StateKind kind);
 
@@ -147,6 +175,12 @@ class Averager {
   std::vector<Rejection> rejections_;
   std::array<std::optional<Verdict>, 4> verdicts_;  // by optim::StateKind
   std::array<std::optional<CodecViews>, 4> codec_;  // by optim::StateKind (set_codec)
+  // Between open_control() and close_control() (the default halves): the due states and the
+  // stop request.
+  std::vector<DueAverage> opened_due_;
+  bool opened_stop_ = false;
+  // While close_control() runs: where hold_verdict() puts the rejections.
+  std::vector<Rejection>* answer_rejections_ = nullptr;
 };
 
 // How VirtualAverager sums.

@@ -47,6 +47,10 @@ class CollectiveAverager final : public Averager {
   // health and the site's stop request (16 bytes a row).
   // With the measurement of the averages since the last exchange (two more rows).
   bool exchange_control(std::span<const DueAverage> due, bool stop) override;
+  // The same in two halves: the rows and the all-gather inside the site, then the WAN
+  // all-gather (which only uses the WAN group).
+  void open_control(std::span<const DueAverage> due, bool stop) override;
+  ControlAnswer close_control() override;
   void note_compute(double seconds) override;
   std::optional<SyncMeasure> take_measure() override;
   int workers() const override { return wan_.size(); }
@@ -67,8 +71,23 @@ class CollectiveAverager final : public Averager {
   };
   Decision decide(optim::StateKind kind, std::span<float> data);
   // The control exchange; `measure` adds the measurement rows (only the engine's exchange,
-  // which every rank makes at the same point, consumes what was measured).
+  // which every rank makes at the same point, consumes what was measured) and leaves their
+  // table in measure_.
   bool exchange(std::span<const DueAverage> due, bool stop, bool measure);
+  // The exchange's first half: this site's rows (its ranks' rows combined by an all-gather
+  // inside the site).
+  struct ControlRows {
+    std::vector<PayloadHealth> rows;
+    std::vector<optim::StateKind> kinds;  // per due state
+    std::vector<std::size_t> elements;    // per due state, of the whole replica
+    bool stop = false;
+    bool measure = false;
+  };
+  ControlRows site_rows(std::span<const DueAverage> due, bool stop, bool measure);
+  // Its second half: the WAN all-gather of every site's rows. Holds the guard's verdicts and
+  // returns whether any site asked to stop; `measured` receives the measurement when the rows
+  // carry one.
+  bool agree(const ControlRows& site, std::optional<SyncMeasure>& measured);
   // One wide-area average's seconds and bytes, for the next exchange's measurement.
   void measured(double seconds, std::uint64_t bytes);
   // decide(), with this rank's shard of `data` zeroed when this site is rejected; returns the
@@ -95,8 +114,9 @@ class CollectiveAverager final : public Averager {
     int steps = 0;
   } pending_;
   std::optional<SyncMeasure> measure_;
+  std::optional<ControlRows> opened_;      // between open_control() and close_control()
   std::vector<float> gathered_;            // R blocks, for the intra-site all-gather
-  std::vector<PayloadHealth> health_;      // rows x R, then rows x S: the control exchange
+  std::vector<PayloadHealth> health_;      // rows x S: the control exchange's table
   std::vector<std::byte> encoded_;         // S encoded segments: a compressed average's ring
   std::vector<std::byte> gathered_bytes_;  // their sums, all-gathered
   std::vector<float> scratch_;             // a compressed average's differences and decodes

@@ -15,21 +15,27 @@
 // disjoint elements), but a fragment is never started again before its last average was folded.
 //
 // One batch of averages (the states due at one step) is on the wire at a time: a batch that
-// starts while the previous one is still travelling waits for it. The wide-area halves
-// (Averager::average_across_sites) run on the thread; the control exchange and the
-// intra-site completions run on the caller's thread, so the site's group is never shared.
-// While a batch is on the wire the averager must not be used by anyone else: settle() first.
-// Every rank folds the same averages at the same steps, so a networked run equals the
-// in-process one bit for bit.
+// starts while the previous one is still travelling waits for it. The control exchange's
+// wide-area half (Averager::close_control) and the averages' (average_across_sites) run on the
+// thread, so the step waits for no wide-area round trip; the exchange's half inside the site
+// and the intra-site completions run on the caller's thread, so the site's group is never
+// shared. The exchange's answer (the stop agreement, the re-planning measurement, the guard's
+// rejections) is taken when the batch is settled, at a step every rank settles it at. While a
+// batch is on the wire the averager must not be used by anyone else: settle() first. Every
+// rank folds the same averages at the same steps, so a networked run equals the in-process
+// one bit for bit.
 #pragma once
 
 #include <array>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <list>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "desloc/optim/optimizer.hpp"
@@ -55,11 +61,11 @@ class DelayedAverages {
 
   // Step t's due averages (`due`, in Alg. 1's order, each with this process's replicas of
   // it, fragment `fragment[k]` of `parts[k]` for due[k]) start: the batch on the wire (if
-  // any) is settled, then the control exchange (`stop` is this process's stop request), the
-  // snapshots, and the wide-area halves on the thread. Returns the exchange's answer: did any
-  // site ask to stop. Throws Error for a gradient, and when a fragment is due again before its
-  // last average was folded in.
-  bool start(std::int64_t t, std::span<const DueAverage> due, std::span<const int> fragment,
+  // any) is settled, then the snapshots, the control exchange's half inside the site (`stop`
+  // is this process's stop request), and on the thread its wide-area half and the averages'.
+  // Throws Error for a gradient, and when a fragment is due again before its last average was
+  // folded in.
+  void start(std::int64_t t, std::span<const DueAverage> due, std::span<const int> fragment,
              std::span<const int> parts, Averager& averager, bool stop);
   // Before step t's update: folds every average whose fold step is t, in Alg. 1's order (x, u,
   // v), and bounds u (bound_momentum) when u was folded without v. An error raised on the wire
@@ -69,10 +75,20 @@ class DelayedAverages {
   // with n = t - start + 1.
   void drain(std::int64_t t, std::span<Replica> replicas);
   // Waits for the batch on the wire and completes it inside the site; folds nothing. After it
-  // the averager and its groups are free.
+  // the averager and its groups are free. (A fold waits only for its own average and those
+  // started before it in the batch, whose completions inside the site run meanwhile on the
+  // caller's thread: the communication thread uses only the wide-area groups.)
   void settle();
   // Drops every average in flight (waiting for the wire first) and any error it raised.
   void abandon();
+  // Whether a control exchange settled so far found a site asking to stop.
+  bool stop_agreed() const { return stop_agreed_; }
+  // What the latest settled control exchange measured (once; Averager::take_measure).
+  std::optional<SyncMeasure> take_measure() {
+    std::optional<SyncMeasure> m;
+    std::swap(m, measure_);
+    return m;
+  }
 
  private:
   struct Pending {
@@ -93,15 +109,34 @@ class DelayedAverages {
   // t's update), then bounds u when it was folded without v.
   void fold_pending(std::int64_t t, bool drain, std::span<Replica> replicas);
   void join();
+  // A buffer for a snapshot or a mean of n elements, from spare_ when one is there: fresh
+  // buffers of a whole state cost their page faults at every start (about 40 ms for the
+  // quickstart model's x, u and v on the e2e bed).
+  std::vector<float> reuse(std::size_t n);
+  // Waits until on_wire_[0, count) are off the wide-area wire and completes them inside the
+  // site (taking the control exchange's answer first); once the whole batch is, joins the
+  // thread. A fold waits for its own average, not for the rest of its batch.
+  void complete_through(std::size_t count);
 
   Options opts_;
   Averager* averager_ = nullptr;
   // Started, not yet folded, in start order. A list: folding one never moves another, which the
   // thread may be averaging.
   std::list<Pending> pending_;
-  std::vector<Pending*> on_wire_;  // the batch the thread is averaging
+  std::vector<std::vector<float>> spare_;  // folded averages' buffers (reuse)
+  std::vector<Pending*> on_wire_;          // the batch the thread is averaging, in start order
+  std::vector<DueAverage> control_;        // its snapshots, as the control exchange takes them
+  Averager::ControlAnswer answer_;         // the exchange's answer, from the thread
+  bool answered_ = false;                  // answer_ taken (by the batch's first completion)
+  std::size_t completed_ = 0;              // on_wire_[0, completed_) completed inside the site
   std::thread comm_;
-  std::exception_ptr comm_error_;
+  std::exception_ptr comm_error_;  // set by the thread before finished_
+  std::mutex mu_;
+  std::condition_variable wire_;  // signals sent_ and finished_
+  std::size_t sent_ = 0;          // under mu_: on_wire_[0, sent_) are off the wide-area wire
+  bool finished_ = false;         // under mu_: the thread is done (comm_error_ when it failed)
+  bool stop_agreed_ = false;
+  std::optional<SyncMeasure> measure_;
 };
 
 }  // namespace desloc::sync

@@ -31,6 +31,8 @@ class RegionalAverager final : public Averager {
                             std::span<const std::span<float>> local) override;
   void complete_average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   bool exchange_control(std::span<const DueAverage> due, bool stop) override;
+  void open_control(std::span<const DueAverage> due, bool stop) override;
+  ControlAnswer close_control() override;
   int workers() const override { return global_.workers(); }
   // The job-wide averager's traffic, with the region averager's wide-area bytes as region_wire.
   Traffic traffic(int w) const override;
@@ -40,14 +42,17 @@ class RegionalAverager final : public Averager {
   void open_step();
   bool job_wide(optim::StateKind kind) const;
   Averager& route(optim::StateKind kind) { return job_wide(kind) ? global_ : region_; }
-  // Moves what the two averagers' guards rejected into rejections().
-  void collect_rejections();
+  // Moves what the two averagers' guards rejected into `into` (rejections_, or a
+  // ControlAnswer's), the regions' named by job-wide index.
+  void collect_rejections(std::vector<Rejection>& into);
+  Rejection by_job_index(Rejection r) const;
 
   Averager& global_;
   Averager& region_;
   desloc::SyncSchedule schedule_;
   std::vector<int> region_sites_;
   std::int64_t opened_ = -1;
+  bool job_open_ = false, region_open_ = false;  // which levels open_control() opened
 };
 
 // The region level in one process: each region's replicas (by job-wide site index, in the

@@ -14,8 +14,9 @@
 // folds them in, in Alg. 1's order. Same inputs, same arithmetic, same order: the result equals
 // the blocking step's bit for bit. The gradient's average (DDP) always blocks.
 // With Overlap::kDelayed (sync.overlap = "delayed") the averages started at step t are folded
-// in at step t + tau, keeping the progress made meanwhile (DelayedAverages); the owner drains
-// them before a checkpoint and settles them before using the averager's groups itself.
+// in at step t + tau, keeping the progress made meanwhile (DelayedAverages), and the control
+// exchange's wide-area half runs on the thread with them; the owner drains them before a
+// checkpoint and settles them before using the averager's groups itself.
 #pragma once
 
 #include <array>
@@ -109,7 +110,8 @@ class SyncEngine {
   // Runs the step's control exchange and due averages (or completes those begin() started);
   // every replica's g must hold its gradient. `stop` is this process's stop request; returns
   // true when any site of the job asked to stop (known only on steps with averages: false
-  // otherwise). An average that failed on the communication thread throws here.
+  // otherwise; with delayed averages from the step their batch was settled on, and from then
+  // on). An average that failed on the communication thread throws here.
   bool finish(std::span<Replica> replicas, bool stop = false);
   // Waits for averages begin() started and drops them, and any error they raised: the step is
   // being abandoned (a peer failed and the job recovers from its last common state). Delayed
@@ -121,6 +123,9 @@ class SyncEngine {
   // Delayed averages: waits for the batch on the wire, so that the averager's groups are free
   // for someone else (the evaluation's exchange). A no-op otherwise.
   void settle();
+  // What the latest control exchange measured for re-planning (Averager::take_measure; with
+  // delayed averages the latest exchange settled, whose wide-area half ran on the thread).
+  std::optional<SyncMeasure> take_measure(Averager& averager);
   // Clipping, then each replica's optimizer step at learning rate lr. Returns the global norm
   // of the last replica's gradient before clipping.
   float update(std::span<Replica> replicas, float lr) const;
@@ -153,7 +158,7 @@ class SyncEngine {
   std::array<std::vector<std::vector<float>>, 4> copies_;  // by StateKind, kept across steps
   std::thread comm_;               // runs the started averages' wide-area halves
   std::exception_ptr comm_error_;  // what it threw, rethrown by finish()
-  bool stop_agreed_ = false;       // the control exchange's answer, taken in begin()
+  bool stop_agreed_ = false;       // the control exchange's answer, taken in begin() (step)
   std::int64_t t_ = 0;             // the step begin() opened
   DelayedAverages delayed_;
 };

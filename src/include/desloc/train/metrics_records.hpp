@@ -31,6 +31,10 @@ struct TrainRecord {  // after every step
   std::int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0;  // written with 7 significant digits
   double tokens_per_s = 0, step_ms = 0;
+  // Of step_ms, the time the step waited in the sync engine: a blocking step's control exchange
+  // and averages; with overlap the wait for averages still on the wire (at their fold, or for
+  // the previous batch when a new one starts) and the snapshots.
+  double sync_ms = 0;
   std::uint64_t tokens = 0;
   std::size_t workers = 0;
   std::string synced;                         // the states averaged: "g", "x", "xu", "xuv"...
