@@ -435,7 +435,7 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
               "plan delayed averages (sync.overlap = \"delayed\"): the delay tau that hides "
               "an average under tau + 1 steps of compute, the Kx that keeps averages apart "
               "on the link, and the fragment count (streaming, sync.fragments) when fragments "
-              "give a shorter Kx; only the control exchanges block")
+              "give a shorter Kx; no step waits for an average that leaves the wire in time")
           ->excludes(overlap_flag);
   plan->add_option("--fragments", p.fragments,
                    "with --delayed: 0 = choose the fragment count (streaming DES-LOC, "

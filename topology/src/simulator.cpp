@@ -139,17 +139,24 @@ SimResult simulate(const Topology& t, const SimJob& job) {
     r.comm_s += cost;
     if (job.delayed() && !job.overlap && !due.grad) {
       if (states > 0) {
-        double start = link_free;  // the batch on the wire settles first
-        for (const double c : clock) start = std::max(start, c);
-        start += exchange;
+        // Each site first settles the batch still on the wire (no barrier between the sites:
+        // the control exchange's wide-area half runs on the communication thread). The new
+        // batch leaves once the last site has started it, after the exchange, its states one
+        // after the other (x, u, v), each ready for its fold when its own average is done.
+        double ready = link_free;
         for (double& c : clock) {
-          waited += start - c;
-          c = start;
+          waited += std::max(0.0, link_free - c);
+          c = std::max(c, link_free);
+          ready = std::max(ready, c);
         }
-        link_free = start + cost;
+        ready += exchange;
         const bool kinds[3] = {due.x, due.u, due.v};
         for (std::size_t k = 0; k < 3; ++k)
-          if (kinds[k]) folds.push_back({step + job.delay[k], link_free});
+          if (kinds[k]) {
+            ready += sync[k];
+            folds.push_back({step + job.delay[k], ready});
+          }
+        link_free = ready;
       }
       for (std::size_t s = 0; s < n; ++s) clock[s] += dts[s];
       for (auto it = folds.begin(); it != folds.end();) {

@@ -13,11 +13,12 @@
 //   T_star = max_leaf (latency + P / bw(leaf -> r)) + max_leaf (latency + P / bw(r -> leaf)).
 // Without overlap a sync blocks every site, so over one Kx window the overhead is
 //   T_sync * (1/Kx + 1/Ku + 1/Kv) / step,  step = the slowest site's compute step.
-// With delayed averages (sync.overlap = "delayed") an average only costs its control exchange
-// (a barrier of about half a ring all-reduce's latency), as long as it leaves the wire within
-// tau + 1 steps of compute and before the next one starts: tau = ceil(T_sync (1 + target) /
-// step) - 1, and the phases keep the averages a third of an x window apart, so
-// floor(Kx / 3) * step >= T_sync (1 + target) and Kx > tau.
+// With delayed averages (sync.overlap = "delayed") an average blocks no step (its control
+// exchange, about half a ring all-reduce's latency, runs with it on the communication thread),
+// as long as it leaves the wire within tau + 1 steps of compute and before the next one
+// starts: tau = ceil((T_exchange + T_sync) (1 + target) / step) - 1, and the phases keep the
+// averages a third of an x window apart, so floor(Kx / 3) * step >= T_sync (1 + target) and
+// Kx > tau. The overhead reported is simulate()'s for the plan.
 // Streaming (delayed averages cut into P fragments, sync.fragments): a fragment's average moves
 // 1/P of a state, so it leaves the wire P times sooner and tau shrinks with it. The planner
 // tries every Kx below the whole-average plan's, each with the fragment counts P that divide
@@ -105,7 +106,7 @@ double ring_seconds(const Topology& t, const std::vector<std::string>& order, do
 double balanced_lane_share(const Topology& t, const std::vector<std::string>& order, double bytes);
 double star_seconds(const Topology& t, const std::string& root, double bytes);
 // A delayed average's control exchange over `order`: an all-gather of a few bytes per site,
-// half a ring all-reduce's hops. The only part of a delayed average that blocks.
+// half a ring all-reduce's hops, on the wire ahead of the averages it opens.
 double exchange_seconds(const Topology& t, const std::vector<std::string>& order);
 
 // Overhead of periods (kx, ku, kv) for a sync time and step time, with or without overlap.

@@ -4,10 +4,11 @@
 // all-reduce per averaged state. With overlap_step (sync.overlap = "step") the averages of a
 // step start when the last site begins it and run under its compute: each site ends the step
 // at the later of its compute and the averages (the gradient's average, DDP, still blocks).
-// With delay (sync.overlap = "delayed") a step with averages starts with the control exchange,
-// a barrier that first waits for the batch still on the wire; the batch then occupies the link
-// while the sites compute, and a state's fold tau steps later waits for its batch to be done
-// (the last step drains every batch).
+// With delay (sync.overlap = "delayed") a site's step with averages first waits for the batch
+// still on the wire; the new batch (its control exchange, then each state's all-reduce) leaves
+// when the last site has started it and occupies the link while the sites compute, and a
+// state's fold tau steps later waits, at each site, for that state's average to be done (the
+// last step drains every batch). No step is a barrier between the sites.
 // With overlap (a what-if beyond what desloc does: averages that may run under any number of
 // following steps) a sync runs in the background and only delays the sites if the previous one
 // has not finished.
