@@ -38,6 +38,7 @@ overhead=0.05
 delay=1
 fragments=1
 max_delay=0
+phases=''
 codec=''
 pin=0
 rtts=''
@@ -51,7 +52,7 @@ usage() {
 usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--links A-B=1gbit,...] [--steps N] [--kx K]
        [--target NATS] [--methods none,ddp,local_adam,desloc] [--results DIR] [--quick]
        [--rtt T] [--tcp-buffer BYTES] [--budget SECONDS] [--plan] [--target-overhead F]
-       [--delay TAU] [--fragments P] [--max-delay N] [--codec NAME] [--pin] [--starved]
+       [--delay TAU[,TAU_U,TAU_V]] [--phases U,V] [--fragments P] [--max-delay N] [--codec NAME] [--pin] [--starved]
        [--rtts A-B=2ms,...] [--regions A+B,C+D] [--region-kx K] [--regional]
 
 Runs as root (network namespaces). Defaults: 3 sites on 100 Mbit links, 300 steps of the
@@ -68,7 +69,9 @@ $target nats. Method none is the compute-only reference (no communication at all
              with sync.overlap = "step" (e.g. desloc-overlap), NAME-delayed with
              sync.overlap = "delayed" (desloc-delayed: with --plan, Kx and tau from
              \`desloc plan --delayed\`; else --kx and --delay)
-  --delay    tau of NAME-delayed methods without --plan (default $delay)
+  --delay    tau of NAME-delayed methods without --plan (default $delay); TAU,TAU_U,TAU_V
+             sets u's and v's too (sync.delay_u, delay_v)
+  --phases   U,V: sync.phase_u and phase_v of the DES-LOC methods without --plan
   --fragments  sync.fragments of NAME-delayed and NAME-overlap methods without --plan
              (default $fragments): streaming DES-LOC with desloc-delayed
   --max-delay  with --plan: \`desloc plan --delayed --max-delay N\` for NAME-delayed methods
@@ -124,6 +127,7 @@ while [[ $# -gt 0 ]]; do
     --target-overhead) overhead=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
     --fragments) fragments=$2; shift 2 ;;
+    --phases) phases=$2; shift 2 ;;
     --max-delay) max_delay=$2; shift 2 ;;
     --codec) codec=$2; shift 2 ;;
     --pin) pin=1; shift ;;
@@ -192,15 +196,19 @@ base_method() { local m=${1%-overlap}; m=${m%-regions}; echo "${m%-delayed}"; }
 
 
 write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file, $3 = steps
-  local period='' lanes_line='' name overlap='' job_regions=''
+  local period='' lanes_line='' name overlap='' job_regions='' tau tau_u tau_v
   name=$(base_method "$1")
   case $1 in
     *-overlap) overlap='overlap = "step"' ;;
-    *-delayed) overlap=$'overlap = "delayed"\n'"delay = $delay" ;;
+    *-delayed) IFS=, read -r tau tau_u tau_v <<<"$delay"
+      overlap=$'overlap = "delayed"\n'"delay = $tau"
+      [[ -z $tau_u ]] || overlap+=$'\n'"delay_u = $tau_u"
+      [[ -z $tau_v ]] || overlap+=$'\n'"delay_v = $tau_v" ;;
   esac
   [[ $1 != *-overlap && $1 != *-delayed ]] || overlap+=$'\n'"fragments = $fragments"
   case $1 in
     desloc-delayed) period=${delayed_sync:-"kx = $kx"}
+      [[ -n $delayed_sync ]] || period+=${phases:+$'\n'"phase_u = ${phases%,*}"$'\n'"phase_v = ${phases#*,}"}
       [[ -z $delayed_sync ]] || overlap=$delayed_overlap ;;
     desloc-regions*)
       [[ -n $regions_toml ]] || die "desloc-regions needs --regions"
@@ -210,7 +218,8 @@ write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file,
       k=$(((k + region_kx - 1) / region_kx * region_kx))
       period="kx = $k"$'\n'"region_kx = $region_kx"
       job_regions=$regions_toml ;;
-    desloc*) period=${desloc_sync:-"kx = $kx"} ;;
+    desloc*) period=${desloc_sync:-"kx = $kx"}
+      [[ -n $desloc_sync ]] || period+=${phases:+$'\n'"phase_u = ${phases%,*}"$'\n'"phase_v = ${phases#*,}"} ;;
     local_adam*|favg*) period="kx = ${la_kx:-$kx}" ;;
   esac
   [[ -z $lanes ]] || lanes_line="lanes = $lanes"

@@ -87,12 +87,39 @@ def load(results, method, target):
         sync_bytes=sync_bytes)
 
 
+def rank_means(results, method):
+    """Every rank's mean step_ms and mean sync_ms (steps 2..N), leader first."""
+    files = [Path(results) / method / "metrics.jsonl"]
+    files += sorted((Path(results) / method / "ranks").glob("*/metrics.jsonl"))
+    out = []
+    for f in files:
+        train = [json.loads(l) for l in open(f)]
+        train = [l for l in train if l["type"] == "train" and l["step"] > 1]
+        if train:
+            out.append((sum(l["step_ms"] for l in train) / len(train),
+                        sum(l.get("sync_ms", 0.0) for l in train) / len(train)))
+    return out
+
+
 def desloc_analysis(a, name, d, base, payload_rate):
     """Whether DES-LOC (blocking or overlapped) keeps to compute speed; prints why."""
     ok = True
     ratio = d["mean"] / base["mean"]
-    print(f"\n{name}: mean step time / compute-only: {ratio:.3f} (target <= 1.10)")
-    ok &= ratio <= 1.10
+    print(f"\n{name}: mean step time / compute-only: {ratio:.3f} (target <= 1.03)")
+    ok &= ratio <= 1.03
+    # The sites share the machine's cores: without communication each runs at its own pace,
+    # while a job whose sites average runs at a common one. So also every rank's mean against
+    # every rank's compute-only mean.
+    mine, theirs = rank_means(a.results, name), rank_means(a.results, "none")
+    if len(mine) == len(theirs) > 1:
+        m = statistics.mean(x for x, _ in mine)
+        b = statistics.mean(x for x, _ in theirs)
+        print(f"{name}: every rank's mean step / every rank's compute-only: {m / b:.3f} "
+              f"({m:.1f} against {b:.1f} ms; compute-only ranks "
+              f"{', '.join(f'{x:.1f}' for x, _ in theirs)} ms)")
+    if mine and any(y > 0 for _, y in mine):
+        print(f"{name}: time in the sync engine (sync_ms: waits for averages, snapshots, "
+              f"blocking averages) per step: {', '.join(f'{y:.1f}' for _, y in mine)} ms by rank")
     if d["cpu_per_step"] and base["cpu_per_step"]:
         cpu = d["cpu_per_step"] / base["cpu_per_step"]
         print(f"{name}: CPU seconds per step (user + sys of each rank's process, from start to "

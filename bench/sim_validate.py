@@ -3,8 +3,9 @@
 
 The topology is built from what the test bed configures: every directed link at 0.956 x its
 rate, a one-way latency of half --rtt (0.05 ms without it: the bare bed's). The compute step
-is measured in the same run: the mean of the method's steps without a sync (DDP syncs every
-step, so it takes the compute-only run's). The shared VM's speed drifts by 10-15% between
+is measured in the same run: the mean of the method's steps without a sync, less their time in
+the sync engine (`sync_ms`: a delayed average's fold may wait there; DDP syncs every step, so
+it takes the compute-only run's). The shared VM's speed drifts by 10-15% between
 runs, so a step time taken from another run would swamp the model's error. The step is
 divided by the log-normal mean exp(jitter^2 / 2), so that the simulated mean matches. Each
 method is simulated with the config the run used (kept in its results directory), for the
@@ -50,7 +51,9 @@ def main():
         return [l for l in lines if l["type"] == "train"][1:]
 
     def compute(method):  # (mean step ms, jitter) from the steps without a sync
-        quiet = [l["step_ms"] for l in train(method) if not l["synced"]]
+        # Less the step's time in the sync engine (sync_ms, 0 in older metrics): a delayed
+        # average's fold lands on a step without a sync and may wait for the wire there.
+        quiet = [l["step_ms"] - l.get("sync_ms", 0.0) for l in train(method) if not l["synced"]]
         ordered = sorted(quiet)
         p10, p90 = ordered[len(ordered) // 10], ordered[len(ordered) * 9 // 10]
         jitter = math.log(p90 / p10) / 2.563 if a.jitter == "auto" else float(a.jitter)
