@@ -358,6 +358,31 @@ TEST(Simulator, StepOverlapHidesAveragesUnderOneStepOfCompute) {
   EXPECT_NEAR(simulate(t, job).total_s, 600 * (0.1 + ring_seconds(t, {"A", "B", "C"}, 1e5)), 1e-9);
 }
 
+// Delayed averages: the control exchange runs on the communication thread, so a batch that
+// leaves the wire before its folds costs nothing, round trips or not; a fold that comes too
+// early waits for its own state's average only (x, u and v travel one after the other).
+TEST(Simulator, ADelayedAverageWaitsOnlyAtAFoldThatComesBeforeIt) {
+  const Topology t = parse_topology(topology_toml("ABC", 100, triangle, 20), "tri.toml");
+  SimJob job;
+  job.state_bytes = 1e6;
+  job.steps = 950;  // the last batch (x at 944) is drained at 950, long after it left the wire
+  job.schedule = {SyncMethod::kDesloc, 16, 48, 96, 0, 0, 0};
+  const double sync = ring_seconds(t, {"A", "B", "C"}, 1e6);
+  const double exchange = exchange_seconds(t, {"A", "B", "C"});
+  ASSERT_GT(exchange, 0.03);
+  ASSERT_LT(exchange + 3 * sync, 1.0);
+  job.delay = {8, 12, 14};
+  EXPECT_NEAR(simulate(t, job).total_s, 95.0, 1e-9);
+  // u folded two steps after its start (after that step's compute: 0.3 s) waits for the
+  // exchange, x's average and its own, not for v's.
+  job.delay = {8, 2, 14};
+  std::int64_t u_starts = 0;
+  for (std::int64_t step = 1; step + 2 <= job.steps; ++step) u_starts += job.schedule.at(step).u;
+  EXPECT_EQ(u_starts, 19);
+  EXPECT_NEAR(simulate(t, job).total_s, 95.0 + double(u_starts) * (exchange + 2 * sync - 0.3),
+              1e-9);
+}
+
 // The simulator and the trainer share one due rule: for every method, with and without
 // phases, the simulator performs exactly the averages the trainer's SyncPolicy makes.
 TEST(Simulator, CountsExactlyTheAveragesTheTrainerMakes) {
