@@ -67,10 +67,7 @@ transport::UcxOptions ucx_options(const train::TransportSection& t, bool wide_ar
   o.tls = wide_area ? t.tls : t.site_tls;
   o.net_devices = wide_area ? t.net_devices : t.site_net_devices;
   o.rndv_thresh = t.rndv_thresh;
-  // A wide-area group sleeps on the event fd at once: a packet milliseconds away never lands
-  // within a spin, and each idle poll is a syscall. On the bed (3 sites, 100 Mbit, 40 ms) 64
-  // spins cost a 3.37 MB all-reduce 2.4x the CPU for the same time (docs/transport.md).
-  o.spin_iterations = wide_area ? 0 : t.spin_iterations;
+  o.spin_iterations = t.spin_iterations;
   // UCX 1.13's shared-memory transports refuse peer-failure endpoints (docs/transport.md).
   const bool shm =
       o.tls.find("sm") != std::string::npos || o.tls.find("posix") != std::string::npos ||
