@@ -196,7 +196,8 @@ base_method() { local m=${1%-overlap}; m=${m%-regions}; echo "${m%-delayed}"; }
 
 
 write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file, $3 = steps
-  local period='' lanes_line='' name overlap='' job_regions='' tau tau_u tau_v
+  local period='' lanes_line='' name overlap='' job_regions='' tau tau_u tau_v phase_lines=''
+  [[ -z $phases ]] || phase_lines=$'\n'"phase_u = ${phases%,*}"$'\n'"phase_v = ${phases#*,}"
   name=$(base_method "$1")
   case $1 in
     *-overlap) overlap='overlap = "step"' ;;
@@ -207,8 +208,7 @@ write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file,
   esac
   [[ $1 != *-overlap && $1 != *-delayed ]] || overlap+=$'\n'"fragments = $fragments"
   case $1 in
-    desloc-delayed) period=${delayed_sync:-"kx = $kx"}
-      [[ -n $delayed_sync ]] || period+=${phases:+$'\n'"phase_u = ${phases%,*}"$'\n'"phase_v = ${phases#*,}"}
+    desloc-delayed) period=${delayed_sync:-"kx = $kx$phase_lines"}
       [[ -z $delayed_sync ]] || overlap=$delayed_overlap ;;
     desloc-regions*)
       [[ -n $regions_toml ]] || die "desloc-regions needs --regions"
@@ -218,8 +218,7 @@ write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file,
       k=$(((k + region_kx - 1) / region_kx * region_kx))
       period="kx = $k"$'\n'"region_kx = $region_kx"
       job_regions=$regions_toml ;;
-    desloc*) period=${desloc_sync:-"kx = $kx"}
-      [[ -n $desloc_sync ]] || period+=${phases:+$'\n'"phase_u = ${phases%,*}"$'\n'"phase_v = ${phases#*,}"} ;;
+    desloc*) period=${desloc_sync:-"kx = $kx$phase_lines"} ;;
     local_adam*|favg*) period="kx = ${la_kx:-$kx}" ;;
   esac
   [[ -z $lanes ]] || lanes_line="lanes = $lanes"

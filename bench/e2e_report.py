@@ -34,12 +34,16 @@ def quantile(xs, q):
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
 
 
+def rank_files(results, method):
+    """The leader's metrics.jsonl, then the other ranks'."""
+    files = [Path(results) / method / "metrics.jsonl"]
+    return files + sorted((Path(results) / method / "ranks").glob("*/metrics.jsonl"))
+
+
 def rank_steps(results, method):
     """step -> [step_ms of every rank], from the leader's and the other ranks' metrics."""
-    files = [Path(results) / method / "metrics.jsonl"]
-    files += sorted((Path(results) / method / "ranks").glob("*/metrics.jsonl"))
     by_step = {}
-    for f in files:
+    for f in rank_files(results, method):
         for line in open(f):
             l = json.loads(line)
             if l["type"] == "train":
@@ -89,10 +93,8 @@ def load(results, method, target):
 
 def rank_means(results, method):
     """Every rank's mean step_ms and mean sync_ms (steps 2..N), leader first."""
-    files = [Path(results) / method / "metrics.jsonl"]
-    files += sorted((Path(results) / method / "ranks").glob("*/metrics.jsonl"))
     out = []
-    for f in files:
+    for f in rank_files(results, method):
         train = [json.loads(l) for l in open(f)]
         train = [l for l in train if l["type"] == "train" and l["step"] > 1]
         if train:

@@ -44,6 +44,7 @@ void DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
   if (due.empty()) return;
   averager_ = &averager;
   averager.begin_step(t);
+  std::vector<DueAverage> control;
   for (std::size_t k = 0; k < due.size(); ++k) {
     const DueAverage& d = due[k];
     Pending p;
@@ -62,10 +63,11 @@ void DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
     Pending& q = pending_.emplace_back(std::move(p));
     for (std::vector<float>& m : q.mean) q.views.emplace_back(m);
     on_wire_.push_back(&q);
-    // The exchange judges the snapshots: the values the average starts from.
-    control_.push_back({q.kind, q.views, q.codec ? &*q.codec : nullptr});
+    // The exchange judges the snapshots: the values the average starts from (their views
+    // stay put in pending_ until close_control() has run).
+    control.push_back({q.kind, q.views, q.codec ? &*q.codec : nullptr});
   }
-  averager.open_control(control_, stop);
+  averager.open_control(control, stop);
   {
     const std::lock_guard lock(mu_);
     sent_ = 0;
@@ -128,7 +130,6 @@ void DelayedAverages::complete_through(std::size_t count) {
   if (completed_ == on_wire_.size()) {
     join();
     on_wire_.clear();
-    control_.clear();
     completed_ = 0;
   }
 }
@@ -230,7 +231,6 @@ void DelayedAverages::abandon() {
   if (comm_.joinable()) comm_.join();
   comm_error_ = nullptr;
   on_wire_.clear();
-  control_.clear();
   completed_ = 0;
   answer_ = {};
   pending_.clear();

@@ -69,14 +69,10 @@ void RegionalAverager::complete_average(optim::StateKind kind,
 }
 
 bool RegionalAverager::exchange_control(std::span<const DueAverage> due, bool stop) {
-  open_step();
-  std::vector<DueAverage> job, region;
-  for (const DueAverage& d : due) (job_wide(d.kind) ? job : region).push_back(d);
-  bool any_stop = false;
-  if (!job.empty()) any_stop = global_.exchange_control(job, stop);
-  if (!region.empty()) region_.exchange_control(region, false);
-  collect_rejections(rejections_);
-  return any_stop;
+  open_control(due, stop);
+  const ControlAnswer answer = close_control();
+  record_rejections(answer.rejections);
+  return answer.stop;
 }
 
 void RegionalAverager::open_control(std::span<const DueAverage> due, bool stop) {

@@ -130,8 +130,9 @@ class Averager {
   // exchange_control() returns, what take_measure() would then give, and the guard's
   // rejections, which the caller records (record_rejections) once the thread is joined: the
   // trainer reads rejections() meanwhile. The verdicts are held for the averages as with
-  // exchange_control(). `due` (its spans and payloads) must stay alive and unchanged until
-  // close_control() returns. By default the first half keeps its arguments and the second
+  // exchange_control(). What each DueAverage points to (its replicas' spans, their payloads,
+  // its codec views) must stay alive and unchanged until close_control() returns; the `due`
+  // array itself may go. By default the first half keeps its arguments and the second
   // makes the whole exchange.
   struct ControlAnswer {
     bool stop = false;

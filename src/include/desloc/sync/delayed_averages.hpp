@@ -125,7 +125,6 @@ class DelayedAverages {
   std::list<Pending> pending_;
   std::vector<std::vector<float>> spare_;  // folded averages' buffers (reuse)
   std::vector<Pending*> on_wire_;          // the batch the thread is averaging, in start order
-  std::vector<DueAverage> control_;        // its snapshots, as the control exchange takes them
   Averager::ControlAnswer answer_;         // the exchange's answer, from the thread
   bool answered_ = false;                  // answer_ taken (by the batch's first completion)
   std::size_t completed_ = 0;              // on_wire_[0, completed_) completed inside the site
