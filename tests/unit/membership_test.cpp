@@ -931,6 +931,57 @@ TEST(Membership, FindStragglerNamesTheSenderOfTheOnlySlowLink) {
   EXPECT_EQ(s->evidence, 6000ms);
 }
 
+// One direction at 1% starves the other direction's ACKs, so both ends of the one link that
+// stands out can carry its longest backlog. A backlog of at least 1 s on another link of one
+// end names that end; without one (or with noise only) the sender goes.
+TEST(Membership, FindStragglerNamesTheEndOfOneSlowLinkWhoseOtherLinksAreSlowToo) {
+  const IpAddress west = parse_ip_address("10.0.0.1"), east = parse_ip_address("10.0.0.2"),
+                  north = parse_ip_address("10.0.0.3");
+  const std::map<IpAddress, std::string> at{{west, "west"}, {east, "east"}, {north, "north"}};
+  const auto report = [](std::int64_t ms, IpAddress to) {
+    Recover r;
+    r.operation_ms = 5000;
+    r.backlog_ms = static_cast<std::uint32_t>(ms);
+    r.backlog_peer = to;
+    return r;
+  };
+  // north's ingress throttled: west's data to north stands out 8x over east's, yet east's is
+  // slow too, and only north's links carry it.
+  std::map<RankId, Recover> ingress;
+  ingress[{"west", 0}] = report(16000, north);
+  ingress[{"east", 0}] = report(2000, north);
+  ingress[{"north", 0}] = report(10, west);
+  auto s = find_straggler(ingress, 4.0, at);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->site, "north");
+  EXPECT_TRUE(s->inbound);
+  EXPECT_EQ(s->evidence, 16000ms);
+  EXPECT_EQ(s->corroboration, 2000ms);
+  // north's egress throttled, the longest backlog west's (its ACKs come back from north):
+  // north's own data to east is slow too.
+  std::map<RankId, Recover> egress;
+  egress[{"west", 0}] = report(12000, north);
+  egress[{"east", 0}] = report(10, west);
+  egress[{"north", 0}] = report(2500, east);
+  s = find_straggler(egress, 4.0, at);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->site, "north");
+  // Under a second on the third link is noise: the sender, as between two sites.
+  ingress[{"east", 0}] = report(900, north);
+  s = find_straggler(ingress, 4.0, at);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->site, "west");
+  EXPECT_FALSE(s->inbound);
+  EXPECT_EQ(s->corroboration, 0ms);
+  // A third-site backlog on the sender's side wins it the drop.
+  ingress[{"east", 0}] = report(1500, west);
+  ingress[{"north", 0}] = report(10, east);
+  s = find_straggler(ingress, 4.0, at);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->site, "west");
+  EXPECT_EQ(s->corroboration, 1500ms);
+}
+
 TEST(Membership, FindStragglerNeedsTwoSitesAndARatio) {
   std::map<RankId, Recover> reports;
   Recover slow;

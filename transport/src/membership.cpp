@@ -97,9 +97,26 @@ std::optional<Straggler> find_straggler(const std::map<RankId, Recover>& reports
     if (!late) standing.push_back(s);
   }
   if (standing.empty()) return std::nullopt;
-  // Both ends of one slow link: the sender.
+  // Both ends of one slow link stand out on the same evidence. At 1% one direction of a link
+  // also starves the other's ACKs, so its backlog says little about which end is slow; a
+  // backlog on another link of one end does: a throttled ingress also slows the data a third
+  // site sends there, a throttled egress what it sends to a third site. So the end with such
+  // a backlog (at least kStragglerFloor, and longer than the other end's), else the sender.
+  const auto corroboration = [&](const Straggler& s) {
+    milliseconds most{0};
+    for (const Item& i : items) {
+      if (!i.backlog || i.to.empty() || (i.from != s.site && i.to != s.site)) continue;
+      const std::string& far = i.from == s.site ? i.to : i.from;
+      const bool far_stands = std::any_of(standing.begin(), standing.end(),
+                                          [&](const Straggler& o) { return o.site == far; });
+      if (!far_stands) most = std::max(most, i.ms);
+    }
+    return most >= kStragglerFloor ? most : milliseconds{0};
+  };
+  for (Straggler& s : standing) s.corroboration = corroboration(s);
   return *std::min_element(standing.begin(), standing.end(), [](const auto& a, const auto& b) {
-    return std::tie(b.evidence, a.inbound) < std::tie(a.evidence, b.inbound);
+    return std::tie(b.evidence, b.corroboration, a.inbound) <
+           std::tie(a.evidence, a.corroboration, b.inbound);
   });
 }
 

@@ -175,8 +175,10 @@ class Roster {
 // send's wait against its own site. A site stands out when the evidence on links that touch it
 // (it sends or receives there) is at least kStragglerFloor and `ratio` times the evidence on
 // every link that does not. So a throttled egress (its backlogs to every peer) and a throttled
-// ingress (every peer's backlog to it) both point at that site; where both ends of one slow
-// link stand out (two sites, or one slow direction), the sender is named. A send's wait alone
+// ingress (every peer's backlog to it) both point at that site. Where both ends of one slow
+// link stand out on it (two sites, or one slow direction, whose ACKs starve the other
+// direction), the end whose links to third sites carry a backlog of at least kStragglerFloor
+// (and longer than the other end's) is named, else the sender. A send's wait alone
 // also needs every other site inside the operation at least half that long: a site that
 // entered late (say one that computed slowly and left its predecessor's sends unread) is no
 // evidence against the predecessor, and its kernel had acknowledged those bytes, so no backlog
@@ -191,6 +193,9 @@ struct Straggler {
   bool backlog = false;                   // the evidence is a TCP backlog, not a send's wait
   bool inbound = false;  // the backlog is other sites' data to it, not its own to them
   std::chrono::milliseconds others{0};  // the longest on links that do not touch it
+  // The longest backlog (kStragglerFloor or more, else 0) on its links to sites that do not
+  // stand out: what tells the two ends of one slow link apart.
+  std::chrono::milliseconds corroboration{0};
 };
 std::optional<Straggler> find_straggler(const std::map<RankId, Recover>& reports, double ratio,
                                         const std::map<IpAddress, std::string>& site_at = {});
