@@ -4,7 +4,7 @@
 //
 //   bench_wan_allreduce rank --rank R --size N --exchange-dir DIR --out FILE --bytes B
 //       [--device DEV] [--rndv-thresh inf] [--chunk-bytes 1048576] [--inflight 8]
-//       [--spin-iterations 64] [--warmup 1] [--repeats 5] [--deadline-s 120] [--idle-ms 0]
+//       [--spin-iterations 0] [--warmup 1] [--repeats 5] [--deadline-s 120] [--idle-ms 0]
 //     One rank of an N-rank UCX group (one process per site, started inside the site's network
 //     namespace). Ranks find each other through files in DIR; the rank validates, warms up,
 //     times `repeats` all-reduces of B bytes and writes one JSON record to FILE. --idle-ms
@@ -126,7 +126,7 @@ struct RankOptions {
   std::string rndv_thresh = "inf";
   std::int64_t chunk_bytes = 1 << 20;
   int inflight = 8;
-  int spin_iterations = 64;
+  int spin_iterations = 0;  // as the trainer's wide-area groups (transport.wan_spin_iterations)
   int warmup = 1;
   int repeats = 5;
   int deadline_s = 120;

@@ -67,7 +67,7 @@ transport::UcxOptions ucx_options(const train::TransportSection& t, bool wide_ar
   o.tls = wide_area ? t.tls : t.site_tls;
   o.net_devices = wide_area ? t.net_devices : t.site_net_devices;
   o.rndv_thresh = t.rndv_thresh;
-  o.spin_iterations = t.spin_iterations;
+  o.spin_iterations = wide_area ? t.wan_spin_iterations : t.spin_iterations;
   // UCX 1.13's shared-memory transports refuse peer-failure endpoints (docs/transport.md).
   const bool shm =
       o.tls.find("sm") != std::string::npos || o.tls.find("posix") != std::string::npos ||

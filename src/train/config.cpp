@@ -442,7 +442,10 @@ void bind_transport(Binder& b, TransportSection& t) {
            "UCX_RNDV_THRESH (\"inf\" = eager only, measured faster on links with latency; \"\" = "
            "UCX default)");
   b.integer("spin_iterations", t.spin_iterations,
-            "progress polls before sleeping on the UCX event fd", 0, 1 << 30);
+            "progress polls before sleeping on the UCX event fd, in the site group", 0, 1 << 30);
+  b.integer("wan_spin_iterations", t.wan_spin_iterations,
+            "the same in the wide-area groups (0: sleep as soon as UCX has nothing to do)", 0,
+            1 << 30);
   b.real("deadline_s", t.deadline_s, "every collective must finish within this", 0.0, 1e6, true);
   b.boolean("chunk_headers", t.chunk_headers, "CRC32C and context header on every wide-area chunk");
   b.integer("lanes", t.lanes,

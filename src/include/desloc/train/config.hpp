@@ -77,7 +77,10 @@ struct TransportSection {
   // UCX_RNDV_THRESH ("" = UCX default, "inf" = never). Eager only: on a 60 ms round trip UCX's
   // rendezvous costs a round trip per chunk (2 sites, 100 Mbit, 16 MiB: 1575 ms against 1465).
   std::string rndv_thresh = "inf";
-  int spin_iterations = 64;   // progress polls before sleeping on the event fd
+  int spin_iterations = 64;  // site group: progress polls before sleeping on the event fd
+  // Wide-area groups: a packet tens of milliseconds away never lands within a spin, and each
+  // idle poll of the tcp transport is a syscall (docs/transport.md).
+  int wan_spin_iterations = 0;
   float deadline_s = 60.0f;   // every collective must finish within this
   bool chunk_headers = true;  // CRC32C + context header on every wide-area chunk
   // Wide-area rings per WAN group: 2 sends half of each shard round the reversed ring too, so
