@@ -187,8 +187,9 @@ Command add_profile(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "profile",
       "measure a job's topology on this machine (one process per rank, like launch): latency "
-      "and bandwidth of every site pair, one at a time and all at once, and the compute step; "
-      "writes topology.toml. Across machines: `desloc worker --profile FILE` on every rank");
+      "and bandwidth of every site pair, one at a time and all at once, the compute step, and "
+      "the compute the communication's CPU takes per MB sent (steal); writes topology.toml. Across "
+      "machines: `desloc worker --profile FILE` on every rank");
   cmd->add_option("-c,--config", opts->config_path, "job config (TOML)")->required();
   cmd->add_option("--out", opts->out, "where to write the topology")->capture_default_str();
   return {cmd, [opts] {

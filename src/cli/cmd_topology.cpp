@@ -387,8 +387,8 @@ int run_simulate(const SimulateOptions& o) {
         line.c_str(), codecs.ratio[0], codecs.ratio[1], codecs.ratio[2],
         std::max({codecs.seconds[0], codecs.seconds[1], codecs.seconds[2]}));
   }
-  std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s\n", "method", "ms/step", "total", "comm s",
-              "wait s", "syncs", "MB/site", "vs none");
+  std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s %9s\n", "method", "ms/step", "total",
+              "comm s", "wait s", "syncs", "MB/site", "vs none", "steal s");
   double none_total = 0;
   for (const auto& method : methods) {
     auto job = base;
@@ -400,10 +400,11 @@ int run_simulate(const SimulateOptions& o) {
     const std::string total = r.total_s >= 86400  ? fmt::format("{:.2f} days", r.total_s / 86400)
                               : r.total_s >= 3600 ? fmt::format("{:.2f} h", r.total_s / 3600)
                                                   : fmt::format("{:.1f} s", r.total_s);
-    std::printf("%-11s %10.1f %12s %10.3f %10.3f %8lld %12.1f %9s\n",
+    std::printf("%-11s %10.1f %12s %10.3f %10.3f %8lld %12.1f %9s %9.3f\n",
                 std::string(to_string(method)).c_str(), r.step_s * 1e3, total.c_str(), r.comm_s,
                 r.wait_s, static_cast<long long>(r.syncs), r.bytes_per_site / 1e6,
-                none_total > 0 ? fmt::format("{:.3f}x", r.total_s / none_total).c_str() : "-");
+                none_total > 0 ? fmt::format("{:.3f}x", r.total_s / none_total).c_str() : "-",
+                r.steal_s);
   }
   return 0;
 }

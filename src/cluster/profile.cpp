@@ -11,12 +11,21 @@
 //             measured by its sender.
 // Then all pairs stream at once (a 2-rank all-reduce on every pair concurrently, each on its
 // own thread), for the contended rate. Each site also times training steps of the configured
-// model. Rank 0 of site 0 gathers everything and writes the file, and names every link whose
-// bandwidth-delay product its TCP buffers may not cover (topology/tcp_window.hpp).
+// model: alone before and after, for the step time, and on the main thread while its pairs
+// stream, for the steal: the process's CPU per step beyond alone, per byte the site sent,
+// scaled by the share of a core the compute gets alone (where the communication's CPU comes
+// out of the compute, as on a site whose compute fills its cores, a CPU second costs the step
+// 1 / share seconds of wall time). Rank 0 of site 0 gathers everything and writes the file,
+// and names every link whose bandwidth-delay product its TCP buffers may not cover
+// (topology/tcp_window.hpp).
 #include <fmt/format.h>
 
+#include <time.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -118,34 +127,87 @@ double stream(transport::Collective& pair, int sender, double rtt) {
   return rate;
 }
 
-double measure_step(const train::JobConfig& cfg) {
-  const data::DatasetInfo dataset = data::load_dataset(cfg.data.dir);
-  auto model =
-      model::make_model(cfg.model, {cfg.train.backend, cfg.train.threads, cfg.data.batch, 0});
-  std::vector<float> x(model->layout().total());
-  model::init_params(model->layout(), cfg.model, cfg.train.seed, x);
-  std::copy(x.begin(), x.end(), model->params().begin());
-  model->params_updated();
-  const int B = cfg.data.batch, T = cfg.seq_len();
-  data::DataLoader loader(dataset, B, T, cfg.data.seed, 0, 1);
-  std::vector<std::int32_t> in(static_cast<std::size_t>(B) * T), tgt(in.size());
-  std::vector<double> times;
-  for (int i = 0; i < 7; ++i) {
-    loader.next(in, tgt);
-    const auto t0 = Clock::now();
-    model->forward_backward({in, tgt, B, T});
-    if (i >= 2) times.push_back(seconds_since(t0));
-  }
-  return quantile(times, 0.5);
+double process_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
+
+// Training steps of the configured model: wall time and the process's CPU time (every thread,
+// the communication's included) of each.
+class StepBench {
+ public:
+  struct Sample {
+    double wall_s, cpu_s;
+  };
+  explicit StepBench(const train::JobConfig& cfg)
+      : dataset_(data::load_dataset(cfg.data.dir)),
+        model_(model::make_model(cfg.model,
+                                 {cfg.train.backend, cfg.train.threads, cfg.data.batch, 0})),
+        B_(cfg.data.batch),
+        T_(cfg.seq_len()),
+        loader_(dataset_, B_, T_, cfg.data.seed, 0, 1),
+        in_(static_cast<std::size_t>(B_) * T_),
+        tgt_(in_.size()) {
+    std::vector<float> x(model_->layout().total());
+    model::init_params(model_->layout(), cfg.model, cfg.train.seed, x);
+    std::copy(x.begin(), x.end(), model_->params().begin());
+    model_->params_updated();
+  }
+  Sample step() {
+    loader_.next(in_, tgt_);
+    const auto t0 = Clock::now();
+    const double c0 = process_cpu_s();
+    model_->forward_backward({in_, tgt_, B_, T_});
+    return {seconds_since(t0), process_cpu_s() - c0};
+  }
+  // `n` steps after `warmup` untimed ones.
+  std::vector<Sample> run(int n, int warmup = 0) {
+    for (int i = 0; i < warmup; ++i) step();
+    std::vector<Sample> out;
+    for (int i = 0; i < n; ++i) out.push_back(step());
+    return out;
+  }
+
+ private:
+  data::DatasetInfo dataset_;
+  std::unique_ptr<model::Model> model_;
+  int B_, T_;
+  data::DataLoader loader_;
+  std::vector<std::int32_t> in_, tgt_;
+};
+
+double mean_cpu(const std::vector<StepBench::Sample>& s) {
+  double sum = 0;
+  for (const auto& x : s) sum += x.cpu_s;
+  return s.empty() ? 0.0 : sum / double(s.size());
+}
+
+// The mean, not the median: where sites share cores a step's wall time swings with the
+// scheduler (63-145 ms for a 100 ms step here), and a job's time is the sum of its steps.
+double mean_wall(const std::vector<StepBench::Sample>& s) {
+  double sum = 0;
+  for (const auto& x : s) sum += x.wall_s;
+  return s.empty() ? 0.0 : sum / double(s.size());
+}
+
+// The steal (header comment): seconds of compute lost per byte sent while the pairs stream.
+constexpr int kMinLoadedSteps = 5;
+constexpr double kLoadSeconds = 3.0;  // the pairs stream at least this long, and 30 steps
+constexpr int kStepsBefore = 15, kStepsAfter = 10;  // alone, before and after the streaming
+struct Steal {
+  double s_per_byte = 0, cpu_alone_s = 0, cpu_loaded_s = 0;
+  int steps = 0;
+};
 
 }  // namespace
 
 int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
                        const std::string& out_path) {
   Session ss = join_job(cfg, opts, /*pair_groups=*/true);
-  const double step_s = measure_step(cfg);
-  log::info("{}: compute step {:.1f} ms", ss.name, step_s * 1e3);
+  StepBench bench(cfg);
+  std::vector<StepBench::Sample> alone = bench.run(kStepsBefore, 2);
+  log::info("{}: compute step {:.1f} ms", ss.name, mean_wall(alone) * 1e3);
   if (ss.rank != 0) {
     ss.leave();
     return 0;
@@ -172,45 +234,94 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
         }
       }
     }
-  // All pairs at once: a 2-rank all-reduce moves the buffer once in each direction.
+  // All pairs at once: a 2-rank all-reduce moves the buffer once in each direction (each rank
+  // sends it once). The first timed one gives the contended rate; the pair's lower rank then
+  // chooses how many more keep the links busy for kLoadSeconds and 30 steps, while the main
+  // thread trains.
   ss.wan_group->barrier();
+  Steal steal;
   {
     const std::size_t bytes = std::size_t{16} << 20;
     std::vector<std::thread> threads;
-    std::vector<double> secs(static_cast<std::size_t>(S), 0.0);
+    std::vector<double> secs(static_cast<std::size_t>(S), 0.0),
+        sent_bps(static_cast<std::size_t>(S), 0.0);
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(S));
+    std::atomic<int> streaming{0}, finished{0};
+    const double load_s = std::max(kLoadSeconds, 30 * mean_wall(alone));
     for (int k = 0; k < S; ++k) {
       if (k == me) continue;
       threads.emplace_back([&, k] {
+        bool counted = false;
         try {
           std::vector<float> data(bytes / sizeof(float), 1.0f);
           auto& pair = *ss.pairs[std::size_t(k)];
           pair.all_reduce_sum(data);  // warm-up
+          streaming.fetch_add(1);
+          counted = true;
           const auto t0 = Clock::now();
           pair.all_reduce_sum(data);
           secs[std::size_t(k)] = seconds_since(t0);
+          std::uint64_t more = static_cast<std::uint64_t>(
+              std::clamp(std::ceil(load_s / std::max(secs[std::size_t(k)], 1e-6)) - 1, 0.0, 64.0));
+          pair.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&more, 1)), 0);
+          for (std::uint64_t i = 0; i < more; ++i) pair.all_reduce_sum(data);
+          sent_bps[std::size_t(k)] = double(bytes) * double(more + 1) / seconds_since(t0);
         } catch (...) {
           errors[std::size_t(k)] = std::current_exception();
+          if (!counted) streaming.fetch_add(1);
         }
+        finished.fetch_add(1);
       });
     }
+    // Steps while every pair streams: from the last pair's start to the first one's end.
+    while (streaming.load() < S - 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::vector<StepBench::Sample> loaded;
+    while (finished.load() == 0 && S > 1) loaded.push_back(bench.step());
     for (auto& t : threads) t.join();
     for (auto& e : errors)
       if (e) std::rethrow_exception(e);
     for (int k = 0; k < S; ++k)
       if (k != me) out[std::size_t(k)].contended_bps = double(bytes) / secs[std::size_t(k)];
+    // Alone again, every site at once, so that a drift of the machine between the two
+    // measurements does not read as steal.
+    ss.wan_group->barrier();
+    const std::vector<StepBench::Sample> after = bench.run(kStepsAfter);
+    alone.insert(alone.end(), after.begin(), after.end());
+    steal.steps = static_cast<int>(loaded.size());
+    steal.cpu_alone_s = mean_cpu(alone);
+    steal.cpu_loaded_s = mean_cpu(loaded);
+    double window_s = 0, rate = 0;
+    for (const auto& s : loaded) window_s += s.wall_s;
+    for (double r : sent_bps) rate += r;
+    const double share = std::min(1.0, steal.cpu_alone_s / std::max(mean_wall(alone), 1e-9));
+    if (steal.steps >= kMinLoadedSteps && rate > 0 && share > 0)
+      steal.s_per_byte = std::max(0.0, steal.cpu_loaded_s - steal.cpu_alone_s) *
+                         double(steal.steps) / (share * rate * window_s);
+    else if (S > 1)
+      log::warn(
+          "{}: only {} training steps ran while the links streamed (at least {} needed): "
+          "no steal measured",
+          ss.name, steal.steps, kMinLoadedSteps);
+    log::info(
+        "{}: CPU per step {:.1f} ms alone, {:.1f} ms while every pair streamed ({} steps): "
+        "steal {:.2f} ms per MB sent",
+        ss.name, steal.cpu_alone_s * 1e3, steal.cpu_loaded_s * 1e3, steal.steps,
+        steal.s_per_byte * 1e9);
   }
 
   // Gather every site's row (step time, its largest TCP buffers, its outgoing links) at every
   // rank 0.
-  constexpr std::size_t kHead = 4;
+  constexpr std::size_t kHead = 7;
   const std::size_t row = kHead + 4 * static_cast<std::size_t>(S);
   std::vector<double> mine(row), all(row * static_cast<std::size_t>(S));
   const topology::TcpBuffers buffers = topology::read_tcp_buffers();
-  mine[0] = step_s;
+  mine[0] = mean_wall(alone);
   mine[1] = buffers.send_max;
   mine[2] = buffers.receive_max;
   mine[3] = buffers.slow_start_after_idle;
+  mine[4] = steal.s_per_byte;
+  mine[5] = steal.cpu_alone_s;
+  mine[6] = steal.cpu_loaded_s;
   for (int k = 0; k < S; ++k) {
     const auto& r = out[std::size_t(k)];
     std::copy_n(
@@ -232,7 +343,7 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
     std::map<std::string, topology::TcpBuffers> site_buffers;
     for (int s = 0; s < S; ++s) {
       const double* r = all.data() + row * std::size_t(s);
-      topo.sites.push_back({ss.sites[std::size_t(s)], r[0]});
+      topo.sites.push_back({ss.sites[std::size_t(s)], r[0], r[4]});
       site_buffers[ss.sites[std::size_t(s)]] = {r[1], r[2], static_cast<int>(r[3])};
       for (int k = 0; k < S; ++k) {
         if (k == s) continue;
@@ -246,7 +357,10 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
             link.from.c_str(), link.to.c_str(), l[0] * 8 / 1e6, l[3] * 8 / 1e6, l[1] * 1e3,
             l[2] * 1e3);
       }
-      std::printf("%-8s compute step %.1f ms\n", ss.sites[std::size_t(s)].c_str(), r[0] * 1e3);
+      std::printf(
+          "%-8s compute step %.1f ms; steal %.2f ms per MB sent (CPU per step %.1f ms alone, "
+          "%.1f ms while every pair streamed)\n",
+          ss.sites[std::size_t(s)].c_str(), r[0] * 1e3, r[4] * 1e9, r[5] * 1e3, r[6] * 1e3);
     }
     for (const auto& [site, b] : site_buffers)
       std::printf("%-8s largest TCP buffers: send %.1f MiB, receive %.1f MiB\n", site.c_str(),

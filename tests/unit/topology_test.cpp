@@ -73,6 +73,14 @@ TEST(Topology, RoundTripsThroughToml) {
     EXPECT_NEAR(back.links[i].latency_s, t.links[i].latency_s, 1e-12);
   }
   EXPECT_EQ(back.meta.at("source"), "test");
+  EXPECT_EQ(to_toml(t).find("steal_ms_per_mb"), std::string::npos) << "written only when set";
+  std::string stolen = topology_toml("AB", 50, triangle);
+  stolen.insert(stolen.find("step_ms = ") + 10 + std::to_string(50.0).size() + 1,
+                "steal_ms_per_mb = 9.5\n");
+  const Topology s = parse_topology(stolen, "s.toml");
+  EXPECT_DOUBLE_EQ(s.site("A").steal_s_per_byte, 9.5e-9);
+  EXPECT_DOUBLE_EQ(s.site("B").steal_s_per_byte, 0.0);
+  EXPECT_DOUBLE_EQ(parse_topology(to_toml(s), "s2.toml").site("A").steal_s_per_byte, 9.5e-9);
 }
 
 TEST(Topology, BadInputIsNamed) {
@@ -98,6 +106,12 @@ TEST(Topology, BadInputIsNamed) {
   std::string typo = good;
   typo.replace(typo.find("step_ms"), 7, "step_mz");
   expect_config_error(typo, "step_ms");
+  for (const char* bad : {"-1.0", "nan", "\"fast\""}) {
+    std::string b = good;
+    b.insert(b.find("step_ms = ") + 10 + std::to_string(10.0).size() + 1,
+             std::string("steal_ms_per_mb = ") + bad + "\n");
+    expect_config_error(b, "site.steal_ms_per_mb");
+  }
   expect_config_error("[meta]\n", "no [[site]]");
   expect_config_error("[[site]]\nname = \"A\"\nstep_ms = 1\n[sites]\n", "unknown table 'sites'");
 }
@@ -381,6 +395,58 @@ TEST(Simulator, ADelayedAverageWaitsOnlyAtAFoldThatComesBeforeIt) {
   EXPECT_EQ(u_starts, 19);
   EXPECT_NEAR(simulate(t, job).total_s, 95.0 + double(u_starts) * (exchange + 2 * sync - 0.3),
               1e-9);
+}
+
+// Overlapped averages take their sites' steal (per byte sent) and the codec's work from the
+// compute, spread over the delay; blocking averages take none (the sites wait for them anyway).
+// The planner lengthens a delayed plan's period until that cost is within target too.
+TEST(Simulator, OverlappedAveragesTakeTheStealAndTheCodecFromTheCompute) {
+  Topology t = parse_topology(topology_toml("ABC", 100, triangle, 20), "tri.toml");
+  SimJob job;
+  job.state_bytes = 1e6;
+  job.steps = 950;
+  job.schedule = {SyncMethod::kDesloc, 16, 48, 96, 0, 0, 0};
+  job.delay = {8, 12, 14};
+  const SimResult free = simulate(t, job);
+  ASSERT_NEAR(free.total_s, 95.0, 1e-9);
+  EXPECT_EQ(free.steal_s, 0.0);
+  for (auto& s : t.sites) s.steal_s_per_byte = 2e-9;  // 2 ms per MB
+  // 59 x, 19 u and 9 v averages start; a site sends 2 (n - 1) / n of the state for each.
+  const double per_average = 2e-9 * 1e6 * 4.0 / 3.0;
+  std::int64_t starts = 0;
+  for (std::int64_t step = 1; step <= job.steps; ++step) starts += job.schedule.at(step).states();
+  const SimResult stolen = simulate(t, job);
+  ASSERT_EQ(starts, 59 + 19 + 9);
+  // The last x average (at 944) spreads its steal over steps 944 to 951: 7 of 8 in the job.
+  const double expect = (double(starts) - 1.0 + 7.0 / 8.0) * per_average;
+  EXPECT_NEAR(stolen.steal_s, expect, 1e-9);
+  EXPECT_NEAR(stolen.total_s, 95.0 + expect, 1e-6) << "no site waits: each one's compute grows";
+  job.codec_s = {0.004, 0.004, 0.004};
+  EXPECT_NEAR(simulate(t, job).steal_s, expect * (per_average + 0.004) / per_average, 1e-9);
+  job.codec_s = {};
+  job.delay = {};  // blocking: the steal costs nothing beyond the wire
+  const SimResult blocking = simulate(t, job);
+  EXPECT_EQ(blocking.steal_s, 0.0);
+  for (auto& s : t.sites) s.steal_s_per_byte = 0.0;
+  EXPECT_NEAR(simulate(t, job).total_s, blocking.total_s, 1e-12);
+
+  PlanRequest req;
+  req.state_bytes = 3.3e6;
+  req.target_overhead = 0.05;
+  req.steps = 100000;
+  req.delayed = true;
+  req.fragments = 1;
+  const Plan wire = make_plan(t, req);
+  for (auto& s : t.sites) s.steal_s_per_byte = 10e-9;  // 10 ms per MB: 44 ms per x average
+  const Plan p = make_plan(t, req);
+  EXPECT_GT(p.kx, wire.kx);
+  EXPECT_EQ(p.delay, wire.delay) << "the wire's time is the same";
+  EXPECT_LE(p.overhead, 0.05);
+  // 44 ms per x window (x, u a third and v a sixth as often: 66 ms) within 5% of Kx steps.
+  EXPECT_GE(double(p.kx) * 0.1 * 0.05, 10e-9 * 3.3e6 * 4.0 / 3.0 * 1.5 * 0.9);
+  bool said = false;
+  for (const auto& line : p.explanation) said |= line.find("steal: ") == 0;
+  EXPECT_TRUE(said) << "the explanation names the steal";
 }
 
 // The simulator and the trainer share one due rule: for every method, with and without

@@ -363,6 +363,7 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   const double exchange = exchange_seconds(t, plan.chosen.order);
   std::optional<Streaming> streaming;
   std::int64_t whole_kx = 0;  // delayed: the whole-average plan's Kx (0 = none)
+  std::int64_t wire_kx = 0;   // whole delayed averages: the Kx the wire alone would allow
   if (req.delayed && sync > 0 && req.fragments != 1) {
     // The whole-average plan first (when it exists), then any streaming plan that beats it.
     std::optional<ConfigError> whole_error;
@@ -411,6 +412,15 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(steps_per_sync)) - 1);
     kx = std::max<std::int64_t>(
         {plan.delay + 1, 3 * static_cast<std::int64_t>(std::ceil(steps_per_sync)), 3});
+    // No delay hides the communication's CPU (the sites' steal, the codec's work): it costs
+    // every average, so the period grows until the simulated overhead is within target.
+    const auto simulated = [&](std::int64_t k) {
+      return delayed_overhead(
+          t, req, plan.chosen,
+          {SyncMethod::kDesloc, k, a * k, b * k, 0, (k + 1) / 3, (2 * k + 1) / 3}, plan.delay);
+    };
+    wire_kx = kx;
+    while (kx < max_kx && simulated(kx) > req.target_overhead) ++kx;
     if (req.max_delay > 0 && plan.delay > req.max_delay && req.fragments == 1)
       throw ConfigError(fmt::format(
           "plan: whole delayed averages need a delay of {} steps (one sync of {:.3g} s against a "
@@ -468,6 +478,15 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         "1/{}, 1/{}), plus {:.3f} s of codec work per average",
         req.codec_keys.empty() ? std::string("as given") : one_line(req.codec_keys), ratio,
         req.wire_ratio[0], req.wire_ratio[1], req.wire_ratio[2], a, b, codec_s));
+  const auto thief = std::max_element(
+      t.sites.begin(), t.sites.end(),
+      [](const auto& x, const auto& y) { return x.steal_s_per_byte < y.steal_s_per_byte; });
+  if (thief != t.sites.end() && thief->steal_s_per_byte > 0 && (req.delayed || req.overlap))
+    e.push_back(fmt::format(
+        "steal: overlapped averages take compute from the sites, up to {:.2f} ms per MB sent "
+        "(site {}; desloc profile measures it): {:.1f} ms per x average of this ring",
+        thief->steal_s_per_byte * 1e9, thief->name,
+        thief->steal_s_per_byte * P * 2.0 * double(names.size() - 1) / double(names.size()) * 1e3));
   for (const auto& c : plan.candidates)
     e.push_back(fmt::format("candidate {}: {:.3f} s per all-reduce, slowest link {}", c.describe(),
                             c.seconds, mbit(c.bottleneck_bps)));
@@ -507,9 +526,13 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         "delay tau = {}: an average of {:.3f} s after its control exchange ({:.1f} ms, on the "
         "communication thread) leaves the wire within tau + 1 = {} steps of {:.1f} ms (+{:.0f}% "
         "margin); Kx = {}: the averages a third of a window apart ({} steps) each finish before "
-        "the next starts, tau < Kx; simulated overhead {:.2f}% (within {:.1f}%)",
+        "the next starts, tau < Kx{}; simulated overhead {:.2f}% (within {:.1f}%)",
         plan.delay, sync, exchange * 1e3, plan.delay + 1, plan.step_s * 1e3,
-        100 * req.target_overhead, kx, kx / 3, 100 * plan.overhead, 100 * req.target_overhead));
+        100 * req.target_overhead, kx, kx / 3,
+        kx > wire_kx
+            ? fmt::format(" (the wire alone would allow Kx = {}; the steal needs {})", wire_kx, kx)
+            : std::string(),
+        100 * plan.overhead, 100 * req.target_overhead));
   else
     e.push_back(fmt::format(
         "Kx = {}: the smallest period whose overhead T_sync (1/Kx + 1/Ku + 1/Kv) / step = {:.2f}% "

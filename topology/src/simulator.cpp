@@ -19,6 +19,11 @@ struct Fold {
   std::int64_t step;
   double ready;
 };
+// Compute time an overlapped average takes from one site: `per_step` in each step up to `last`.
+struct Steal {
+  std::int64_t last;
+  double per_step;
+};
 }  // namespace
 
 SimResult simulate(const Topology& t, const SimJob& job) {
@@ -79,6 +84,11 @@ SimResult simulate(const Topology& t, const SimJob& job) {
   // all-reduce's hops.
   const double exchange = job.delayed() ? exchange_seconds(t, ring) : 0.0;
   std::vector<Fold> folds;
+  // Overlapped averages take CPU from the compute: steal per byte times the bytes a site sends,
+  // plus the codec's work (blocking averages cost no compute: the sites wait for them anyway).
+  const bool overlapped = job.delayed() || job.overlap_step || job.overlap;
+  std::vector<std::vector<Steal>> steals(n);
+  double stolen = 0;
   for (std::int64_t step = 1; step <= job.steps; ++step) {
     const SyncDecision due = job.schedule_at(step).at(step);
     const int states = n < 2 ? 0 : due.states();
@@ -95,10 +105,27 @@ SimResult simulate(const Topology& t, const SimJob& job) {
         bytes += grad_bytes;
       }
     }
+    if (overlapped && states > 0 && !due.grad) {
+      const bool kinds[3] = {due.x, due.u, due.v};
+      for (std::size_t k = 0; k < 3; ++k) {
+        if (!kinds[k]) continue;
+        const std::int64_t over = job.delayed() && !job.overlap ? job.delay[k] : 1;
+        for (std::size_t s = 0; s < n; ++s) {
+          const double cpu =
+              t.sites[s].steal_s_per_byte * per_state_bytes[k] + job.codec_s[k] / double(parts[k]);
+          if (cpu > 0) steals[s].push_back({step + over - 1, cpu / double(over)});
+        }
+      }
+    }
     std::vector<double> dts(n);
     for (std::size_t s = 0; s < n; ++s) {
       dts[s] = t.sites[s].step_s * (job.jitter > 0 ? std::exp(noise(gen)) : 1.0);
       compute[s] += dts[s];
+      for (auto it = steals[s].begin(); it != steals[s].end();) {
+        dts[s] += it->per_step;
+        stolen += it->per_step;
+        it = it->last <= step ? steals[s].erase(it) : it + 1;
+      }
     }
     // States due only inside the regions: each region averages over its own ring after its
     // sites' compute (at the step's start under sync.overlap = "step", unless a job-wide
@@ -205,6 +232,7 @@ SimResult simulate(const Topology& t, const SimJob& job) {
   r.step_s = r.total_s / double(job.steps);
   r.compute_s = *std::max_element(compute.begin(), compute.end());
   r.wait_s = n > 0 ? waited / double(n) : 0.0;
+  r.steal_s = n > 0 ? stolen / double(n) : 0.0;
   return r;
 }
 

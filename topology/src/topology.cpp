@@ -111,6 +111,8 @@ Topology from_table(const toml::table& root, const std::string& file) {
     SiteProfile s;
     s.name = r.string("name");
     s.step_s = r.positive("step_ms") / 1e3;
+    if (r.has("steal_ms_per_mb"))
+      s.steal_s_per_byte = r.positive("steal_ms_per_mb", /*allow_zero=*/true) / 1e9;
     r.done();
     if (!names.insert(s.name).second)
       throw ConfigError(fmt::format("{}: duplicate site '{}'", r.location(), s.name));
@@ -220,7 +222,10 @@ std::string to_toml(const Topology& t) {
     out << fmt::format("{} = \"{}\"\n", k, escaped);
   }
   for (const auto& s : t.sites)
-    out << fmt::format("\n[[site]]\nname = \"{}\"\nstep_ms = {:.6g}\n", s.name, s.step_s * 1e3);
+    out << fmt::format("\n[[site]]\nname = \"{}\"\nstep_ms = {:.6g}\n{}", s.name, s.step_s * 1e3,
+                       s.steal_s_per_byte > 0
+                           ? fmt::format("steal_ms_per_mb = {:.6g}\n", s.steal_s_per_byte * 1e9)
+                           : std::string());
   for (const auto& l : t.links)
     out << fmt::format(
         "\n[[link]]\nfrom = \"{}\"\nto = \"{}\"\nbandwidth_mbit = {:.6g}\nlatency_ms = {:.6g}\n{}",

@@ -12,6 +12,9 @@
 // With overlap (a what-if beyond what desloc does: averages that may run under any number of
 // following steps) a sync runs in the background and only delays the sites if the previous one
 // has not finished.
+// Averages that overlap compute also take CPU from it: each site's steal per byte (its
+// SiteProfile) times the bytes it sends for the average, plus the codec's seconds, lengthen
+// its compute, spread over the delay's steps (delayed) or in the step itself (the others).
 #pragma once
 
 #include <array>
@@ -75,6 +78,7 @@ struct SimResult {
   double compute_s = 0;       // the slowest site's compute alone
   double comm_s = 0;          // time spent in all-reduces (on the critical path without overlap)
   double wait_s = 0;          // mean per site of time spent waiting for slower sites at syncs
+  double steal_s = 0;         // mean per site of compute time lost to overlapped averages
   std::int64_t syncs = 0;     // all-reduces performed
   double bytes_per_site = 0;  // wide-area bytes each site sends (ring: 2(n-1)/n per state)
 };

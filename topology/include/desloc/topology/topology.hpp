@@ -8,6 +8,8 @@
 //   [[site]]
 //   name = "A"
 //   step_ms = 88.5          # compute time of one training step of the configured model
+//   steal_ms_per_mb = 9.5   # optional: compute time lost per MB the site's averages send while
+//                           # they overlap its compute (the communication's CPU)
 //   [[link]]
 //   from = "A"
 //   to = "B"
@@ -29,6 +31,9 @@ namespace desloc::topology {
 struct SiteProfile {
   std::string name;
   double step_s = 0.0;  // compute time of one step, seconds
+  // Compute time lost per wide-area byte the site sends while its averages overlap compute:
+  // the communication's CPU where it shares the cores with the compute (desloc profile).
+  double steal_s_per_byte = 0.0;
 };
 
 struct Topology {
