@@ -4,7 +4,8 @@
 //
 //   bench_wan_allreduce rank --rank R --size N --exchange-dir DIR --out FILE --bytes B
 //       [--device DEV] [--rndv-thresh inf] [--chunk-bytes 1048576] [--inflight 8]
-//       [--spin-iterations 0] [--warmup 1] [--repeats 5] [--deadline-s 120] [--idle-ms 0]
+//       [--spin-iterations 0] [--linger-us 0] [--warmup 1] [--repeats 5] [--deadline-s 120]
+//       [--idle-ms 0]
 //     One rank of an N-rank UCX group (one process per site, started inside the site's network
 //     namespace). Ranks find each other through files in DIR; the rank validates, warms up,
 //     times `repeats` all-reduces of B bytes and writes one JSON record to FILE. --idle-ms
@@ -127,6 +128,7 @@ struct RankOptions {
   std::int64_t chunk_bytes = 1 << 20;
   int inflight = 8;
   int spin_iterations = 0;  // as the trainer's wide-area groups (transport.wan_spin_iterations)
+  int linger_us = 0;        // as transport.wan_linger_us
   int warmup = 1;
   int repeats = 5;
   int deadline_s = 120;
@@ -173,7 +175,8 @@ int run_rank(int argc, char** argv) {
   bench::Flags(
       "bench_wan_allreduce rank --rank R --size N --exchange-dir DIR --out FILE [--bytes B] "
       "[--device DEV] [--rndv-thresh inf|auto|BYTES] [--chunk-bytes B] [--inflight K] "
-      "[--spin-iterations N] [--warmup W] [--repeats R] [--deadline-s S] [--idle-ms T] "
+      "[--spin-iterations N] [--linger-us U] [--warmup W] [--repeats R] [--deadline-s S] "
+      "[--idle-ms T] "
       "[--lane-share S]")
       .add("--rank", o.rank)
       .add("--size", o.size)
@@ -185,6 +188,7 @@ int run_rank(int argc, char** argv) {
       .add("--chunk-bytes", o.chunk_bytes)
       .add("--inflight", o.inflight)
       .add("--spin-iterations", o.spin_iterations)
+      .add("--linger-us", o.linger_us)
       .add("--warmup", o.warmup)
       .add("--repeats", o.repeats)
       .add("--deadline-s", o.deadline_s)
@@ -200,6 +204,8 @@ int run_rank(int argc, char** argv) {
     throw ConfigError("--bytes must be a positive multiple of 4 (float32)");
   if (o.repeats < 1 || o.warmup < 0) throw ConfigError("--repeats >= 1 and --warmup >= 0");
   if (o.idle_ms < 0) throw ConfigError("--idle-ms must be >= 0");
+  if (o.linger_us < 0 || o.linger_us > 1000000)
+    throw ConfigError("--linger-us must lie in [0, 1000000]");
   if (o.lane_share != 0 && !(o.lane_share > 0 && o.lane_share < 1 && o.size >= 3))
     throw ConfigError("--lane-share must lie in (0, 1), with --size >= 3 (two lanes)");
   if (o.device.empty()) {
@@ -219,6 +225,7 @@ int run_rank(int argc, char** argv) {
   ucx.net_devices = o.device;
   ucx.rndv_thresh = o.rndv_thresh == "auto" ? "" : o.rndv_thresh;
   ucx.spin_iterations = o.spin_iterations;
+  ucx.linger_us = o.linger_us;
   auto c = transport::make_ucx_collective(o.rank, o.size, exchange, copt, ucx);
   // The second lane: the reversed ring, its own group (rank reversed_rank), its own addresses.
   std::unique_ptr<transport::Collective> reverse;

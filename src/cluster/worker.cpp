@@ -68,6 +68,7 @@ transport::UcxOptions ucx_options(const train::TransportSection& t, bool wide_ar
   o.net_devices = wide_area ? t.net_devices : t.site_net_devices;
   o.rndv_thresh = t.rndv_thresh;
   o.spin_iterations = wide_area ? t.wan_spin_iterations : t.spin_iterations;
+  o.linger_us = wide_area ? t.wan_linger_us : 0;
   // UCX 1.13's shared-memory transports refuse peer-failure endpoints (docs/transport.md).
   const bool shm =
       o.tls.find("sm") != std::string::npos || o.tls.find("posix") != std::string::npos ||
@@ -239,8 +240,12 @@ Ports open_ports(const train::JobConfig& cfg, const Session& ss, bool pair_group
       p.region ? p.region->address() : transport::WorkerAddress{}};
   p.pairs.resize(static_cast<std::size_t>(S));
   for (int k = 0; k < S; ++k) {
-    if (pair_groups && ss.rank == 0 && k != ss.site_index)
-      p.pairs[std::size_t(k)] = transport::open_ucx_port(ucx_options(cfg.transport, true));
+    if (pair_groups && ss.rank == 0 && k != ss.site_index) {
+      // The profile's pairs time round trips: a linger would add to each.
+      transport::UcxOptions pair = ucx_options(cfg.transport, true);
+      pair.linger_us = 0;
+      p.pairs[std::size_t(k)] = transport::open_ucx_port(pair);
+    }
     addresses.push_back(p.pairs[std::size_t(k)] ? p.pairs[std::size_t(k)]->address()
                                                 : transport::WorkerAddress{});
   }

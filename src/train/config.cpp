@@ -446,6 +446,11 @@ void bind_transport(Binder& b, TransportSection& t) {
   b.integer("wan_spin_iterations", t.wan_spin_iterations,
             "the same in the wide-area groups (0: sleep as soon as UCX has nothing to do)", 0,
             1 << 30);
+  b.integer("wan_linger_us", t.wan_linger_us,
+            "wide-area groups: then sleep this long and take what arrived, while that brings "
+            "work, before sleeping on the event fd (one wake-up per linger, not per few packets; "
+            "adds up to this latency per wait; 0 = off)",
+            0, 1000000);
   b.real("deadline_s", t.deadline_s, "every collective must finish within this", 0.0, 1e6, true);
   b.boolean("chunk_headers", t.chunk_headers, "CRC32C and context header on every wide-area chunk");
   b.integer("lanes", t.lanes,

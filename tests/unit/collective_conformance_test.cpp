@@ -1,9 +1,9 @@
 // The Collective conformance suite: the same cases over every backend built here (UCX tcp on
-// loopback, eager only and with rendezvous; UCX shared memory; NCCL on the GPUs present), ranks
-// as threads: world sizes 1, 2, 3, 5; empty, tiny, unaligned and multi-chunk buffers;
-// all-reduce, all-gather, broadcast and barrier with closed-form results; byte accounting;
-// back-to-back mixed operations; a missing rank times out at the deadline. UCX-only cases
-// (argument checks, a missing address) follow. Every run is under a watchdog.
+// loopback, eager only, with rendezvous and with the wide-area groups' linger; UCX shared memory;
+// NCCL on the GPUs present), ranks as threads: world sizes 1, 2, 3, 5; empty, tiny, unaligned and
+// multi-chunk buffers; all-reduce, all-gather, broadcast and barrier with closed-form results; byte
+// accounting; back-to-back mixed operations; a missing rank times out at the deadline. UCX-only
+// cases (argument checks, a missing address) follow. Every run is under a watchdog.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -251,8 +251,8 @@ TEST_P(CollectivePeerConformance, MissingRankTimesOutNamingIt) {
 // "shared memory with rendezvous"). Jobs run eager only (transport.rndv_thresh = "inf"), which
 // passes; DESLOC_UCX_TEST_SM_RNDV=1 adds the rendezvous case back for debugging.
 std::vector<Backend> backends_under_test() {
-  std::vector<Backend> b{Backend::kUcxTcp, Backend::kUcxTcpRendezvous, Backend::kUcxSharedMemory,
-                         Backend::kNccl};
+  std::vector<Backend> b{Backend::kUcxTcp, Backend::kUcxTcpRendezvous, Backend::kUcxTcpLinger,
+                         Backend::kUcxSharedMemory, Backend::kNccl};
   if (std::getenv("DESLOC_UCX_TEST_SM_RNDV") != nullptr)
     b.push_back(Backend::kUcxSharedMemoryRendezvous);
   return b;

@@ -73,6 +73,7 @@ class Watchdog {
 enum class Backend {
   kUcxTcp,
   kUcxTcpRendezvous,
+  kUcxTcpLinger,  // the wide-area groups' progress: no spin, a 5 ms linger
   kUcxSharedMemory,
   kUcxSharedMemoryRendezvous,
   kNccl
@@ -84,6 +85,8 @@ inline const char* backend_name(Backend b) {
       return "ucx_tcp";
     case Backend::kUcxTcpRendezvous:
       return "ucx_tcp_rndv";
+    case Backend::kUcxTcpLinger:
+      return "ucx_tcp_linger";
     case Backend::kUcxSharedMemory:
       return "ucx_sm";
     case Backend::kUcxSharedMemoryRendezvous:
@@ -103,6 +106,10 @@ inline transport::UcxOptions ucx_options(Backend b) {
   o.rndv_thresh = "inf";
   if (b == Backend::kUcxTcpRendezvous || b == Backend::kUcxSharedMemoryRendezvous)
     o.rndv_thresh = "";
+  if (b == Backend::kUcxTcpLinger) {
+    o.spin_iterations = 0;
+    o.linger_us = 5000;
+  }
   if (b == Backend::kUcxSharedMemory || b == Backend::kUcxSharedMemoryRendezvous) {
     o.tls = "sm";  // every rank is a thread of this process
     o.net_devices = "";

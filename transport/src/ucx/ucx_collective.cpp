@@ -123,7 +123,9 @@ struct OpState {
 class UcxPortImpl final : public UcxPort {
  public:
   explicit UcxPortImpl(const UcxOptions& ucx)
-      : ucx_(ucx), context_(ucx), worker_(context_, ucx.spin_iterations) {}
+      : ucx_(ucx),
+        context_(ucx),
+        worker_(context_, ucx.spin_iterations, std::chrono::microseconds(ucx.linger_us)) {}
   WorkerAddress address() const override { return worker_.address(); }
 
   UcxOptions ucx_;

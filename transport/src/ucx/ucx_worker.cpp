@@ -13,8 +13,10 @@
 
 namespace desloc::transport::ucx {
 
-UcxWorker::UcxWorker(const UcxContext& context, int spin_iterations)
-    : spin_iterations_(std::max(0, spin_iterations)) {
+UcxWorker::UcxWorker(const UcxContext& context, int spin_iterations,
+                     std::chrono::microseconds linger)
+    : spin_iterations_(std::max(0, spin_iterations)),
+      linger_(std::max(std::chrono::microseconds(0), linger)) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   params.thread_mode = UCS_THREAD_MODE_SINGLE;
@@ -33,7 +35,8 @@ UcxWorker::~UcxWorker() { destroy(); }
 UcxWorker::UcxWorker(UcxWorker&& other) noexcept
     : worker_(std::exchange(other.worker_, nullptr)),
       event_fd_(std::exchange(other.event_fd_, -1)),
-      spin_iterations_(other.spin_iterations_) {}
+      spin_iterations_(other.spin_iterations_),
+      linger_(other.linger_) {}
 
 UcxWorker& UcxWorker::operator=(UcxWorker&& other) noexcept {
   if (this != &other) {
@@ -41,6 +44,7 @@ UcxWorker& UcxWorker::operator=(UcxWorker&& other) noexcept {
     worker_ = std::exchange(other.worker_, nullptr);
     event_fd_ = std::exchange(other.event_fd_, -1);
     spin_iterations_ = other.spin_iterations_;
+    linger_ = other.linger_;
   }
   return *this;
 }

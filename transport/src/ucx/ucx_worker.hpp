@@ -4,7 +4,9 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "desloc/transport/ucx_collective.hpp"
 #include "ucx_context.hpp"
@@ -15,7 +17,8 @@ class UcxWorker {
  public:
   using Clock = std::chrono::steady_clock;
 
-  UcxWorker(const UcxContext& context, int spin_iterations);
+  UcxWorker(const UcxContext& context, int spin_iterations,
+            std::chrono::microseconds linger = std::chrono::microseconds(0));
   ~UcxWorker();
   UcxWorker(UcxWorker&& other) noexcept;
   UcxWorker& operator=(UcxWorker&& other) noexcept;
@@ -28,23 +31,36 @@ class UcxWorker {
   unsigned progress() { return ucp_worker_progress(worker_); }
 
   // Progresses until done() holds (true) or the deadline passes (false). Between bursts of
-  // work it spins spin_iterations idle rounds, then sleeps on the event fd.
+  // work it spins spin_iterations idle rounds, then, with a linger, sleeps that long and
+  // progresses what arrived meanwhile, for as long as each linger brings work; after one
+  // that brings none (or with no linger) it sleeps on the event fd. A stream through the tcp
+  // transport wakes an event-fd sleeper for every few packets or ACKs; a linger wakes the
+  // thread once per linger instead, for at most a linger's latency per wait.
   template <class Done>
   bool wait_until(Done&& done, Clock::time_point deadline) {
     int idle = 0;
+    bool linger_next = linger_.count() > 0;
     for (;;) {
       if (done()) return true;
       const unsigned events = progress();
       if (done()) return true;
       if (events != 0) {
         idle = 0;
+        linger_next = linger_.count() > 0;
         if (Clock::now() >= deadline) return false;
         continue;
       }
       if (idle++ < spin_iterations_) continue;
       idle = 0;
-      if (Clock::now() >= deadline) return false;
+      const auto now = Clock::now();
+      if (now >= deadline) return false;
+      if (linger_next) {
+        linger_next = false;
+        std::this_thread::sleep_for(std::min<Clock::duration>(linger_, deadline - now));
+        continue;
+      }
       sleep_for_events(deadline);
+      linger_next = linger_.count() > 0;
     }
   }
 
@@ -61,6 +77,7 @@ class UcxWorker {
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;
   int spin_iterations_ = 0;
+  std::chrono::microseconds linger_{0};
 };
 
 }  // namespace desloc::transport::ucx

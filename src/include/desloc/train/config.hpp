@@ -81,6 +81,9 @@ struct TransportSection {
   // Wide-area groups: a packet tens of milliseconds away never lands within a spin, and each
   // idle poll of the tcp transport is a syscall (docs/transport.md).
   int wan_spin_iterations = 0;
+  // Wide-area groups: then sleep this long and progress what arrived, while each linger
+  // brings work, before sleeping on the event fd (transport::UcxOptions::linger_us).
+  int wan_linger_us = 0;
   float deadline_s = 60.0f;   // every collective must finish within this
   bool chunk_headers = true;  // CRC32C + context header on every wide-area chunk
   // Wide-area rings per WAN group: 2 sends half of each shard round the reversed ring too, so

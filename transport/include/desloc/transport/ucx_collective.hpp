@@ -53,6 +53,10 @@ struct UcxOptions {
   // Progress-loop iterations before sleeping on the worker's event fd (ucp_worker_arm + poll).
   // 0 = sleep as soon as UCX has nothing to do; large values busy-poll a core.
   int spin_iterations = 64;
+  // Then, where > 0, sleep this long and progress what arrived, for as long as each linger
+  // brings work, before sleeping on the event fd: one wake-up per linger instead of one per
+  // few packets of a stream (UcxWorker::wait_until). Adds at most this latency per wait.
+  int linger_us = 0;
   // Ask UCX to report a failed successor (UCP_ERR_HANDLING_MODE_PEER), so a send to a dead
   // rank fails fast with PeerFailure instead of waiting for the deadline. UCX 1.13's
   // shared-memory transports have no peer-failure handler and refuse such endpoints
