@@ -41,6 +41,7 @@ max_delay=0
 phases=''
 codec=''
 pin=0
+transport_lines=''
 rtts=''
 regions=''
 region_kx=8
@@ -54,6 +55,7 @@ usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--links A-B=1gbit,.
        [--rtt T] [--tcp-buffer BYTES] [--budget SECONDS] [--plan] [--target-overhead F]
        [--delay TAU[,TAU_U,TAU_V]] [--phases U,V] [--fragments P] [--max-delay N] [--codec NAME] [--pin] [--starved]
        [--rtts A-B=2ms,...] [--regions A+B,C+D] [--region-kx K] [--regional]
+       [--transport 'KEY = VALUE']
 
 Runs as root (network namespaces). Defaults: 3 sites on 100 Mbit links, 300 steps of the
 quickstart model (B = 8 per site, one rank per site), Kx = $kx, target validation loss
@@ -88,6 +90,8 @@ $target nats. Method none is the compute-only reference (no communication at all
              trips inside a region, 20 Mbit and 40 ms between them; --budget 180 --plan
              --methods none,desloc,desloc-regions,desloc-regions-overlap --region-kx 8
              (about 15 minutes)
+  --transport a line added to every run's [transport] section (e.g. 'wan_spin_iterations = 64'),
+             for an A/B of one transport setting
   --pin      pin site i's worker to CPU i mod nproc (taskset), so that a site's compute and
              its communication thread share one core, as they would on a dedicated host
   --budget   train every method for about SECONDS of step time (evaluation excluded) instead
@@ -130,6 +134,7 @@ while [[ $# -gt 0 ]]; do
     --phases) phases=$2; shift 2 ;;
     --max-delay) max_delay=$2; shift 2 ;;
     --codec) codec=$2; shift 2 ;;
+    --transport) transport_lines+=$'\n'"$2"; shift 2 ;;
     --pin) pin=1; shift ;;
     --rtts) rtts=$2; shift 2 ;;
     --regions) regions=$2; shift 2 ;;
@@ -275,7 +280,7 @@ tls = "tcp"
 net_devices = ""  # each namespace's UCX_NET_DEVICES, set by netbed exec
 rndv_thresh = "inf"
 deadline_s = 120
-$lanes_line
+$lanes_line$transport_lines
 EOF
 }
 
