@@ -85,7 +85,8 @@ void wire_seeds(const fs::path& dir) {
   put(dir / "heartbeat.bin", wire::encode(wire::Heartbeat{3, 1234}));
   put(dir / "status.bin", wire::encode(wire::Status{1, 3, {"west/0", "1 more site"}}));
   put(dir / "recovery.bin", wire::encode(wire::Recovery{4, "site west went silent"}));
-  put(dir / "recover.bin", wire::encode(wire::Recover{4, {100, 120}, {5, 6, 7}, "ring broke", 5000, 40, 31000}));
+  put(dir / "recover.bin",
+      wire::encode(wire::Recover{4, {100, 120}, {5, 6, 7}, "ring broke", 5000, 40, 31000}));
   put(dir / "recover_empty.bin", wire::encode(wire::Recover{}));
   put(dir / "bye.bin", wire::encode(wire::Bye{4, 600}));
 
@@ -138,7 +139,7 @@ void topology_seeds(const fs::path& dir, const fs::path& source) {
   put(dir / "one_site.toml", desloc::topology::to_toml(one));
   desloc::topology::Topology two;
   two.meta = {{"source", "make_seeds"}};
-  two.sites = {{"A", 0.0885}, {"B", 0.120}};
+  two.sites = {{"A", 0.0885, 9.5e-9}, {"B", 0.120}};  // A with a steal
   two.links = {{"A", "B", 12.5e6, 0.01, 11e6}, {"B", "A", 12.5e6, 0.01, 0}};
   put(dir / "two_sites.toml", desloc::topology::to_toml(two));
 }
