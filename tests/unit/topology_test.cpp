@@ -652,6 +652,25 @@ TEST(Planner, AbsurdLinksAndTargetsAreRefusedAtOnce) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("--target-overhead 1e-30"), std::string::npos) << e.what();
   }
+  // A steal no Kx within train.steps pays, with whole averages and with fragments: refused
+  // naming it, without walking (or simulating) every Kx up to the steps.
+  Topology thief = parse_topology(topology_toml("ABC", 100, triangle, 20), "thief.toml");
+  thief.sites[1].steal_s_per_byte = 1e-3;  // a second per KB
+  PlanRequest d;
+  d.state_bytes = 3.3e6;
+  d.steps = 100000;
+  d.delayed = true;
+  for (const int fragments : {1, 0}) {
+    d.fragments = fragments;
+    try {
+      make_plan(thief, d);
+      FAIL() << "planned around a steal of 1e6 ms per MB, fragments " << fragments;
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("steal up to 1e+06 ms per MB sent, site B"), std::string::npos) << m;
+      EXPECT_NE(m.find("train.steps = 100000"), std::string::npos) << m;
+    }
+  }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   // Within reach, the largest allowed Kx still plans.
   req.target_overhead = 0.05;

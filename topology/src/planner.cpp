@@ -9,6 +9,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 #include "desloc/core/error.hpp"
 #include "desloc/topology/regions.hpp"
@@ -25,6 +26,40 @@ struct Streaming {
   double fragment_s = 0;  // one fragment of x's all-reduce
   double overhead = 0;    // simulated
 };
+
+// u's and v's phases a third and two thirds into an x window of kx >= 3 steps.
+std::pair<std::int64_t, std::int64_t> third_phases(std::int64_t kx) {
+  return {(kx + 1) / 3, (2 * kx + 1) / 3};
+}
+
+// The site whose overlapped averages take the most compute per byte sent (the first on a tie);
+// `t` has sites (the topology's loader requires one).
+const SiteProfile& most_steal(const Topology& t) {
+  return *std::max_element(t.sites.begin(), t.sites.end(), [](const auto& x, const auto& y) {
+    return x.steal_s_per_byte < y.steal_s_per_byte;
+  });
+}
+
+// Wide-area bytes a site sends for one ring all-reduce of `bytes` over n sites.
+double site_bytes(double bytes, std::size_t n) {
+  return n > 1 ? bytes * 2.0 * double(n - 1) / double(n) : 0.0;
+}
+
+// The least Kx at which the compute overlapped averages take (simulate()'s steal: each site's
+// steal per byte sent plus the codec's work, on the 1 + 1/a + 1/b averages of an x window)
+// can fit the target at all: a site whose step is s and the slowest's S has
+// (K s + window) / (K S) - 1 <= target only for K >= window / ((1 + target) S - s). Waiting
+// for the wire only adds to it. 0 where nothing is taken.
+double steal_floor_kx(const Topology& t, double step_s, double bytes, double codec_s,
+                      double averages_per_window, double target) {
+  double floor = 0;
+  for (const auto& s : t.sites) {
+    const double window =
+        (s.steal_s_per_byte * site_bytes(bytes, t.sites.size()) + codec_s) * averages_per_window;
+    if (window > 0) floor = std::max(floor, window / ((1.0 + target) * step_s - s.step_s));
+  }
+  return floor;
+}
 
 // The overhead simulate() predicts for delayed averages on `sched` with delay tau: total time
 // over compute time, less one, over 2 Kv + Kx steps.
@@ -364,6 +399,22 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   std::optional<Streaming> streaming;
   std::int64_t whole_kx = 0;  // delayed: the whole-average plan's Kx (0 = none)
   std::int64_t wire_kx = 0;   // whole delayed averages: the Kx the wire alone would allow
+  // Delayed averages: no Kx below this fits the target, whatever the wire does.
+  const double steal_kx =
+      req.delayed && names.size() > 1
+          ? steal_floor_kx(t, plan.step_s, P, codec_s, 1.0 + 1.0 / double(a) + 1.0 / double(b),
+                           req.target_overhead)
+          : 0.0;
+  if (!(steal_kx <= static_cast<double>(max_kx))) {
+    const SiteProfile& thief = most_steal(t);
+    throw ConfigError(fmt::format(
+        "plan: the compute that overlapped averages take (steal up to {:.3g} ms per MB sent, "
+        "site {}; {:.3f} s of codec work per average) needs Kx >= {:.3g} for an overhead of "
+        "{:.3g}% (--target-overhead {:g}), but train.steps = {}; raise the target, train "
+        "longer, or send fewer bytes per average (--codecs auto)",
+        thief.steal_s_per_byte * 1e9, thief.name, codec_s, std::ceil(steal_kx),
+        100 * req.target_overhead, req.target_overhead, req.steps));
+  }
   if (req.delayed && sync > 0 && req.fragments != 1) {
     // The whole-average plan first (when it exists), then any streaming plan that beats it.
     std::optional<ConfigError> whole_error;
@@ -377,7 +428,7 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
       whole_error = e;
     }
     const double load = sync * (1.0 + 1.0 / double(a) + 1.0 / double(b)) / plan.step_s;
-    const auto lowest = static_cast<std::int64_t>(std::ceil(load - 1e-9));
+    const auto lowest = static_cast<std::int64_t>(std::ceil(std::max(load, steal_kx) - 1e-9));
     const std::int64_t highest =
         req.fragments > 1 || whole_kx == 0 ? std::min<std::int64_t>(max_kx, 4096) : whole_kx - 1;
     streaming = plan_streaming(t, req, plan.chosen, plan.step_s, a, b, lowest, highest);
@@ -412,20 +463,22 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(steps_per_sync)) - 1);
     kx = std::max<std::int64_t>(
         {plan.delay + 1, 3 * static_cast<std::int64_t>(std::ceil(steps_per_sync)), 3});
-    // No delay hides the communication's CPU (the sites' steal, the codec's work): it costs
-    // every average, so the period grows until the simulated overhead is within target.
-    const auto simulated = [&](std::int64_t k) {
-      return delayed_overhead(
-          t, req, plan.chosen,
-          {SyncMethod::kDesloc, k, a * k, b * k, 0, (k + 1) / 3, (2 * k + 1) / 3}, plan.delay);
-    };
-    wire_kx = kx;
-    while (kx < max_kx && simulated(kx) > req.target_overhead) ++kx;
     if (req.max_delay > 0 && plan.delay > req.max_delay && req.fragments == 1)
       throw ConfigError(fmt::format(
           "plan: whole delayed averages need a delay of {} steps (one sync of {:.3g} s against a "
           "{:.1f} ms step), above --max-delay {}; drop --fragments 1 to let fragments shorten it",
           plan.delay, sync, plan.step_s * 1e3, req.max_delay));
+    // No delay hides the communication's CPU (the sites' steal, the codec's work): it costs
+    // every average, so the period grows, from the least Kx that could pay it, until the
+    // simulated overhead is within target.
+    const auto simulated = [&](std::int64_t k) {
+      const auto [u, v] = third_phases(k);
+      return delayed_overhead(t, req, plan.chosen, {SyncMethod::kDesloc, k, a * k, b * k, 0, u, v},
+                              plan.delay);
+    };
+    wire_kx = kx;
+    kx = std::max(kx, static_cast<std::int64_t>(std::ceil(steal_kx - 1e-9)));
+    while (kx < max_kx && simulated(kx) > req.target_overhead) ++kx;
   } else if (sync > 0) {
     // Closed form without overlap, then a check (and a short walk for the overlap model).
     const double need =
@@ -448,10 +501,7 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   plan.kv = b * kx;
   // Phases: u and v land a third and two thirds into an x window, never on an x step and
   // never on each other (Ku, Kv are multiples of Kx), so one sync is in flight at a time.
-  if (kx >= 3) {
-    plan.phase_u = (kx + 1) / 3;
-    plan.phase_v = (2 * kx + 1) / 3;
-  }
+  if (kx >= 3) std::tie(plan.phase_u, plan.phase_v) = third_phases(kx);
   if (streaming) {  // between x's fragments instead
     plan.phase_u = streaming->phase_u;
     plan.phase_v = streaming->phase_v;
@@ -478,15 +528,13 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         "1/{}, 1/{}), plus {:.3f} s of codec work per average",
         req.codec_keys.empty() ? std::string("as given") : one_line(req.codec_keys), ratio,
         req.wire_ratio[0], req.wire_ratio[1], req.wire_ratio[2], a, b, codec_s));
-  const auto thief = std::max_element(
-      t.sites.begin(), t.sites.end(),
-      [](const auto& x, const auto& y) { return x.steal_s_per_byte < y.steal_s_per_byte; });
-  if (thief != t.sites.end() && thief->steal_s_per_byte > 0 && (req.delayed || req.overlap))
+  if (const SiteProfile& thief = most_steal(t);
+      thief.steal_s_per_byte > 0 && (req.delayed || req.overlap))
     e.push_back(fmt::format(
         "steal: overlapped averages take compute from the sites, up to {:.2f} ms per MB sent "
         "(site {}; desloc profile measures it): {:.1f} ms per x average of this ring",
-        thief->steal_s_per_byte * 1e9, thief->name,
-        thief->steal_s_per_byte * P * 2.0 * double(names.size() - 1) / double(names.size()) * 1e3));
+        thief.steal_s_per_byte * 1e9, thief.name,
+        thief.steal_s_per_byte * site_bytes(P, names.size()) * 1e3));
   for (const auto& c : plan.candidates)
     e.push_back(fmt::format("candidate {}: {:.3f} s per all-reduce, slowest link {}", c.describe(),
                             c.seconds, mbit(c.bottleneck_bps)));
@@ -530,7 +578,10 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         plan.delay, sync, exchange * 1e3, plan.delay + 1, plan.step_s * 1e3,
         100 * req.target_overhead, kx, kx / 3,
         kx > wire_kx
-            ? fmt::format(" (the wire alone would allow Kx = {}; the steal needs {})", wire_kx, kx)
+            ? fmt::format(
+                  " (the wire alone would allow Kx = {}; the simulated overhead, the sites' steal "
+                  "included, needs {})",
+                  wire_kx, kx)
             : std::string(),
         100 * plan.overhead, 100 * req.target_overhead));
   else
