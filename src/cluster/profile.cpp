@@ -177,17 +177,12 @@ class StepBench {
   std::vector<std::int32_t> in_, tgt_;
 };
 
-double mean_cpu(const std::vector<StepBench::Sample>& s) {
+// The mean of one field (wall_s or cpu_s) over the samples. For the step time, the mean, not
+// the median: where sites share cores a step's wall time swings with the scheduler (63-145 ms
+// for a 100 ms step here), and a job's time is the sum of its steps.
+double mean(const std::vector<StepBench::Sample>& s, double StepBench::Sample::*field) {
   double sum = 0;
-  for (const auto& x : s) sum += x.cpu_s;
-  return s.empty() ? 0.0 : sum / double(s.size());
-}
-
-// The mean, not the median: where sites share cores a step's wall time swings with the
-// scheduler (63-145 ms for a 100 ms step here), and a job's time is the sum of its steps.
-double mean_wall(const std::vector<StepBench::Sample>& s) {
-  double sum = 0;
-  for (const auto& x : s) sum += x.wall_s;
+  for (const auto& x : s) sum += x.*field;
   return s.empty() ? 0.0 : sum / double(s.size());
 }
 
@@ -207,7 +202,10 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
   Session ss = join_job(cfg, opts, /*pair_groups=*/true);
   StepBench bench(cfg);
   std::vector<StepBench::Sample> alone = bench.run(kStepsBefore, 2);
-  log::info("{}: compute step {:.1f} ms", ss.name, mean_wall(alone) * 1e3);
+  // The compute step: the steps alone before the pair measurements, then also those after the
+  // streaming.
+  double step_s = mean(alone, &StepBench::Sample::wall_s);
+  log::info("{}: compute step {:.1f} ms", ss.name, step_s * 1e3);
   if (ss.rank != 0) {
     ss.leave();
     return 0;
@@ -247,7 +245,7 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
         sent_bps(static_cast<std::size_t>(S), 0.0);
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(S));
     std::atomic<int> streaming{0}, finished{0};
-    const double load_s = std::max(kLoadSeconds, 30 * mean_wall(alone));
+    const double load_s = std::max(kLoadSeconds, 30 * step_s);
     for (int k = 0; k < S; ++k) {
       if (k == me) continue;
       threads.emplace_back([&, k] {
@@ -287,13 +285,14 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
     ss.wan_group->barrier();
     const std::vector<StepBench::Sample> after = bench.run(kStepsAfter);
     alone.insert(alone.end(), after.begin(), after.end());
+    step_s = mean(alone, &StepBench::Sample::wall_s);
     steal.steps = static_cast<int>(loaded.size());
-    steal.cpu_alone_s = mean_cpu(alone);
-    steal.cpu_loaded_s = mean_cpu(loaded);
+    steal.cpu_alone_s = mean(alone, &StepBench::Sample::cpu_s);
+    steal.cpu_loaded_s = mean(loaded, &StepBench::Sample::cpu_s);
     double window_s = 0, rate = 0;
     for (const auto& s : loaded) window_s += s.wall_s;
     for (double r : sent_bps) rate += r;
-    const double share = std::min(1.0, steal.cpu_alone_s / std::max(mean_wall(alone), 1e-9));
+    const double share = std::min(1.0, steal.cpu_alone_s / std::max(step_s, 1e-9));
     if (steal.steps >= kMinLoadedSteps && rate > 0 && share > 0)
       steal.s_per_byte = std::max(0.0, steal.cpu_loaded_s - steal.cpu_alone_s) *
                          double(steal.steps) / (share * rate * window_s);
@@ -315,7 +314,7 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
   const std::size_t row = kHead + 4 * static_cast<std::size_t>(S);
   std::vector<double> mine(row), all(row * static_cast<std::size_t>(S));
   const topology::TcpBuffers buffers = topology::read_tcp_buffers();
-  mine[0] = mean_wall(alone);
+  mine[0] = step_s;
   mine[1] = buffers.send_max;
   mine[2] = buffers.receive_max;
   mine[3] = buffers.slow_start_after_idle;
