@@ -1,10 +1,14 @@
 // Evaluation of the mean model (evaluation.hpp).
 #include "train/evaluation.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <span>
 
 #include "desloc/sync/averager.hpp"
+#include "desloc/transport/collective.hpp"
 
 namespace desloc::train {
 
@@ -40,8 +44,49 @@ void Evaluator::bind(RankContext* rank) {
                       cfg_.transport.lane_share);
 }
 
+namespace {
+// One validation batch's result: its mean loss and the bytes of text its targets stand for.
+struct BatchResult {
+  double loss = 0;
+  std::uint64_t bytes = 0;
+};
+
+// A networked job's evaluation is shared: every rank holds the mean x, so rank w of the W
+// ranks (site position s, rank r within the site: w = s R + r) runs batches w, w + W, ...,
+// and one all-gather per group gives every rank every batch's result, in batch order.
+struct Share {
+  std::size_t index = 0, count = 1;
+};
+Share share_of(const RankContext& rank) {
+  const std::size_t R = rank.site_group != nullptr ? std::size_t(rank.site_group->size()) : 1;
+  const std::size_t r = rank.site_group != nullptr ? std::size_t(rank.site_group->rank()) : 0;
+  return {std::size_t(rank.wan_group->rank()) * R + r, std::size_t(rank.wan_group->size()) * R};
+}
+
+// Every rank's `mine` (batches share.index + j * share.count, padded to `per_rank`) into the
+// n batches' results in order.
+std::vector<BatchResult> gather(const RankContext& rank, std::vector<BatchResult> mine,
+                                std::size_t per_rank, std::size_t n) {
+  mine.resize(per_rank);
+  std::vector<BatchResult> site = mine;
+  if (rank.site_group != nullptr) {
+    site.resize(per_rank * std::size_t(rank.site_group->size()));
+    rank.site_group->all_gather(std::as_bytes(std::span<const BatchResult>(mine)),
+                                std::as_writable_bytes(std::span<BatchResult>(site)));
+  }
+  std::vector<BatchResult> all(site.size() * std::size_t(rank.wan_group->size()));
+  rank.wan_group->all_gather(std::as_bytes(std::span<const BatchResult>(site)),
+                             std::as_writable_bytes(std::span<BatchResult>(all)));
+  const std::size_t W = all.size() / per_rank;
+  std::vector<BatchResult> ordered(n);
+  for (std::size_t i = 0; i < n; ++i) ordered[i] = all[(i % W) * per_rank + i / W];
+  return ordered;
+}
+}  // namespace
+
 std::optional<Evaluation> Evaluator::evaluate(std::int64_t step, std::vector<SiteReplica>& sites) {
   std::vector<float> mean_x;
+  const bool shared = !site0_ && rank_ != nullptr;  // every rank holds the mean: split the work
   if (site0_) {
     if (rank_ != nullptr && !rank_->evaluates) return std::nullopt;
     mean_x = sites[0].x;
@@ -50,26 +95,39 @@ std::optional<Evaluation> Evaluator::evaluate(std::int64_t step, std::vector<Sit
     std::span<float> view(mean_x);
     averager_->begin_step(step);
     averager_->average(optim::StateKind::kX, std::span<const std::span<float>>(&view, 1));
-    if (!rank_->evaluates) return std::nullopt;
   } else {
     mean_x = mean_of(sites, optim::StateKind::kX, cfg_.job.ranks_per_site, cfg_.transport.lanes,
                      cfg_.transport.lane_share);
+  }
+  const std::size_t n =
+      std::min<std::size_t>(static_cast<std::size_t>(cfg_.train.eval_batches), eval_.num_batches());
+  if (n == 0) {
+    if (shared && !rank_->evaluates) return std::nullopt;
+    return Evaluation{std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<double>::quiet_NaN()};
   }
   std::copy(mean_x.begin(), mean_x.end(), model_.params().begin());
   model_.params_updated();
   const int B = cfg_.data.batch, T = cfg_.seq_len();
   std::vector<std::int32_t> in(static_cast<std::size_t>(B) * T), tgt(in.size());
-  const std::uint64_t n = std::min<std::uint64_t>(
-      static_cast<std::uint64_t>(cfg_.train.eval_batches), eval_.num_batches());
-  if (n == 0)
-    return Evaluation{std::numeric_limits<float>::quiet_NaN(),
-                      std::numeric_limits<double>::quiet_NaN()};
+  const Share share = shared ? share_of(*rank_) : Share{};
+  std::vector<BatchResult> results;
+  for (std::size_t i = share.index; i < n; i += share.count) {
+    eval_.batch(i, in, tgt);
+    BatchResult b{model_.forward({in, tgt, B, T}), 0};
+    for (const std::int32_t t : tgt) b.bytes += token_bytes_.at(static_cast<std::size_t>(t));
+    results.push_back(b);
+  }
+  if (shared) {
+    results = gather(*rank_, std::move(results), (n + share.count - 1) / share.count, n);
+    if (!rank_->evaluates) return std::nullopt;
+  }
+  // Summed in batch order, wherever each batch ran: the in-process run's sum.
   double sum = 0.0;
   std::uint64_t bytes = 0;
-  for (std::uint64_t i = 0; i < n; ++i) {
-    eval_.batch(i, in, tgt);
-    sum += model_.forward({in, tgt, B, T});
-    for (const std::int32_t t : tgt) bytes += token_bytes_.at(static_cast<std::size_t>(t));
+  for (const BatchResult& b : results) {
+    sum += b.loss;
+    bytes += b.bytes;
   }
   // The forward pass gives the mean over B*T targets; bits per byte is the sum of their nats
   // over the bytes they stand for, in bits.

@@ -1,7 +1,9 @@
 // Evaluation: the validation loss of the model DES-LOC would ship, the sites' mean parameters.
 // For one site that is its own x; in-process the mean is taken in the training averages'
-// ring order; a networked job averages x across sites for it (every rank takes part, one
-// evaluates). Under ddp every site holds the same x and under none the sites are independent
+// ring order; a networked job averages x across sites for it, then every rank runs a share of
+// the validation batches and one reports (each batch's loss gathered and summed in batch
+// order: the in-process sum, and no site waits at its next average while another evaluates
+// alone). Under ddp every site holds the same x and under none the sites are independent
 // models: both evaluate site 0's own x, with no traffic.
 #pragma once
 
@@ -42,7 +44,7 @@ class Evaluator {
   // Whether evaluating needs the other sites (a cross-site average of x).
   bool talks_across_sites() const { return !site0_; }
   // The validation loss at `step` (NaN without validation batches); nullopt on a rank that
-  // only took part in the average.
+  // only took part (the average, its share of the batches).
   std::optional<Evaluation> evaluate(std::int64_t step, std::vector<SiteReplica>& sites);
 
  private:

@@ -57,6 +57,9 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
   // [transport] is the last table: `transport` lines join it.
   std::string toml = with_steps(multi_site_toml(dir / "launch", names, ranks), 12) + transport;
   toml.replace(toml.find("[job]\n"), 6, "[job]\n" + job);
+  // 7 validation batches: the launched ranks share them unevenly (3 ranks: 3, 2, 2; 4: 2, 2,
+  // 2, 1), and the losses gathered back must sum to the in-process run's.
+  toml.replace(toml.find("eval_batches = 2"), 16, "eval_batches = 7");
   toml.replace(toml.find("[sync]\n"), 7, "[sync]\n" + both_sync);
   const fs::path cfg = write_text(dir / "job.toml", toml);
   std::string launched_toml = toml;
@@ -125,8 +128,11 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
             << sites[s] << "/" << r << " feedback " << k;
       }
     }
-  EXPECT_EQ(train_field(dir / "launch" / "metrics.jsonl", "val_loss"),
-            train_field(dir / "train" / "metrics.jsonl", "val_loss"));
+  const auto val = train_field(dir / "train" / "metrics.jsonl", "val_loss");
+  EXPECT_EQ(val.size(), 2u);  // steps 10 and 12
+  EXPECT_EQ(train_field(dir / "launch" / "metrics.jsonl", "val_loss"), val);
+  EXPECT_EQ(train_field(dir / "launch" / "metrics.jsonl", "val_bpb"),
+            train_field(dir / "train" / "metrics.jsonl", "val_bpb"));
   // Issue 18, item 12: the summaries report the same quantity, site 0's train loss, named.
   auto summary = [](const std::string& out) {
     const auto at = out.find("final train loss ");
