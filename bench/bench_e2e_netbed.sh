@@ -55,7 +55,7 @@ usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--links A-B=1gbit,.
        [--rtt T] [--tcp-buffer BYTES] [--budget SECONDS] [--plan] [--target-overhead F]
        [--delay TAU[,TAU_U,TAU_V]] [--phases U,V] [--fragments P] [--max-delay N] [--codec NAME] [--pin] [--starved]
        [--rtts A-B=2ms,...] [--regions A+B,C+D] [--region-kx K] [--regional]
-       [--transport 'KEY = VALUE']
+       [--transport 'KEY = VALUE'] [--evals N]
 
 Runs as root (network namespaces). Defaults: 3 sites on 100 Mbit links, 300 steps of the
 quickstart model (B = 8 per site, one rank per site), Kx = $kx, target validation loss
@@ -92,6 +92,10 @@ $target nats. Method none is the compute-only reference (no communication at all
              (about 15 minutes)
   --transport a line added to every run's [transport] section (e.g. 'wan_spin_iterations = 64'),
              for an A/B of one transport setting
+  --evals    validation evaluations during each run (default 6, 12 with --budget or --plan;
+             0 = at the end only). Each one averages x across the sites and pauses the
+             first site for its forward passes, so the others wait for it at their next
+             average: a steal measurement wants 0
   --pin      pin site i's worker to CPU i mod nproc (taskset), so that a site's compute and
              its communication thread share one core, as they would on a dedicated host
   --budget   train every method for about SECONDS of step time (evaluation excluded) instead
@@ -112,6 +116,7 @@ die() { echo "$prog: error: $*" >&2; exit 1; }
 say() { echo "$prog: $*" >&2; }
 
 quick=0
+evals=''
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -119,6 +124,7 @@ while [[ $# -gt 0 ]]; do
     --rate) rate=$2; shift 2 ;;
     --links) links=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --evals) evals=$2; shift 2 ;;
     --kx) kx=$2; shift 2 ;;
     --target) target=$2; shift 2 ;;
     --methods) methods=$2; shift 2 ;;
@@ -149,6 +155,7 @@ while [[ $# -gt 0 ]]; do
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
 done
+[[ -z $evals || $evals =~ ^[0-9]+$ ]] || die "--evals must be a whole number, not '$evals'"
 [[ -z $budget || $budget =~ ^[0-9]+$ ]] || die "--budget takes whole seconds, not '$budget'"
 [[ $quick -eq 0 || -z $budget ]] || budget=40
 [[ $(id -u) -eq 0 ]] || die "needs root for network namespaces"
@@ -258,7 +265,7 @@ batch = 8
 seed = 1234
 [train]
 steps = $3
-eval_every = $(($3 / evals > 0 ? $3 / evals : 1))
+eval_every = $((evals == 0 ? 0 : $3 / evals > 0 ? $3 / evals : 1))
 eval_batches = 8
 checkpoint_every = 0
 log_every = 50
@@ -312,17 +319,17 @@ run_job() {
   fi
 }
 
-evals=6
 desloc_sync='' la_kx='' lanes='' delayed_sync='' delayed_overlap=''
 declare -A method_steps=()
 if [[ -n $budget || $plan -eq 1 ]]; then
-  evals=12  # a finer curve against time
+  evals=${evals:-12}  # a finer curve against time
   write_config desloc "$results/profile.toml" 1000
   sed -i "s|^out_dir = .*|out_dir = \"$results/profile\"|" "$results/profile.toml"
   say "profile: measuring the bed's links and compute step with desloc profile"
   run_job profile "$results/profile.toml" --profile "$results/topology.toml"
   grep -E " -> |warn" "$results/profile-${site_list[0]}.log" >&2 || true
 fi
+evals=${evals:-6}
 if [[ $plan -eq 1 ]]; then
   "$desloc" plan --topology "$results/topology.toml" --config "$results/profile.toml" \
     --target-overhead "$overhead" --out "$results/plan.toml" >"$results/plan.txt" ||

@@ -56,7 +56,10 @@ if [[ -z $results ]]; then results=$(mktemp -d); keep=0; fi
 mkdir -p "$results"
 cleanup() { if [[ $keep -eq 0 ]]; then rm -rf "$results"; fi; }
 trap cleanup EXIT
-bed_args=(--sites "$sites")
+# No evaluation during the runs: with averages, each one averages x across the sites and the
+# others wait at their next fold while the first site runs its forward passes, which would
+# read as steal (compute-only runs evaluate without waiting for anyone).
+bed_args=(--sites "$sites" --evals 0)
 [[ $pin -eq 0 ]] || bed_args+=(--pin)
 [[ -z $rtt ]] || bed_args+=(--rtt "$rtt")
 for ((r = 1; r <= repeats; r++)); do
