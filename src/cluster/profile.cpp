@@ -20,8 +20,6 @@
 // (topology/tcp_window.hpp).
 #include <fmt/format.h>
 
-#include <time.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -32,6 +30,7 @@
 
 #include "cluster/session.hpp"
 #include "desloc/cluster/cluster.hpp"
+#include "desloc/core/cpu_time.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/core/file_io.hpp"
 #include "desloc/core/log.hpp"
@@ -127,12 +126,6 @@ double stream(transport::Collective& pair, int sender, double rtt) {
   return rate;
 }
 
-double process_cpu_s() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
-}
-
 // Training steps of the configured model: wall time and the process's CPU time (every thread,
 // the communication's included) of each.
 class StepBench {
@@ -157,9 +150,9 @@ class StepBench {
   Sample step() {
     loader_.next(in_, tgt_);
     const auto t0 = Clock::now();
-    const double c0 = process_cpu_s();
+    const double c0 = process_cpu_seconds();
     model_->forward_backward({in_, tgt_, B_, T_});
-    return {seconds_since(t0), process_cpu_s() - c0};
+    return {seconds_since(t0), process_cpu_seconds() - c0};
   }
   // `n` steps after `warmup` untimed ones.
   std::vector<Sample> run(int n, int warmup = 0) {

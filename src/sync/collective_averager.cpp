@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "desloc/core/cpu_time.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/transport/ring_order.hpp"
 
@@ -82,6 +83,7 @@ void CollectiveAverager::average_across_sites(optim::StateKind kind,
       } catch (...) {
         lane_error = std::current_exception();
       }
+      lane_cpu_ns_ += static_cast<std::int64_t>(thread_cpu_seconds() * 1e9);
     });
     try {
       wan_.all_reduce_sum(shard.subspan(a.offset, a.count));

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <limits>
 
+#include "desloc/core/cpu_time.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/optim/optimizer.hpp"
@@ -443,6 +444,7 @@ bool TrainingRun::stop_requested() {
 
 TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
   const auto t0 = Clock::now();
+  const double cpu0 = process_cpu_seconds();
   StepResult s;
   // With sync.overlap = "step" the due averages of x, u and v start here and run while the
   // gradients are computed.
@@ -477,6 +479,7 @@ TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
   }
   s.loss = static_cast<float>(loss_sum / double(sites_.size()));
   s.seconds = seconds_since(t0);
+  s.cpu_seconds = process_cpu_seconds() - cpu0;
   return s;
 }
 
@@ -603,6 +606,8 @@ void TrainingRun::record_step(const StepResult& s) {
   r.tokens_per_s = double(tokens_per_step_) * double(live_sites_) / s.seconds;
   r.step_ms = s.seconds * 1e3;
   r.sync_ms = s.sync_seconds * 1e3;
+  r.cpu_ms = s.cpu_seconds * 1e3;
+  r.comm_cpu_ms = (engine_.comm_cpu_seconds() + averager_->helper_cpu_seconds()) * 1e3;
   r.tokens = tokens_seen_;
   r.workers = sites_.size();
   r.synced = fmt::format("{}{}{}{}", s.due.grad ? "g" : "", s.due.x ? "x" : "", s.due.u ? "u" : "",

@@ -55,6 +55,7 @@ class TrainingRun {
     float loss = 0, grad_norm = 0, lr = 0;
     double seconds = 0;
     double sync_seconds = 0;  // of `seconds`, in the sync engine's begin() and finish()
+    double cpu_seconds = 0;   // the process's CPU meanwhile, every thread's
   };
 
   SiteReplica make_site(int index) const;

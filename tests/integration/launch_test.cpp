@@ -49,8 +49,10 @@ std::vector<std::string> site_column(const std::vector<std::string>& arrays, std
 void expect_launch_matches_train(const std::string& tag, const std::vector<std::string>& sites,
                                  int ranks, const std::string& launch_sync = "",
                                  const std::string& both_sync = "",
-                                 const std::string& transport = "", const std::string& job = "") {
+                                 const std::string& transport = "", const std::string& job = "",
+                                 fs::path* dir_out = nullptr) {
   const fs::path dir = fresh_dir(tag);
+  if (dir_out != nullptr) *dir_out = dir;
   std::string names;
   for (const auto& s : sites) names += (names.empty() ? "\"" : ", \"") + s + "\"";
   // 12 steps with kx = 2: x every 2 steps, u every 6, v every 12; the last step syncs all.
@@ -297,7 +299,24 @@ TEST(Launch, TwoSitesOfTwoRanksOverlappingReproduceTheBlockingInProcessRunBitFor
 // ranks fold the same averages at the same steps as the in-process run: equal bit for bit.
 constexpr const char* kDelayedSync = "overlap = \"delayed\"\ndelay = 1\ndelay_u = 4\ndelay_v = 7\n";
 TEST(Launch, DelayedAveragesReproduceTheInProcessRunBitForBit) {
-  expect_launch_matches_train("launch3x1_delayed", {"west", "east", "north"}, 1, "", kDelayedSync);
+  fs::path dir;
+  expect_launch_matches_train("launch3x1_delayed", {"west", "east", "north"}, 1, "", kDelayedSync,
+                              "", "", &dir);
+  // Every step records the process's CPU, and the communication threads' CPU grows as their
+  // batches end: the last step's total is positive on every rank.
+  const fs::path out = dir / "launch";
+  for (const fs::path& metrics : {out / "metrics.jsonl", out / "ranks" / "east-0" / "metrics.jsonl",
+                                  out / "ranks" / "north-0" / "metrics.jsonl"}) {
+    const auto cpu = train_field(metrics, "cpu_ms");
+    const auto comm = train_field(metrics, "comm_cpu_ms");
+    ASSERT_EQ(cpu.size(), 12u) << metrics;
+    ASSERT_EQ(comm.size(), 12u) << metrics;
+    EXPECT_TRUE(std::all_of(cpu.begin(), cpu.end(), [](const std::string& c) {
+      return std::stod(c) > 0;
+    })) << metrics;
+    EXPECT_GT(std::stod(comm.back()), 0.0) << metrics;
+    EXPECT_GE(std::stod(comm.back()), std::stod(comm.front())) << metrics;
+  }
 }
 
 TEST(Launch, TwoSitesOfTwoRanksWithDelayedAveragesReproduceTheInProcessRunBitForBit) {

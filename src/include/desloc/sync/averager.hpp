@@ -153,6 +153,9 @@ class Averager {
   virtual void note_compute(double /*seconds*/) {}
   // What the latest control exchange measured (once; nullopt when it measured nothing).
   virtual std::optional<SyncMeasure> take_measure() { return std::nullopt; }
+  // CPU seconds of the threads the averager starts itself (a networked rank's second
+  // wide-area lane), since it was made: part of what its averages cost the compute.
+  virtual double helper_cpu_seconds() const { return 0.0; }
 
  protected:
   // The payload guard's decision for one state of one step.

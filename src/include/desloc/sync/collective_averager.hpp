@@ -9,6 +9,7 @@
 // zeros.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -53,6 +54,8 @@ class CollectiveAverager final : public Averager {
   ControlAnswer close_control() override;
   void note_compute(double seconds) override;
   std::optional<SyncMeasure> take_measure() override;
+  // The second lane's threads (one per two-lane average).
+  double helper_cpu_seconds() const override { return double(lane_cpu_ns_.load()) * 1e-9; }
   int workers() const override { return wan_.size(); }
   // Wire bytes are what the collectives actually sent, not a formula: `wire` is the WAN
   // group's, `site_wire` the intra-site all-gather's.
@@ -102,6 +105,7 @@ class CollectiveAverager final : public Averager {
   transport::Collective* site_;
   transport::Collective* wan_reverse_;
   double lane_share_;
+  std::atomic<std::int64_t> lane_cpu_ns_{0};  // helper_cpu_seconds()
   Traffic traffic_;
   SyncMeter* meter_ = nullptr;
   // Since the last measuring exchange, under traffic_mu_: the averages' seconds, bytes and

@@ -34,6 +34,9 @@ class RegionalAverager final : public Averager {
   void open_control(std::span<const DueAverage> due, bool stop) override;
   ControlAnswer close_control() override;
   int workers() const override { return global_.workers(); }
+  double helper_cpu_seconds() const override {
+    return global_.helper_cpu_seconds() + region_.helper_cpu_seconds();
+  }
   // The job-wide averager's traffic, with the region averager's wide-area bytes as region_wire.
   Traffic traffic(int w) const override;
 

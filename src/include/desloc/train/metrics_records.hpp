@@ -35,6 +35,11 @@ struct TrainRecord {  // after every step
   // and averages; with overlap the wait for averages still on the wire (at their fold, or for
   // the previous batch when a new one starts) and the snapshots.
   double sync_ms = 0;
+  // The process's CPU during the step (every thread: the compute's, and the communication's
+  // while it ran), and the communication threads' CPU since the run started (each thread's
+  // added when it ends; 0 when averages block the step, which runs them on the compute's
+  // thread): what averages in flight cost the compute.
+  double cpu_ms = 0, comm_cpu_ms = 0;
   std::uint64_t tokens = 0;
   std::size_t workers = 0;
   std::string synced;                         // the states averaged: "g", "x", "xu", "xuv"...
