@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Paired ratios of bench_overlap_steal.sh: DES-LOC with averages in flight against
-compute-only."""
+compute-only, and the communication threads' share of the CPU inside each averaged run."""
 import argparse
 import json
 import statistics
@@ -11,8 +11,7 @@ from pathlib import Path
 def ranks_mean(pair, method):
     """The mean step_ms (steps 2..N) over every rank's steps: the leader's metrics and the
     other ranks' (bench_e2e_netbed.sh keeps them under METHOD/ranks/)."""
-    files = [pair / method / "metrics.jsonl"] + sorted((pair / method / "ranks").glob(
-        "*/metrics.jsonl"))
+    files = rank_files(pair, method)
     means = []
     for f in files:
         ms = [l["step_ms"] for l in map(json.loads, open(f))
@@ -20,6 +19,25 @@ def ranks_mean(pair, method):
         if ms:
             means.append(statistics.mean(ms))
     return statistics.mean(means)
+
+
+def rank_files(pair, method):
+    return [pair / method / "metrics.jsonl"] + sorted((pair / method / "ranks").glob(
+        "*/metrics.jsonl"))
+
+
+def comm_share(pair, method):
+    """The communication threads' CPU over the process's CPU of the training steps (steps
+    2..N, every rank's metrics: comm_cpu_ms is cumulative, cpu_ms per step), measured inside
+    the run: what the averages in flight take from the compute, with no second run to pair."""
+    comm = cpu = 0.0
+    for f in rank_files(pair, method):
+        train = [l for l in map(json.loads, open(f)) if l["type"] == "train"]
+        if len(train) < 2 or "comm_cpu_ms" not in train[-1]:
+            return float("nan")
+        comm += train[-1]["comm_cpu_ms"] - train[0]["comm_cpu_ms"]
+        cpu += sum(l["cpu_ms"] for l in train[1:])
+    return comm / cpu if cpu > 0 else float("nan")
 
 
 def run(pair, method):
@@ -46,8 +64,8 @@ def main():
     print(f"bench_overlap_steal: {a.label}, against compute-only. Per pair: the leader's median "
           f"ms/step, every rank's mean ms/step (steps 2..N), CPU ms per step (user + sys)")
     print(f"{'pair':<5} {'none med':>8} {'dl med':>8} {'ratio':>6} {'none mean':>9} "
-          f"{'dl mean':>8} {'ratio':>6} {'none cpu':>8} {'dl cpu':>8} {'ratio':>6}")
-    med_r, mean_r, cpu_r = [], [], []
+          f"{'dl mean':>8} {'ratio':>6} {'none cpu':>8} {'dl cpu':>8} {'ratio':>6} {'comm/cpu':>8}")
+    med_r, mean_r, cpu_r, comm_r = [], [], [], []
     for r in range(1, a.repeats + 1):
         pair = Path(a.results) / f"pair{r}"
         n_med, n_mean, n_cpu = run(pair, "none")
@@ -55,10 +73,14 @@ def main():
         med_r.append(d_med / n_med)
         mean_r.append(d_mean / n_mean)
         cpu_r.append(d_cpu / n_cpu)
+        comm_r.append(comm_share(pair, "desloc-delayed"))
         print(f"{r:<5} {n_med:>8.1f} {d_med:>8.1f} {med_r[-1]:>6.3f} {n_mean:>9.1f} "
-              f"{d_mean:>8.1f} {mean_r[-1]:>6.3f} {n_cpu:>8.1f} {d_cpu:>8.1f} {cpu_r[-1]:>6.3f}")
+              f"{d_mean:>8.1f} {mean_r[-1]:>6.3f} {n_cpu:>8.1f} {d_cpu:>8.1f} {cpu_r[-1]:>6.3f} "
+              f"{comm_r[-1]:>8.4f}")
     print(f"median over pairs [min..max]: leader's median step {spread(med_r)}, every rank's "
           f"mean step {spread(mean_r)} (target <= 1.03), CPU per step {spread(cpu_r)}")
+    print(f"the communication threads' CPU / the training steps' CPU, inside each averaged run: "
+          f"{spread(comm_r)}")
     return 0 if statistics.median(mean_r) <= 1.03 else 3
 
 
