@@ -6,7 +6,10 @@
 # which goes first), --repeats times. Each pair's ratios (the leader's median step time, every
 # rank's mean step time, and CPU seconds per step of the ranks' processes) are printed, then
 # their median and spread: the machine is shared and noisy, so only the paired ratios mean
-# anything. Target: overlapped / compute-only <= 1.03. Runs as root. docs/benchmarks.md.
+# anything. Target: overlapped / compute-only <= 1.03. Two readings that need no pairing
+# follow: the communication threads' share of the CPU inside each averaged run (metrics
+# comm_cpu_ms over cpu_ms), and what holding the compute-only sites to one another at every
+# batch (kx / fragments steps) would cost with no bytes. Runs as root. docs/benchmarks.md.
 set -Eeuo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -74,4 +77,5 @@ for ((r = 1; r <= repeats; r++)); do
     [[ $? -eq 3 ]] || { tail -n 20 "$results/pair$r.txt" >&2; exit 1; }
 done
 python3 "$here/steal_report.py" --results "$results" --repeats "$repeats" \
+  --window $((kx / fragments > 0 ? kx / fragments : 1)) \
   --label "DES-LOC with delayed averages (Kx $kx, tau $delay, $fragments fragment(s)), sites $sites on $rate${rtt:+, round trip $rtt}, $([[ $pin -eq 1 ]] && echo "each pinned to one core" || echo "not pinned")"
