@@ -27,6 +27,13 @@ void Recovery::keep(train::TrainState state, std::uint64_t wire_bytes) {
   while (points_.size() > 2) points_.pop_front();
 }
 
+train::TrainState Recovery::spare(std::int64_t step) {
+  if (points_.size() < 2 || points_.back().state.step >= step) return {};
+  train::TrainState s = std::move(points_.front().state);
+  points_.pop_front();
+  return s;
+}
+
 Recovery::Rollback Recovery::recover(std::int64_t failed_at, const std::string& what,
                                      std::uint64_t wire_now) {
   failures_of_step_ = failed_at == last_failed_at_ ? failures_of_step_ + 1 : 1;

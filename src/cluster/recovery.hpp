@@ -28,6 +28,10 @@ class Recovery {
   // are at most one cross-site exchange apart (passing one needs every rank in it), so two
   // suffice; an older point at the same or a later step is replaced.
   void keep(train::TrainState state, std::uint64_t wire_bytes);
+  // The point keep() would drop to make room for one taken at `step`, handed out beforehand
+  // so that the new one is captured into its buffers (train::capture_state's `reuse`); an
+  // empty state when keep() would drop none.
+  train::TrainState spare(std::int64_t step);
 
   struct Rollback {
     std::int64_t step = 0;

@@ -29,7 +29,7 @@ void TrainingRun::before_step(std::int64_t t) {
   if (!networked_) return;
   auto keep_point = [&] {
     if (recovery_ && talks_across_sites(t))
-      recovery_->keep(capture_state(step_, tokens_seen_, sites_, shared()),
+      recovery_->keep(capture_state(step_, tokens_seen_, sites_, shared(), recovery_->spare(step_)),
                       traffic_of(0).total_wire());
   };
   // A rejoining rank has nothing worth keeping until its state arrived.

@@ -7,14 +7,14 @@
 
 namespace desloc::train {
 
-ReplicaState SiteReplica::capture() const {
-  ReplicaState s;
+void SiteReplica::capture(ReplicaState& s) const {
   s.x = x;
   s.u = opt.state().u;
   s.v = opt.state().v;
   s.optim_t = opt.state().t;
+  s.loaders.clear();
   for (const auto& l : loaders) s.loaders.push_back(l.state());
-  return s;
+  for (auto& f : s.codec_feedback) f.clear();
 }
 
 void SiteReplica::restore(ReplicaState s) {
@@ -41,16 +41,22 @@ constexpr std::array<optim::StateKind, 3> kStates = {optim::StateKind::kX, optim
 }  // namespace
 
 TrainState capture_state(std::int64_t step, std::uint64_t tokens_seen,
-                         const std::vector<SiteReplica>& sites, SharedState shared) {
-  TrainState st;
+                         const std::vector<SiteReplica>& sites, SharedState shared,
+                         TrainState reuse) {
+  TrainState st = std::move(reuse);
   st.step = step;
   st.tokens_seen = tokens_seen;
-  for (const auto& s : sites) st.replicas.push_back(s.capture());
+  st.replicas.resize(sites.size());
+  for (std::size_t w = 0; w < sites.size(); ++w) sites[w].capture(st.replicas[w]);
+  st.switches.clear();
   if (shared.policy != nullptr) st.switches = shared.policy->switches();
+  st.outer_ref.clear();
+  st.outer_momentum.clear();
   if (shared.outer != nullptr) {
     st.outer_ref = shared.outer->reference();
     st.outer_momentum = shared.outer->momentum();
   }
+  for (auto& r : st.codec_ref) r.clear();
   const sync::CompressionState* c = shared.compression;
   if (c != nullptr && c->active())
     for (std::size_t k = 0; k < kStates.size(); ++k) {

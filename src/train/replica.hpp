@@ -45,7 +45,8 @@ struct SiteReplica {
   std::vector<data::DataLoader> loaders;
   std::vector<std::vector<float>> micro_g;  // per-rank gradients when R > 1 in-process
 
-  ReplicaState capture() const;
+  // Into `s`, reusing its buffers (copy-assignment keeps a vector's memory when it fits).
+  void capture(ReplicaState& s) const;
   // Throws DataError when the state's loaders do not match this replica's.
   void restore(ReplicaState state);
   sync::Replica view() { return {x, g, &opt}; }
@@ -61,8 +62,14 @@ struct SharedState {
   sync::SyncPolicy* policy = nullptr;             // its period switches (nullptr: left alone)
 };
 
+// `reuse`: a state no longer needed (an elastic rollback point about to be dropped), whose
+// buffers take the copies: a point kept before every cross-site step is then copied into
+// memory already mapped, not into fresh pages the kernel must fault in and clear (3 sites on
+// 5 Mbit, streaming int4: about 5 ms a step of copies and page faults on each rank's main
+// thread).
 TrainState capture_state(std::int64_t step, std::uint64_t tokens_seen,
-                         const std::vector<SiteReplica>& sites, SharedState shared);
+                         const std::vector<SiteReplica>& sites, SharedState shared,
+                         TrainState reuse = {});
 // Restores every replica of `state` (sites.size() must equal its replica count), the outer
 // optimizer, the compression state and the period switches; returns the state's tokens_seen. Throws
 // DataError when the state holds no references for a compressed state (a checkpoint written without

@@ -68,6 +68,32 @@ TEST(Recovery, KeepsTheTwoNewestPointsAndRollsBackToTheChosenOne) {
   EXPECT_EQ(rank.offers[1], (std::vector<std::int64_t>{3}));
 }
 
+// spare() hands out the point keep() would drop, so the next one is captured into its buffers;
+// the points kept, offered and restored are the same as without it.
+TEST(Recovery, TheSparePointIsTheOneKeepWouldDrop) {
+  FakeRank rank;
+  cluster::Recovery rec(rank.ctx);
+  EXPECT_TRUE(rec.spare(1).replicas.empty());  // nothing kept yet
+  rec.keep(state_at(0), 0);
+  EXPECT_TRUE(rec.spare(3).replicas.empty());  // one point: keep() drops none
+  rec.keep(state_at(3), 100);
+  EXPECT_TRUE(rec.spare(3).replicas.empty());  // a replay of step 3 replaces it, drops none
+  train::TrainState spare = rec.spare(7);
+  ASSERT_EQ(spare.step, 0);  // the oldest
+  const float* buffer = spare.replicas[0].x.data();
+  spare.step = 7;
+  spare.tokens_seen = 70;
+  spare.replicas[0].x.assign(1, 7.0f);  // fits: the same memory
+  EXPECT_EQ(spare.replicas[0].x.data(), buffer);
+  rec.keep(std::move(spare), 250);
+  rank.resume = 7;
+  const auto back = rec.recover(8, "ring broke", 400);
+  EXPECT_EQ(rank.offers[0], (std::vector<std::int64_t>{3, 7}));
+  ASSERT_TRUE(back.state.has_value());
+  EXPECT_EQ(back.state->replicas[0].x, std::vector<float>{7.0f});
+  EXPECT_EQ(back.bytes_resent, 150u);
+}
+
 TEST(Recovery, AReplayedStepReplacesThePointOfTheSameStep) {
   FakeRank rank;
   cluster::Recovery rec(rank.ctx);
