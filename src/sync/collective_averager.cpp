@@ -9,7 +9,6 @@
 #include <string>
 #include <thread>
 
-#include "desloc/core/cpu_time.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/transport/ring_order.hpp"
 
@@ -83,7 +82,7 @@ void CollectiveAverager::average_across_sites(optim::StateKind kind,
       } catch (...) {
         lane_error = std::current_exception();
       }
-      lane_cpu_ns_ += static_cast<std::int64_t>(thread_cpu_seconds() * 1e9);
+      lane_cpu_.add_calling_thread();
     });
     try {
       wan_.all_reduce_sum(shard.subspan(a.offset, a.count));

@@ -6,7 +6,6 @@
 #include <string>
 #include <utility>
 
-#include "desloc/core/cpu_time.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/sync/sync_engine.hpp"
 
@@ -89,7 +88,7 @@ void DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
     } catch (...) {
       comm_error_ = std::current_exception();
     }
-    comm_cpu_ns_ += static_cast<std::int64_t>(thread_cpu_seconds() * 1e9);
+    comm_cpu_.add_calling_thread();
     const std::lock_guard lock(mu_);
     finished_ = true;
     wire_.notify_all();

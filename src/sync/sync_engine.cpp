@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "desloc/core/cpu_time.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/sync/synced_step.hpp"
 #include "desloc/transport/ring_order.hpp"
@@ -174,7 +173,7 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
     } catch (...) {
       comm_error_ = std::current_exception();
     }
-    comm_cpu_ns_ += static_cast<std::int64_t>(thread_cpu_seconds() * 1e9);
+    comm_cpu_.add_calling_thread();
   });
   return due_;
 }

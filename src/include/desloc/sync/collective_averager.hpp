@@ -9,13 +9,13 @@
 // zeros.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <vector>
 
+#include "desloc/core/cpu_time.hpp"
 #include "desloc/sync/averager.hpp"
 #include "desloc/sync/sync_meter.hpp"
 #include "desloc/transport/collective.hpp"
@@ -55,7 +55,7 @@ class CollectiveAverager final : public Averager {
   void note_compute(double seconds) override;
   std::optional<SyncMeasure> take_measure() override;
   // The second lane's threads (one per two-lane average).
-  double helper_cpu_seconds() const override { return double(lane_cpu_ns_.load()) * 1e-9; }
+  double helper_cpu_seconds() const override { return lane_cpu_.seconds(); }
   int workers() const override { return wan_.size(); }
   // Wire bytes are what the collectives actually sent, not a formula: `wire` is the WAN
   // group's, `site_wire` the intra-site all-gather's.
@@ -105,7 +105,7 @@ class CollectiveAverager final : public Averager {
   transport::Collective* site_;
   transport::Collective* wan_reverse_;
   double lane_share_;
-  std::atomic<std::int64_t> lane_cpu_ns_{0};  // helper_cpu_seconds()
+  ThreadCpuTally lane_cpu_;  // helper_cpu_seconds()
   Traffic traffic_;
   SyncMeter* meter_ = nullptr;
   // Since the last measuring exchange, under traffic_mu_: the averages' seconds, bytes and

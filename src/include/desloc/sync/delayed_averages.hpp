@@ -27,7 +27,6 @@
 #pragma once
 
 #include <array>
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -39,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "desloc/core/cpu_time.hpp"
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/averager.hpp"
 
@@ -86,7 +86,7 @@ class DelayedAverages {
   bool stop_agreed() const { return stop_agreed_; }
   // CPU seconds of the communication threads so far (the averager's own helpers apart:
   // Averager::helper_cpu_seconds), each added when it ends.
-  double comm_cpu_seconds() const { return double(comm_cpu_ns_.load()) * 1e-9; }
+  double comm_cpu_seconds() const { return comm_cpu_.seconds(); }
   // What the latest settled control exchange measured (once; Averager::take_measure).
   std::optional<SyncMeasure> take_measure() {
     std::optional<SyncMeasure> m;
@@ -133,8 +133,8 @@ class DelayedAverages {
   bool answered_ = false;                  // answer_ taken (by the batch's first completion)
   std::size_t completed_ = 0;              // on_wire_[0, completed_) completed inside the site
   std::thread comm_;
-  std::exception_ptr comm_error_;             // set by the thread before finished_
-  std::atomic<std::int64_t> comm_cpu_ns_{0};  // comm_cpu_seconds()
+  std::exception_ptr comm_error_;  // set by the thread before finished_
+  ThreadCpuTally comm_cpu_;        // comm_cpu_seconds()
   std::mutex mu_;
   std::condition_variable wire_;  // signals sent_ and finished_
   std::size_t sent_ = 0;          // under mu_: on_wire_[0, sent_) are off the wide-area wire

@@ -20,7 +20,6 @@
 #pragma once
 
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -28,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "desloc/core/cpu_time.hpp"
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/averager.hpp"
 #include "desloc/sync/compression.hpp"
@@ -134,9 +134,7 @@ class SyncEngine {
   const SyncDecision& due() const { return due_; }
   // CPU seconds of the engine's communication threads so far (sync.overlap "step" and
   // "delayed"; the averager's own helpers apart: Averager::helper_cpu_seconds).
-  double comm_cpu_seconds() const {
-    return double(comm_cpu_ns_.load()) * 1e-9 + delayed_.comm_cpu_seconds();
-  }
+  double comm_cpu_seconds() const { return comm_cpu_.seconds() + delayed_.comm_cpu_seconds(); }
 
  private:
   // One average begin() started, on views of its own copies of every replica's state.
@@ -162,11 +160,11 @@ class SyncEngine {
   SyncDecision due_;
   std::vector<Started> started_;
   std::array<std::vector<std::vector<float>>, 4> copies_;  // by StateKind, kept across steps
-  std::thread comm_;                          // runs the started averages' wide-area halves
-  std::exception_ptr comm_error_;             // what it threw, rethrown by finish()
-  std::atomic<std::int64_t> comm_cpu_ns_{0};  // comm_cpu_seconds(): comm_'s, when each ends
-  bool stop_agreed_ = false;  // the control exchange's answer, taken in begin() (step)
-  std::int64_t t_ = 0;        // the step begin() opened
+  std::thread comm_;               // runs the started averages' wide-area halves
+  std::exception_ptr comm_error_;  // what it threw, rethrown by finish()
+  ThreadCpuTally comm_cpu_;        // comm_cpu_seconds(): comm_'s, each added when it ends
+  bool stop_agreed_ = false;       // the control exchange's answer, taken in begin() (step)
+  std::int64_t t_ = 0;             // the step begin() opened
   DelayedAverages delayed_;
 };
 
