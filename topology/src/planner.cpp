@@ -40,11 +40,6 @@ const SiteProfile& most_steal(const Topology& t) {
   });
 }
 
-// Wide-area bytes a site sends for one ring all-reduce of `bytes` over n sites.
-double site_bytes(double bytes, std::size_t n) {
-  return n > 1 ? bytes * 2.0 * double(n - 1) / double(n) : 0.0;
-}
-
 // The least Kx at which the compute overlapped averages take (simulate()'s steal: each site's
 // steal per byte sent plus the codec's work, on the 1 + 1/a + 1/b averages of an x window)
 // can fit the target at all: a site whose step is s and the slowest's S has
@@ -162,6 +157,10 @@ std::vector<std::string> reversed_ring(const std::vector<std::string>& order) {
   return reversed;
 }
 }  // namespace
+
+double site_bytes(double bytes, std::size_t n) {
+  return n > 1 ? bytes * 2.0 * double(n - 1) / double(n) : 0.0;
+}
 
 double ring_seconds(const Topology& t, const std::vector<std::string>& order, double bytes,
                     int lanes, double lane_share) {

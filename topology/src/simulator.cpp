@@ -42,7 +42,7 @@ SimResult simulate(const Topology& t, const SimJob& job) {
     const double bytes = job.state_bytes * job.wire_ratio[k] / double(parts[k]);
     sync[k] = ring_seconds(t, ring, bytes, job.lanes, job.lane_share) +
               (n > 1 ? job.codec_s[k] / double(parts[k]) : 0.0);
-    per_state_bytes[k] = n > 1 ? bytes * 2.0 * double(n - 1) / double(n) : 0.0;
+    per_state_bytes[k] = site_bytes(bytes, n);
   }
   // Regions: each region's sites (indices into t.sites) and its seconds and bytes per site for
   // one average of state k over its own ring.
@@ -66,13 +66,13 @@ SimResult simulate(const Topology& t, const SimJob& job) {
     for (std::size_t k = 0; k < 3; ++k) {
       const double bytes = job.state_bytes * job.wire_ratio[k];
       g.seconds[k] = ring_seconds(t, names, bytes, 1) + (m > 1 ? job.codec_s[k] : 0.0);
-      g.bytes[k] = m > 1 ? bytes * 2.0 * (m - 1) / m : 0.0;
+      g.bytes[k] = site_bytes(bytes, names.size());
     }
     regions.push_back(std::move(g));
   }
   // The gradient (DDP) travels whole.
   const double grad_sync = ring_seconds(t, ring, job.state_bytes, job.lanes, job.lane_share);
-  const double grad_bytes = n > 1 ? job.state_bytes * 2.0 * double(n - 1) / double(n) : 0.0;
+  const double grad_bytes = site_bytes(job.state_bytes, n);
 
   std::vector<double> clock(n, 0.0), compute(n, 0.0);
   std::mt19937_64 gen(job.seed);

@@ -98,6 +98,9 @@ inline constexpr std::int64_t kValidatedKx = 256;
 // Half-life in steps of an exponential moving average with decay beta: ln 0.5 / ln beta.
 double half_life(double beta);
 
+// Wide-area bytes each of n sites sends for one ring all-reduce of `bytes`: 2 (n - 1) / n of
+// them (none alone).
+double site_bytes(double bytes, std::size_t n);
 // Predicted all-reduce time of `bytes` over `order` as a ring / as a star at `root`.
 double ring_seconds(const Topology& t, const std::vector<std::string>& order, double bytes,
                     int lanes = 1, double lane_share = 0.5);
