@@ -49,6 +49,17 @@ double square(char a, char b) {  // the sides A-B-C-D-A fast, the diagonals slow
   return (p == "AC" || p == "BD") ? 10 : 1000;
 }
 
+// The quickstart model's state (3.3 MB) over 100000 steps, within `target`; whole averages.
+PlanRequest quickstart_request(double target, bool delayed = false) {
+  PlanRequest req;
+  req.state_bytes = 3.3e6;
+  req.target_overhead = target;
+  req.steps = 100000;
+  req.delayed = delayed;
+  if (delayed) req.fragments = 1;
+  return req;
+}
+
 void expect_config_error(const std::string& text, const std::string& needle) {
   try {
     parse_topology(text, "topo.toml");
@@ -147,10 +158,7 @@ TEST(Planner, PricesTheStarThatBeatsTheRingOnATriangle) {
 
 TEST(Planner, ChoosesTheSmallestKxWithinTarget) {
   const Topology t = parse_topology(topology_toml("ABC", 80, triangle), "tri.toml");
-  PlanRequest req;
-  req.state_bytes = 3.3e6;
-  req.target_overhead = 0.05;
-  req.steps = 100000;
+  PlanRequest req = quickstart_request(0.05);
   const Plan p = make_plan(t, req);
   EXPECT_EQ(p.ku, 3 * p.kx);
   EXPECT_EQ(p.kv, 6 * p.kx);  // beta 0.9 / 0.95: half-lives 6.6 and 13.5 steps
@@ -171,10 +179,7 @@ TEST(Planner, ChoosesTheSmallestKxWithinTarget) {
 // needs a far longer period.
 TEST(Planner, DelayedAveragesHideUnderComputeAtAMuchShorterPeriod) {
   const Topology t = parse_topology(topology_toml("ABC", 80, triangle), "tri.toml");
-  PlanRequest req;
-  req.state_bytes = 3.3e6;
-  req.target_overhead = 0.03;
-  req.steps = 100000;
+  PlanRequest req = quickstart_request(0.03);
   const Plan blocking = make_plan(t, req);
   req.delayed = true;
   req.fragments = 1;  // whole averages
@@ -215,12 +220,7 @@ TEST(Planner, DelayedAveragesHideUnderComputeAtAMuchShorterPeriod) {
 // refused with the reason.
 TEST(Planner, StreamingFragmentsShortenThePeriodAndTheDelay) {
   const Topology t = parse_topology(topology_toml("ABC", 80, triangle), "tri.toml");
-  PlanRequest req;
-  req.state_bytes = 3.3e6;
-  req.target_overhead = 0.03;
-  req.steps = 100000;
-  req.delayed = true;
-  req.fragments = 1;
+  PlanRequest req = quickstart_request(0.03, true);
   const Plan whole = make_plan(t, req);
   req.fragments = 0;  // the planner chooses
   const Plan p = make_plan(t, req);
@@ -430,12 +430,7 @@ TEST(Simulator, OverlappedAveragesTakeTheStealAndTheCodecFromTheCompute) {
   for (auto& s : t.sites) s.steal_s_per_byte = 0.0;
   EXPECT_NEAR(simulate(t, job).total_s, blocking.total_s, 1e-12);
 
-  PlanRequest req;
-  req.state_bytes = 3.3e6;
-  req.target_overhead = 0.05;
-  req.steps = 100000;
-  req.delayed = true;
-  req.fragments = 1;
+  PlanRequest req = quickstart_request(0.05, true);
   const Plan wire = make_plan(t, req);
   for (auto& s : t.sites) s.steal_s_per_byte = 10e-9;  // 10 ms per MB: 44 ms per x average
   const Plan p = make_plan(t, req);
