@@ -1,4 +1,4 @@
-// CPU clocks (cpu_time.hpp).
+// CPU and wall clocks (cpu_time.hpp).
 #include "desloc/core/cpu_time.hpp"
 
 #include <ctime>
@@ -14,5 +14,6 @@ double read(clockid_t clock) {
 
 double thread_cpu_seconds() { return read(CLOCK_THREAD_CPUTIME_ID); }
 double process_cpu_seconds() { return read(CLOCK_PROCESS_CPUTIME_ID); }
+double ThreadWallTally::now() { return read(CLOCK_MONOTONIC); }
 
 }  // namespace desloc

@@ -302,20 +302,24 @@ TEST(Launch, DelayedAveragesReproduceTheInProcessRunBitForBit) {
   fs::path dir;
   expect_launch_matches_train("launch3x1_delayed", {"west", "east", "north"}, 1, "", kDelayedSync,
                               "", "", &dir);
-  // Every step records the process's CPU, and the communication threads' CPU grows as their
-  // batches end: the last step's total is positive on every rank.
+  // Every step records the process's CPU, and the communication threads' CPU and wall time on
+  // the wire grow as their batches end: the last step's totals are positive on every rank.
   const fs::path out = dir / "launch";
   for (const fs::path& metrics : {out / "metrics.jsonl", out / "ranks" / "east-0" / "metrics.jsonl",
                                   out / "ranks" / "north-0" / "metrics.jsonl"}) {
     const auto cpu = train_field(metrics, "cpu_ms");
     const auto comm = train_field(metrics, "comm_cpu_ms");
+    const auto wire = train_field(metrics, "wire_ms");
     ASSERT_EQ(cpu.size(), 12u) << metrics;
     ASSERT_EQ(comm.size(), 12u) << metrics;
+    ASSERT_EQ(wire.size(), 12u) << metrics;
     EXPECT_TRUE(std::all_of(cpu.begin(), cpu.end(), [](const std::string& c) {
       return std::stod(c) > 0;
     })) << metrics;
     EXPECT_GT(std::stod(comm.back()), 0.0) << metrics;
     EXPECT_GE(std::stod(comm.back()), std::stod(comm.front())) << metrics;
+    EXPECT_GT(std::stod(wire.back()), 0.0) << metrics;
+    EXPECT_GE(std::stod(wire.back()), std::stod(wire.front())) << metrics;
   }
 }
 

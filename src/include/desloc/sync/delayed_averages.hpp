@@ -87,6 +87,9 @@ class DelayedAverages {
   // CPU seconds of the communication threads so far (the averager's own helpers apart:
   // Averager::helper_cpu_seconds), each added when it ends.
   double comm_cpu_seconds() const { return comm_cpu_.seconds(); }
+  // Wall seconds the batches so far spent on the wide-area wire: each from its thread's start
+  // (the control exchange's wide-area half) to its last average, added when the thread ends.
+  double wire_seconds() const { return comm_wall_.seconds(); }
   // What the latest settled control exchange measured (once; Averager::take_measure).
   std::optional<SyncMeasure> take_measure() {
     std::optional<SyncMeasure> m;
@@ -135,6 +138,7 @@ class DelayedAverages {
   std::thread comm_;
   std::exception_ptr comm_error_;  // set by the thread before finished_
   ThreadCpuTally comm_cpu_;        // comm_cpu_seconds()
+  ThreadWallTally comm_wall_;      // wire_seconds()
   std::mutex mu_;
   std::condition_variable wire_;  // signals sent_ and finished_
   std::size_t sent_ = 0;          // under mu_: on_wire_[0, sent_) are off the wide-area wire

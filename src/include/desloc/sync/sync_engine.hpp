@@ -135,6 +135,9 @@ class SyncEngine {
   // CPU seconds of the engine's communication threads so far (sync.overlap "step" and
   // "delayed"; the averager's own helpers apart: Averager::helper_cpu_seconds).
   double comm_cpu_seconds() const { return comm_cpu_.seconds() + delayed_.comm_cpu_seconds(); }
+  // Wall seconds the averages started on the engine's communication threads spent on the
+  // wide-area wire so far (each thread's span, added when it ends; 0 when averages block).
+  double wire_seconds() const { return comm_wall_.seconds() + delayed_.wire_seconds(); }
 
  private:
   // One average begin() started, on views of its own copies of every replica's state.
@@ -163,6 +166,7 @@ class SyncEngine {
   std::thread comm_;               // runs the started averages' wide-area halves
   std::exception_ptr comm_error_;  // what it threw, rethrown by finish()
   ThreadCpuTally comm_cpu_;        // comm_cpu_seconds(): comm_'s, each added when it ends
+  ThreadWallTally comm_wall_;      // wire_seconds(): comm_'s spans
   bool stop_agreed_ = false;       // the control exchange's answer, taken in begin() (step)
   std::int64_t t_ = 0;             // the step begin() opened
   DelayedAverages delayed_;

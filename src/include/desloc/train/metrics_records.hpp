@@ -40,6 +40,10 @@ struct TrainRecord {  // after every step
   // added when it ends; 0 when averages block the step, which runs them on the compute's
   // thread): what averages in flight cost the compute.
   double cpu_ms = 0, comm_cpu_ms = 0;
+  // The wall time the communication threads' averages spent on the wide-area wire since the run
+  // started (0 when averages block): its growth over the run's time is how busy the links
+  // were, against the plan's expectation.
+  double wire_ms = 0;
   std::uint64_t tokens = 0;
   std::size_t workers = 0;
   std::string synced;                         // the states averaged: "g", "x", "xu", "xuv"...
