@@ -92,10 +92,10 @@ $target nats. Method none is the compute-only reference (no communication at all
              (about 15 minutes)
   --transport a line added to every run's [transport] section (e.g. 'wan_spin_iterations = 64'),
              for an A/B of one transport setting
-  --evals    validation evaluations during each run (default 6, 12 with --budget or --plan;
-             0 = at the end only). Each one averages x across the sites and pauses the
-             first site for its forward passes, so the others wait for it at their next
-             average: a steal measurement wants 0
+  --evals    validation evaluations during each run (default 6, 24 with --budget or --plan;
+             0 = at the end only). Each one averages x across the sites and the ranks
+             share its batches; the sites pause together for it, so a steal measurement
+             wants 0. The report interpolates the loss between evaluations
   --pin      pin site i's worker to CPU i mod nproc (taskset), so that a site's compute and
              its communication thread share one core, as they would on a dedicated host
   --budget   train every method for about SECONDS of step time (evaluation excluded) instead
@@ -322,7 +322,7 @@ run_job() {
 desloc_sync='' la_kx='' lanes='' delayed_sync='' delayed_overlap=''
 declare -A method_steps=()
 if [[ -n $budget || $plan -eq 1 ]]; then
-  evals=${evals:-12}  # a finer curve against time
+  evals=${evals:-24}  # a finer curve against time
   write_config desloc "$results/profile.toml" 1000
   sed -i "s|^out_dir = .*|out_dir = \"$results/profile\"|" "$results/profile.toml"
   say "profile: measuring the bed's links and compute step with desloc profile"

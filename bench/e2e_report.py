@@ -103,6 +103,22 @@ def rank_means(results, method):
     return out
 
 
+def wire_use(results, method):
+    """Every rank's (share of its training time its batches were on the wire, mean wire ms per
+    batch), from wire_ms (cumulative) and the steps that started a batch; leader first. Empty
+    for runs without overlapped averages (or from before wire_ms)."""
+    out = []
+    for f in rank_files(results, method):
+        train = [json.loads(l) for l in open(f)]
+        train = [l for l in train if l["type"] == "train"]
+        batches = sum(1 for l in train if l["synced"])
+        if not train or not batches or not train[-1].get("wire_ms"):
+            continue
+        wire = train[-1]["wire_ms"]
+        out.append((wire / sum(l["step_ms"] for l in train), wire / batches))
+    return out
+
+
 def desloc_analysis(a, name, d, base, payload_rate):
     """Whether DES-LOC (blocking or overlapped) keeps to compute speed; prints why."""
     ok = True
@@ -122,6 +138,11 @@ def desloc_analysis(a, name, d, base, payload_rate):
     if mine and any(y > 0 for _, y in mine):
         print(f"{name}: time in the sync engine (sync_ms: waits for averages, snapshots, "
               f"blocking averages) per step: {', '.join(f'{y:.1f}' for _, y in mine)} ms by rank")
+    wire = wire_use(a.results, name)
+    if wire:
+        print(f"{name}: batches on the wire (wire_ms): {', '.join(f'{b:.1%}' for b, _ in wire)} "
+              f"of the training time by rank, {', '.join(f'{m:.0f}' for _, m in wire)} ms per "
+              f"batch (start to last average)")
     if d["cpu_per_step"] and base["cpu_per_step"]:
         cpu = d["cpu_per_step"] / base["cpu_per_step"]
         print(f"{name}: CPU seconds per step (user + sys of each rank's process, from start to "
@@ -196,18 +217,28 @@ def main():
 
 
 def loss_at(curve, t):
-    """The validation loss of the last evaluation at or before training time t (None: none)."""
-    seen = [v for c, v in curve if c <= t]
-    return seen[-1] if seen else None
+    """The validation loss at training time t, interpolated linearly between the evaluations
+    on either side (None: before the first; after the last, the last). Taking the last
+    evaluation before t instead credits each run with its evaluation's age, up to a whole
+    evaluation interval, which on a steep stretch of the curve is more than the methods
+    differ by."""
+    before = [(c, v) for c, v in curve if c <= t]
+    if not before:
+        return None
+    after = [(c, v) for c, v in curve if c > t]
+    if not after:
+        return before[-1][1]
+    (c0, v0), (c1, v1) = before[-1], after[0]
+    return v0 + (v1 - v0) * (t - c0) / (c1 - c0)
 
 
 def equal_time(rows, budget):
     marks = [budget * k / 6 for k in range(1, 7)]
-    print(f"\nValidation loss at equal training time (budget {budget:.0f} s; the last evaluation at "
-          f"or before each time; '-' = not yet evaluated):")
+    print(f"\nValidation loss at equal training time (budget {budget:.0f} s; interpolated between "
+          f"the evaluations on either side of each time; '-' = not yet evaluated):")
     print(f"{'method':<15} {'steps':>6} {'trained s':>9} " + " ".join(f"{t:>7.0f}s" for t in marks))
     for m, r in rows.items():
-        cells = [loss_at(r["curve"], t * 1.02) for t in marks]  # 2%: a run ends near, not at, t
+        cells = [loss_at(r["curve"], t) for t in marks]  # a run that ended before t: its last
         print(f"{m:<15} {r['steps']:>6} {r['curve'][-1][0] if r['curve'] else 0:>9.1f} " +
               " ".join(f"{c:>8.4f}" if c is not None else f"{'-':>8}" for c in cells))
     flat, regional = rows.get("desloc"), rows.get("desloc-regions")
