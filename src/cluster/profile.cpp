@@ -12,10 +12,10 @@
 // Then all pairs stream at once (a 2-rank all-reduce on every pair concurrently, each on its
 // own thread), for the contended rate. Each site also times training steps of the configured
 // model: alone before and after, for the step time, and on the main thread while its pairs
-// stream, for the steal: the process's CPU per step beyond alone, per byte the site sent,
-// scaled by the share of a core the compute gets alone (where the communication's CPU comes
-// out of the compute, as on a site whose compute fills its cores, a CPU second costs the step
-// 1 / share seconds of wall time). Rank 0 of site 0 gathers everything and writes the file,
+// stream, for the contention. The steal is the streaming threads' own CPU per byte the site
+// sent, scaled by the share of a core the compute gets alone (where the communication's CPU
+// comes out of the compute, as on a site whose compute fills its cores, a CPU second costs the
+// step 1 / share seconds of wall time). Rank 0 of site 0 gathers everything and writes the file,
 // and names every link whose bandwidth-delay product its TCP buffers may not cover
 // (topology/tcp_window.hpp).
 #include <fmt/format.h>
@@ -180,11 +180,11 @@ double mean(const std::vector<StepBench::Sample>& s, double StepBench::Sample::*
 }
 
 // The steal (header comment): seconds of compute lost per byte sent while the pairs stream.
-constexpr int kMinLoadedSteps = 5;
 constexpr double kLoadSeconds = 3.0;  // the pairs stream at least this long, and 30 steps
 constexpr int kStepsBefore = 15, kStepsAfter = 10;  // alone, before and after the streaming
 struct Steal {
   double s_per_byte = 0, cpu_alone_s = 0, cpu_loaded_s = 0;
+  double thread_cpu_per_byte = 0;  // the streaming threads' own CPU, unscaled
   int steps = 0;
 };
 
@@ -235,7 +235,8 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
     const std::size_t bytes = std::size_t{16} << 20;
     std::vector<std::thread> threads;
     std::vector<double> secs(static_cast<std::size_t>(S), 0.0),
-        sent_bps(static_cast<std::size_t>(S), 0.0);
+        sent_bps(static_cast<std::size_t>(S), 0.0), sent(static_cast<std::size_t>(S), 0.0);
+    ThreadCpuTally stream_cpu;  // the threads' CPU over their timed all-reduces
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(S));
     std::atomic<int> streaming{0}, finished{0};
     const double load_s = std::max(kLoadSeconds, 30 * step_s);
@@ -249,6 +250,7 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
           pair.all_reduce_sum(data);  // warm-up
           streaming.fetch_add(1);
           counted = true;
+          const double cpu0 = thread_cpu_seconds();
           const auto t0 = Clock::now();
           pair.all_reduce_sum(data);
           secs[std::size_t(k)] = seconds_since(t0);
@@ -256,7 +258,9 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
               std::clamp(std::ceil(load_s / std::max(secs[std::size_t(k)], 1e-6)) - 1, 0.0, 64.0));
           pair.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&more, 1)), 0);
           for (std::uint64_t i = 0; i < more; ++i) pair.all_reduce_sum(data);
-          sent_bps[std::size_t(k)] = double(bytes) * double(more + 1) / seconds_since(t0);
+          sent[std::size_t(k)] = double(bytes) * double(more + 1);
+          sent_bps[std::size_t(k)] = sent[std::size_t(k)] / seconds_since(t0);
+          stream_cpu.add_seconds(thread_cpu_seconds() - cpu0);
         } catch (...) {
           errors[std::size_t(k)] = std::current_exception();
           if (!counted) streaming.fetch_add(1);
@@ -282,28 +286,25 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
     steal.steps = static_cast<int>(loaded.size());
     steal.cpu_alone_s = mean(alone, &StepBench::Sample::cpu_s);
     steal.cpu_loaded_s = mean(loaded, &StepBench::Sample::cpu_s);
-    double window_s = 0, rate = 0;
-    for (const auto& s : loaded) window_s += s.wall_s;
-    for (double r : sent_bps) rate += r;
+    // The threads' own CPU, not the process's CPU per step beyond alone: that difference of
+    // two noisy means over some 30 steps read 160 ms per MB on the starved bed where the
+    // training runs' communication threads measured 45-48 (codec included).
+    double total_sent = 0;
+    for (double b : sent) total_sent += b;
     const double share = std::min(1.0, steal.cpu_alone_s / std::max(step_s, 1e-9));
-    if (steal.steps >= kMinLoadedSteps && rate > 0 && share > 0)
-      steal.s_per_byte = std::max(0.0, steal.cpu_loaded_s - steal.cpu_alone_s) *
-                         double(steal.steps) / (share * rate * window_s);
-    else if (S > 1)
-      log::warn(
-          "{}: only {} training steps ran while the links streamed (at least {} needed): "
-          "no steal measured",
-          ss.name, steal.steps, kMinLoadedSteps);
+    if (total_sent > 0) steal.thread_cpu_per_byte = stream_cpu.seconds() / total_sent;
+    if (share > 0) steal.s_per_byte = steal.thread_cpu_per_byte / share;
     log::info(
-        "{}: CPU per step {:.1f} ms alone, {:.1f} ms while every pair streamed ({} steps): "
-        "steal {:.2f} ms per MB sent",
-        ss.name, steal.cpu_alone_s * 1e3, steal.cpu_loaded_s * 1e3, steal.steps,
-        steal.s_per_byte * 1e9);
+        "{}: streaming threads' CPU {:.2f} ms per MB sent; a core share of {:.2f} alone: steal "
+        "{:.2f} ms per MB (CPU per step {:.1f} ms alone, {:.1f} ms while every pair streamed, "
+        "{} steps)",
+        ss.name, steal.thread_cpu_per_byte * 1e9, share, steal.s_per_byte * 1e9,
+        steal.cpu_alone_s * 1e3, steal.cpu_loaded_s * 1e3, steal.steps);
   }
 
   // Gather every site's row (step time, its largest TCP buffers, its outgoing links) at every
   // rank 0.
-  constexpr std::size_t kHead = 7;
+  constexpr std::size_t kHead = 8;
   const std::size_t row = kHead + 4 * static_cast<std::size_t>(S);
   std::vector<double> mine(row), all(row * static_cast<std::size_t>(S));
   const topology::TcpBuffers buffers = topology::read_tcp_buffers();
@@ -314,6 +315,7 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
   mine[4] = steal.s_per_byte;
   mine[5] = steal.cpu_alone_s;
   mine[6] = steal.cpu_loaded_s;
+  mine[7] = steal.thread_cpu_per_byte;
   for (int k = 0; k < S; ++k) {
     const auto& r = out[std::size_t(k)];
     std::copy_n(
@@ -350,9 +352,11 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
             l[2] * 1e3);
       }
       std::printf(
-          "%-8s compute step %.1f ms; steal %.2f ms per MB sent (CPU per step %.1f ms alone, "
+          "%-8s compute step %.1f ms; steal %.2f ms per MB sent (the streaming threads' CPU "
+          "%.2f ms per MB, over the compute's share of a core; CPU per step %.1f ms alone, "
           "%.1f ms while every pair streamed)\n",
-          ss.sites[std::size_t(s)].c_str(), r[0] * 1e3, r[4] * 1e9, r[5] * 1e3, r[6] * 1e3);
+          ss.sites[std::size_t(s)].c_str(), r[0] * 1e3, r[4] * 1e9, r[7] * 1e9, r[5] * 1e3,
+          r[6] * 1e3);
     }
     for (const auto& [site, b] : site_buffers)
       std::printf("%-8s largest TCP buffers: send %.1f MiB, receive %.1f MiB\n", site.c_str(),

@@ -130,9 +130,12 @@ sed 's/^\[train\]$/[train]\nsteps = 1000000/' "$tmp/job.toml" >"$tmp/plan_job.to
   >"$tmp/plan.txt" || { cat "$tmp/plan.txt" >&2; fail "plan refused the profiled topology"; }
 grep -q "schedule: ring" "$tmp/plan.txt" || fail "plan printed no schedule"
 note "profile within bounds; plan accepted it"
-# Every site measured its steal: the CPU its training steps lost while every pair streamed.
+# Every site measured its steal: its streaming threads' CPU per MB they sent, which is never
+# zero (16 MiB all-reduces through the kernel's TCP stack).
 [[ $(grep -cE "^[ABC] +compute step [0-9.]+ ms; steal [0-9.]+ ms per MB sent" "$tmp/A.log") -eq 3 ]] ||
   fail "the profile printed no steal for every site: $(grep -E "compute step" "$tmp/A.log")"
+grep -E "^[ABC] +compute step" "$tmp/A.log" | grep -qE "steal 0\.00 ms" &&
+  fail "a site's streaming threads measured no CPU: $(grep -E "compute step" "$tmp/A.log")"
 note "profile measured the steal: $(grep -oE "^[ABC] +compute step.*per MB sent" "$tmp/A.log" | tr -s ' ' | paste -sd ';')"
 # The bed keeps Linux's tcp_slow_start_after_idle = 1, and its links have 10-60 ms round trips.
 grep -q "site A: net.ipv4.tcp_slow_start_after_idle = 1 with round trips up to" "$tmp/A.log" ||
