@@ -76,6 +76,7 @@ struct PlanOptions {
   bool delayed = false;
   int fragments = 0;
   std::int64_t max_delay = 0;
+  double delay_weight = topology::PlanRequest{}.delay_weight;
   std::string codecs = "config";
   bool auto_mode = false;
 };
@@ -93,10 +94,16 @@ train::JobConfig with_codec(train::JobConfig job, const char* codec) {
   return job;
 }
 
+// What a plan costs the model in steps of period: Kx + delay_weight * tau (tau = 0 when
+// blocking; PlanRequest::delay_weight).
+double plan_score(const topology::Plan& p, const topology::PlanRequest& req) {
+  return double(p.kx) + req.delay_weight * double(p.delay);
+}
+
 // `desloc plan --auto`: every mode (blocking, delayed) with every codec set of kAutoCodecs,
 // priced as one table. Blocking fp32 stays when its Kx is within the validated periods (no
-// delay, no compression needed); otherwise the shortest Kx wins, the simpler alternative on a
-// tie (blocking before delayed, the more precise codec first).
+// delay, no compression needed); otherwise the least Kx + W tau wins (plan_score), the simpler
+// alternative on a tie (blocking before delayed, the more precise codec first).
 template <class PlanWith>
 topology::Plan plan_alternatives(const train::JobConfig& cfg, const topology::PlanRequest& req,
                                  PlanWith&& plan_with) {
@@ -124,7 +131,9 @@ topology::Plan plan_alternatives(const train::JobConfig& cfg, const topology::Pl
     chosen = &alts[0];
   } else {
     for (const auto& a : alts)
-      if (a.plan && (chosen == nullptr || a.plan->kx < chosen->plan->kx)) chosen = &a;
+      if (a.plan &&
+          (chosen == nullptr || plan_score(*a.plan, req) < plan_score(*chosen->plan, req)))
+        chosen = &a;
   }
   if (chosen == nullptr)
     throw ConfigError(fmt::format(
@@ -153,10 +162,12 @@ topology::Plan plan_alternatives(const train::JobConfig& cfg, const topology::Pl
       chosen == &alts[0]
           ? fmt::format("blocking fp32 already gives Kx <= {}, so nothing is traded for it",
                         topology::kValidatedKx)
-          : fmt::format("blocking fp32 {}; the shortest Kx wins (the simpler alternative on a "
-                        "tie: blocking before delayed, the more precise codec first)",
+          : fmt::format("blocking fp32 {}; the least Kx + {:g} tau wins (--delay-weight's "
+                        "default; tau = 0 when blocking; the simpler alternative on a tie: "
+                        "blocking before delayed, the more precise codec first)",
                         alts[0].plan ? fmt::format("needs Kx = {}", alts[0].plan->kx)
-                                     : std::string("cannot meet the target"))));
+                                     : std::string("cannot meet the target"),
+                        req.delay_weight)));
   plan.explanation.insert(plan.explanation.end(), table.begin(), table.end());
   return plan;
 }
@@ -179,6 +190,7 @@ int run_plan(const PlanOptions& o) {
   req.delayed = o.delayed;
   req.fragments = o.fragments;
   req.max_delay = o.max_delay;
+  req.delay_weight = o.delay_weight;
   req.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(sites.size()));
   auto plan_with = [&](const train::JobConfig& job, topology::PlanRequest r, bool spell_fp32) {
     const CodecPrice codecs = price_codecs(job, model::parameter_count(job.model), spell_fp32);
@@ -192,7 +204,8 @@ int run_plan(const PlanOptions& o) {
   if (o.auto_mode) {
     plan = plan_alternatives(cfg, req, plan_with);
   } else if (o.codecs == "auto") {
-    // Each codec set's plan; the shortest Kx wins, the more precise set on a tie.
+    // Each codec set's plan; the least Kx + W tau wins (plan_score), the more precise set on a
+    // tie.
     // A set whose Kx would exceed train.steps is left out; when every one is, fp32's reason
     // is the error.
     std::string tried;
@@ -206,17 +219,19 @@ int run_plan(const PlanOptions& o) {
         tried += fmt::format("{}{}: no Kx within train.steps", tried.empty() ? "" : ", ", codec);
         continue;
       }
-      tried += fmt::format("{}{} Kx = {} (overhead {:.1f}%)", tried.empty() ? "" : ", ", codec,
-                           p.kx, 100.0 * p.overhead);
-      if (choice.empty() || p.kx < plan.kx) {
+      tried +=
+          fmt::format("{}{} Kx = {}{} (overhead {:.1f}%)", tried.empty() ? "" : ", ", codec, p.kx,
+                      p.delay > 0 ? fmt::format(", tau = {}", p.delay) : "", 100.0 * p.overhead);
+      if (choice.empty() || plan_score(p, req) < plan_score(plan, req)) {
         plan = std::move(p);
         choice = codec;
       }
     }
     if (choice.empty()) throw *first_error;
     plan.explanation.push_back(fmt::format(
-        "codecs (--codecs auto, on x, u and v, blocks of {}): {}; chose {}, the shortest Kx "
-        "(the more precise codec on a tie; int8 and int4 stayed within 0.5% of fp32's loss at "
+        "codecs (--codecs auto, on x, u and v, blocks of {}): {}; chose {}, the least Kx + W tau "
+        "(--delay-weight; the more precise codec on a tie; int8 and int4 stayed within 0.5% of "
+        "fp32's loss at "
         "the same Kx on the LM bench, docs/sync.md)",
         cfg.sync.codec_block, tried, choice));
   } else {
@@ -440,7 +455,8 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
           ->excludes(overlap_flag);
   plan->add_option("--fragments", p.fragments,
                    "with --delayed: 0 = choose the fragment count (streaming DES-LOC, "
-                   "sync.fragments) that gives the shortest Kx, 1 = whole averages, P = exactly P")
+                   "sync.fragments) that gives the least Kx + W tau (--delay-weight), 1 = whole "
+                   "averages, P = exactly P")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str()
       ->needs(delayed_flag);
@@ -450,16 +466,26 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
       ->capture_default_str()
       ->needs(delayed_flag);
+  plan->add_option("--delay-weight", p.delay_weight,
+                   "with --delayed: how many steps of period one step of delay tau costs the "
+                   "model; the plan minimises Kx + W tau within the target (0 = the shortest "
+                   "Kx, then the shortest tau; the default fits the e2e bed's model, "
+                   "docs/topology.md)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str()
+      ->needs(delayed_flag);
   plan->add_option("--codecs", p.codecs,
                    "\"config\": price the config's sync.codec_* as given; \"auto\": plan "
                    "with fp32, int8 and int4 on every state and keep the one that gives the "
-                   "shortest Kx (the more precise on a tie); the fragment names the codecs")
+                   "least Kx + W tau (--delay-weight; tau = 0 when blocking; the more precise "
+                   "on a tie); the fragment names the codecs")
       ->check(CLI::IsMember({"config", "auto"}))
       ->capture_default_str();
   plan->add_flag("--auto", p.auto_mode,
                  "price blocking and delayed (streaming) averages with fp32, int8 and int4 "
                  "payloads, print them side by side, and choose: blocking fp32 when its Kx is "
-                 "within the validated 256, else the shortest Kx")
+                 "within the validated 256, else the least Kx + 8 tau (a step of delay weighed "
+                 "as 8 of period, --delay-weight's default; tau = 0 when blocking)")
       ->excludes(delayed_flag)
       ->excludes(overlap_flag);
   plan->add_option("--out", p.out, "also write the config fragment to this file");

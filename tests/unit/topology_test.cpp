@@ -285,6 +285,57 @@ TEST(Planner, StreamingFragmentsShortenThePeriodAndTheDelay) {
   }
 }
 
+// The plan weighs a step of delay against steps of period (PlanRequest::delay_weight): among
+// the plans within the target it takes the least Kx + W tau. That is the best of the plans
+// with the least Kx under each bound on the delay (--max-delay d with W = 0).
+double starved(char, char) { return 4.9; }  // the starved e2e bed's links (Mbit/s)
+
+TEST(Planner, AStepOfDelayIsWeighedAgainstStepsOfPeriod) {
+  // The starved e2e bed as profiled (22:44 UTC): 3 sites, 4.9 Mbit/s, 20.4 ms one way, a
+  // 115 ms step, the quickstart model's averages in int4 (0.133x of fp32).
+  const Topology t = parse_topology(topology_toml("ABC", 115, starved, 20.4), "starved.toml");
+  PlanRequest req = quickstart_request(0.05, true);
+  req.wire_ratio = {0.133, 0.133, 0.133};
+  req.codec_s = {0.006, 0.006, 0.006};
+  req.fragments = 0;
+  req.delay_weight = 0;
+  const Plan least = make_plan(t, req);  // the least Kx, then the least tau
+  ASSERT_GT(least.delay, 1) << "the bed must offer shorter delays at longer periods";
+  for (const double weight : {2.0, 8.0, 50.0}) {
+    const auto score = [&](const Plan& p) { return double(p.kx) + weight * double(p.delay); };
+    req.delay_weight = weight;
+    req.max_delay = 0;
+    const Plan weighed = make_plan(t, req);
+    EXPECT_LE(weighed.overhead, 0.05);
+    EXPECT_LE(score(weighed), score(least)) << weight;
+    EXPECT_GE(weighed.kx, least.kx) << weight;
+    EXPECT_LE(weighed.delay, least.delay) << weight;
+    if (weight >= 8) {
+      EXPECT_LT(weighed.delay, least.delay) << "a shorter delay pays here";
+    }
+    double best = std::numeric_limits<double>::infinity();
+    for (std::int64_t d = 1; d <= least.delay; ++d) {
+      req.delay_weight = 0;
+      req.max_delay = d;
+      try {
+        best = std::min(best, score(make_plan(t, req)));
+      } catch (const ConfigError&) {  // no plan keeps tau within d
+      }
+    }
+    EXPECT_DOUBLE_EQ(score(weighed), best) << weight;
+    req.delay_weight = weight;
+    req.max_delay = 0;
+    bool said = false;
+    for (const auto& line : weighed.explanation)
+      said |= line.find(fmt::format("delay against period: Kx + {:g} tau = {:g}", weight,
+                                    score(weighed))) == 0;
+    EXPECT_TRUE(said) << weight;
+  }
+  req.delay_weight = 1e6;  // the least delay at any period
+  const Plan shortest = make_plan(t, req);
+  EXPECT_EQ(shortest.delay, 1);
+}
+
 TEST(Planner, KvFollowsTheSecondMomentsHalfLife) {
   const Topology t = parse_topology(topology_toml("AB", 80, triangle), "ab.toml");
   PlanRequest req;

@@ -25,7 +25,14 @@ struct Streaming {
   double batch_s = 0;     // the largest batch of fragments due at one step, on the wire
   double fragment_s = 0;  // one fragment of x's all-reduce
   double overhead = 0;    // simulated
+  // The plan with the least Kx, when the weighted choice (PlanRequest::delay_weight) differs.
+  std::int64_t least_kx = 0, least_kx_tau = 0;
 };
+
+// What a plan costs the model, in steps of period: Kx + delay_weight * tau.
+double delay_score(std::int64_t kx, std::int64_t tau, double weight) {
+  return double(kx) + weight * double(tau);
+}
 
 // u's and v's phases a third and two thirds into an x window of kx >= 3 steps.
 std::pair<std::int64_t, std::int64_t> third_phases(std::int64_t kx) {
@@ -74,7 +81,8 @@ double delayed_overhead(const Topology& t, const PlanRequest& req, const Schedul
   return r.compute_s > 0 ? r.total_s / r.compute_s - 1 : 0;
 }
 
-// The best streaming plan with Kx in [lowest, highest] (header comment), or nullopt.
+// The streaming plan with Kx in [lowest, highest] of the least Kx + delay_weight * tau, the
+// least Kx on a tie (header comment), or nullopt. At each Kx the least tau that fits.
 std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& req,
                                         const Schedule& ring, double step_s, std::int64_t a,
                                         std::int64_t b, std::int64_t lowest, std::int64_t highest) {
@@ -86,7 +94,13 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
                         ring.lane_share) +
            req.codec_s[k] / parts;
   };
+  std::optional<Streaming> chosen;
+  std::int64_t least_kx = 0, least_kx_tau = 0;
   for (std::int64_t kx = std::max<std::int64_t>(lowest, 2); kx <= highest; ++kx) {
+    // Every plan from here on has tau >= 1: none can score below the one chosen.
+    if (chosen && delay_score(kx, 1, req.delay_weight) >=
+                      delay_score(chosen->kx, chosen->tau, req.delay_weight))
+      break;
     std::optional<Streaming> best;
     const int most =
         req.fragments > 0 ? req.fragments : static_cast<int>(std::min<std::int64_t>(kx, 64));
@@ -133,9 +147,20 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
         if (c.overhead <= req.target_overhead) best = c;
       }
     }
-    if (best) return best;
+    if (!best) continue;
+    if (least_kx == 0) {
+      least_kx = best->kx;
+      least_kx_tau = best->tau;
+    }
+    if (!chosen || delay_score(best->kx, best->tau, req.delay_weight) <
+                       delay_score(chosen->kx, chosen->tau, req.delay_weight))
+      chosen = best;
   }
-  return std::nullopt;
+  if (chosen && chosen->kx != least_kx) {
+    chosen->least_kx = least_kx;
+    chosen->least_kx_tau = least_kx_tau;
+  }
+  return chosen;
 }
 
 }  // namespace
@@ -396,8 +421,9 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
   // Delayed averages: each leaves with its control exchange ahead of it on the wire.
   const double exchange = exchange_seconds(t, plan.chosen.order);
   std::optional<Streaming> streaming;
-  std::int64_t whole_kx = 0;  // delayed: the whole-average plan's Kx (0 = none)
-  std::int64_t wire_kx = 0;   // whole delayed averages: the Kx the wire alone would allow
+  std::int64_t whole_kx = 0;   // delayed: the whole-average plan's Kx (0 = none)
+  std::int64_t whole_tau = 0;  // and its delay
+  std::int64_t wire_kx = 0;    // whole delayed averages: the Kx the wire alone would allow
   // Delayed averages: no Kx below this fits the target, whatever the wire does.
   const double steal_kx =
       req.delayed && names.size() > 1
@@ -422,15 +448,29 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
     // Past --max-delay the whole plan throws too (it carries max_delay): no candidate, so every
     // Kx is searched for a streaming one.
     try {
-      whole_kx = make_plan(t, whole).kx;
+      const Plan w = make_plan(t, whole);
+      whole_kx = w.kx;
+      whole_tau = w.delay;
     } catch (const ConfigError& e) {
       whole_error = e;
     }
     const double load = sync * (1.0 + 1.0 / double(a) + 1.0 / double(b)) / plan.step_s;
     const auto lowest = static_cast<std::int64_t>(std::ceil(std::max(load, steal_kx) - 1e-9));
+    // Without --fragments, only a streaming plan that scores below the whole one (Kx + the
+    // delay's weight times tau, tau >= 1) replaces it.
     const std::int64_t highest =
-        req.fragments > 1 || whole_kx == 0 ? std::min<std::int64_t>(max_kx, 4096) : whole_kx - 1;
+        req.fragments > 1 || whole_kx == 0
+            ? std::min<std::int64_t>(max_kx, 4096)
+            : std::min<std::int64_t>(
+                  max_kx, static_cast<std::int64_t>(
+                              std::ceil(delay_score(whole_kx, whole_tau, req.delay_weight) -
+                                        req.delay_weight - 1e-9)) -
+                              1);
     streaming = plan_streaming(t, req, plan.chosen, plan.step_s, a, b, lowest, highest);
+    if (streaming && whole_kx > 0 && req.fragments == 0 &&
+        delay_score(streaming->kx, streaming->tau, req.delay_weight) >=
+            delay_score(whole_kx, whole_tau, req.delay_weight))
+      streaming.reset();
     const std::string sync_facts =
         fmt::format("one sync of {:.2f} MB over the {} takes {:.3g} s against a {:.1f} ms step",
                     P / 1e6, plan.chosen.describe(), sync, plan.step_s * 1e3);
@@ -568,6 +608,17 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         100 * req.target_overhead,
         whole_kx > 0 ? fmt::format("; whole averages would need Kx = {}", whole_kx)
                      : "; whole averages cannot meet the target"));
+  if (streaming)
+    e.push_back(fmt::format(
+        "delay against period: Kx + {:g} tau = {:g} (--delay-weight: a step of delay costs the "
+        "model about {:g} steps of period){}",
+        req.delay_weight, delay_score(kx, plan.delay, req.delay_weight), req.delay_weight,
+        streaming->least_kx > 0
+            ? fmt::format(
+                  "; the least Kx, {} with tau = {}, scores {:g}", streaming->least_kx,
+                  streaming->least_kx_tau,
+                  delay_score(streaming->least_kx, streaming->least_kx_tau, req.delay_weight))
+            : "; no other Kx scores lower"));
   else if (plan.delay > 0)
     e.push_back(fmt::format(
         "delay tau = {}: an average of {:.3f} s after its control exchange ({:.1f} ms, on the "

@@ -53,6 +53,10 @@ struct PlanRequest {
   // With delayed: the largest tau a plan may use (0 = any). A delay costs loss (docs/sync.md);
   // this trades a longer period for a shorter delay.
   std::int64_t max_delay = 0;
+  // With delayed: how many steps of period one step of delay costs the model. The plan
+  // minimises Kx + delay_weight * tau among those within the target (the least Kx on a tie);
+  // 0 = the least Kx, then the least tau. 8 fits the e2e bed's model (docs/topology.md).
+  double delay_weight = 8.0;
   int lanes = 1;  // transport.lanes, already reduced by effective_lanes()
   // Compressed averages (sync.codec_*), by state x, u, v: wire bytes per fp32 byte, and the
   // seconds of codec work one site spends on one average of the whole state. The planner
