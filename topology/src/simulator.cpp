@@ -92,9 +92,9 @@ SimResult simulate(const Topology& t, const SimJob& job) {
   for (std::int64_t step = 1; step <= job.steps; ++step) {
     const SyncDecision due = job.schedule_at(step).at(step);
     const int states = n < 2 ? 0 : due.states();
+    const std::array<bool, 3> kinds = {due.x, due.u, due.v};
     double cost = 0, bytes = 0;
     if (states > 0) {
-      const bool kinds[3] = {due.x, due.u, due.v};
       for (std::size_t k = 0; k < 3; ++k)
         if (kinds[k]) {
           cost += sync[k];
@@ -106,7 +106,6 @@ SimResult simulate(const Topology& t, const SimJob& job) {
       }
     }
     if (overlapped && states > 0 && !due.grad) {
-      const bool kinds[3] = {due.x, due.u, due.v};
       for (std::size_t k = 0; k < 3; ++k) {
         if (!kinds[k]) continue;
         const std::int64_t over = job.delayed() && !job.overlap ? job.delay[k] : 1;
@@ -177,7 +176,6 @@ SimResult simulate(const Topology& t, const SimJob& job) {
           ready = std::max(ready, c);
         }
         ready += exchange;
-        const bool kinds[3] = {due.x, due.u, due.v};
         for (std::size_t k = 0; k < 3; ++k)
           if (kinds[k]) {
             ready += sync[k];
