@@ -32,6 +32,7 @@ methods=none,ddp,local_adam,desloc
 results=''
 rtt=''
 tcp_buffer=''
+no_ssai=0
 budget=''
 plan=0
 overhead=0.05
@@ -52,7 +53,7 @@ usage() {
   cat <<EOF
 usage: $prog [--build DIR] [--sites A,B,C] [--rate 100mbit] [--links A-B=1gbit,...] [--steps N] [--kx K]
        [--target NATS] [--methods none,ddp,local_adam,desloc] [--results DIR] [--quick]
-       [--rtt T] [--tcp-buffer BYTES] [--budget SECONDS] [--plan] [--target-overhead F]
+       [--rtt T] [--tcp-buffer BYTES] [--no-slow-start-after-idle] [--budget SECONDS] [--plan] [--target-overhead F]
        [--delay TAU[,TAU_U,TAU_V]] [--phases U,V] [--fragments P] [--max-delay N] [--codec NAME] [--pin] [--starved]
        [--rtts A-B=2ms,...] [--regions A+B,C+D] [--region-kx K] [--regional]
        [--transport 'KEY = VALUE'] [--evals N]
@@ -66,6 +67,8 @@ $target nats. Method none is the compute-only reference (no communication at all
   --rtt      a round trip T (e.g. 40ms) on every pair of sites (netbed.sh --rtt, held by
              DIR/src/desloc-netdelay)
   --tcp-buffer  largest TCP buffers of every site (netbed.sh --tcp-buffer)
+  --no-slow-start-after-idle  net.ipv4.tcp_slow_start_after_idle = 0 in every site, as
+             desloc profile advises where round trips are long (the bed keeps Linux's 1)
   --results  keep configs, logs and metrics there (default: a temporary directory, removed)
   --methods  any of none, ddp, local_adam, desloc, favg, favg_reset; NAME-overlap runs NAME
              with sync.overlap = "step" (e.g. desloc-overlap), NAME-delayed with
@@ -132,6 +135,7 @@ while [[ $# -gt 0 ]]; do
     --quick) steps=60; target=3.0; quick=1; shift ;;
     --rtt) rtt=$2; shift 2 ;;
     --tcp-buffer) tcp_buffer=$2; shift 2 ;;
+    --no-slow-start-after-idle) no_ssai=1; shift ;;
     --budget) budget=$2; shift 2 ;;
     --plan) plan=1; shift ;;
     --target-overhead) overhead=$2; shift 2 ;;
@@ -199,6 +203,7 @@ if [[ -n $regions ]]; then
   regions_toml="regions = [$regions_toml]"
 fi
 [[ -z $tcp_buffer ]] || shaping+=(--tcp-buffer "$tcp_buffer")
+[[ $no_ssai -eq 0 ]] || shaping+=(--no-slow-start-after-idle)
 "$netbed" up --name "$bed" --sites "$sites" "${shaping[@]}" >"$results/netbed.txt"
 coord_addr=$("$netbed" env --name "$bed" --site "${site_list[0]}" | sed -n 's/^DESLOC_SITE_ADDR=//p')
 quoted=$(printf '"%s", ' "${site_list[@]}")
