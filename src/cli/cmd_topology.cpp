@@ -94,10 +94,9 @@ train::JobConfig with_codec(train::JobConfig job, const char* codec) {
   return job;
 }
 
-// What a plan costs the model in steps of period: Kx + delay_weight * tau (tau = 0 when
-// blocking; PlanRequest::delay_weight).
+// What a plan costs the model in steps of period (topology::delay_score).
 double plan_score(const topology::Plan& p, const topology::PlanRequest& req) {
-  return double(p.kx) + req.delay_weight * double(p.delay);
+  return topology::delay_score(p.kx, p.delay, req.delay_weight);
 }
 
 // `desloc plan --auto`: every mode (blocking, delayed) with every codec set of kAutoCodecs,
@@ -231,8 +230,7 @@ int run_plan(const PlanOptions& o) {
     plan.explanation.push_back(fmt::format(
         "codecs (--codecs auto, on x, u and v, blocks of {}): {}; chose {}, the least Kx + W tau "
         "(--delay-weight; the more precise codec on a tie; int8 and int4 stayed within 0.5% of "
-        "fp32's loss at "
-        "the same Kx on the LM bench, docs/sync.md)",
+        "fp32's loss at the same Kx on the LM bench, docs/sync.md)",
         cfg.sync.codec_block, tried, choice));
   } else {
     plan = plan_with(cfg, req, false);

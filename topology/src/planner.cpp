@@ -29,11 +29,6 @@ struct Streaming {
   std::int64_t least_kx = 0, least_kx_tau = 0;
 };
 
-// What a plan costs the model, in steps of period: Kx + delay_weight * tau.
-double delay_score(std::int64_t kx, std::int64_t tau, double weight) {
-  return double(kx) + weight * double(tau);
-}
-
 // u's and v's phases a third and two thirds into an x window of kx >= 3 steps.
 std::pair<std::int64_t, std::int64_t> third_phases(std::int64_t kx) {
   return {(kx + 1) / 3, (2 * kx + 1) / 3};
@@ -98,29 +93,28 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
                         ring.lane_share) +
            req.codec_s[k] / parts;
   };
+  // The delay a batch of batch_s on the wire needs: it leaves within tau + 1 steps.
+  const auto tau_for = [&](double batch_s) {
+    return std::max<std::int64_t>(
+        1, static_cast<std::int64_t>(
+               std::ceil((exchange + batch_s) * (1 + req.target_overhead) / step_s - 1e-9)) -
+               1);
+  };
   std::optional<Streaming> chosen;
   std::int64_t least_kx = 0, least_kx_tau = 0;
   for (std::int64_t kx = std::max<std::int64_t>(lowest, 2); kx <= highest; ++kx) {
+    // What a candidate must score below to matter: past the least Kx only shorter delays can,
+    // so most candidates are dropped before their batches are priced or simulated.
+    const double to_beat = chosen ? delay_score(chosen->kx, chosen->tau, req.delay_weight)
+                                  : std::numeric_limits<double>::infinity();
     // Every plan from here on has tau >= 1: none can score below the one chosen. The search
     // for shorter delays also ends kLongerKx steps past the least Kx: each Kx prices its
     // batches over a whole Kv, and a job whose least Kx is in the thousands would search
     // thousands more (a 0.4 ms step against 20-30 ms latencies: 51 s of planning, 5 minutes
     // without the candidates dropped below; 3 s with this bound).
-    if (chosen && (delay_score(kx, 1, req.delay_weight) >=
-                       delay_score(chosen->kx, chosen->tau, req.delay_weight) ||
-                   kx > least_kx + kLongerKx))
+    if (chosen && (delay_score(kx, 1, req.delay_weight) >= to_beat || kx > least_kx + kLongerKx))
       break;
     std::optional<Streaming> best;
-    // What a candidate must score below to matter: past the least Kx only shorter delays can,
-    // so most candidates are dropped before their batches are priced or simulated.
-    const double to_beat = chosen ? delay_score(chosen->kx, chosen->tau, req.delay_weight)
-                                  : std::numeric_limits<double>::infinity();
-    const auto tau_for = [&](double batch_s) {
-      return std::max<std::int64_t>(
-          1, static_cast<std::int64_t>(
-                 std::ceil((exchange + batch_s) * (1 + req.target_overhead) / step_s - 1e-9)) -
-                 1);
-    };
     const int most =
         req.fragments > 0 ? req.fragments : static_cast<int>(std::min<std::int64_t>(kx, 64));
     for (int p = req.fragments > 0 ? req.fragments : 2; p <= most; ++p) {
@@ -171,9 +165,7 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
       least_kx = best->kx;
       least_kx_tau = best->tau;
     }
-    if (!chosen || delay_score(best->kx, best->tau, req.delay_weight) <
-                       delay_score(chosen->kx, chosen->tau, req.delay_weight))
-      chosen = best;
+    if (delay_score(best->kx, best->tau, req.delay_weight) < to_beat) chosen = best;
   }
   if (chosen && chosen->kx != least_kx) {
     chosen->least_kx = least_kx;
@@ -183,6 +175,10 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
 }
 
 }  // namespace
+
+double delay_score(std::int64_t kx, std::int64_t tau, double weight) {
+  return double(kx) + weight * double(tau);
+}
 
 std::string Schedule::describe() const {
   if (kind == "star") return "star at " + order.at(0);
@@ -610,7 +606,7 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
       fmt::format("Ku = 3 Kx; Kv = {} Kx: half-lives tau1 = {:.1f}, tau2 = {:.1f} steps, "
                   "Kv / Ku = round(tau2 / tau1) clamped to [2, 8] = {}",
                   b, tau1, tau2, b / a));
-  if (streaming)
+  if (streaming) {
     e.push_back(fmt::format(
         "streaming: {} fragments of x ({:.2f} MB, {:.3f} s per all-reduce){}; x's fragments "
         "every {} steps, u's at phase {} and v's at {}; the largest batch due at one "
@@ -627,7 +623,6 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         100 * req.target_overhead,
         whole_kx > 0 ? fmt::format("; whole averages would need Kx = {}", whole_kx)
                      : "; whole averages cannot meet the target"));
-  if (streaming)
     e.push_back(fmt::format(
         "delay against period: Kx + {:g} tau = {:g} (--delay-weight: a step of delay costs the "
         "model about {:g} steps of period){}",
@@ -638,7 +633,7 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
                   streaming->least_kx_tau,
                   delay_score(streaming->least_kx, streaming->least_kx_tau, req.delay_weight))
             : "; no other Kx scores lower"));
-  else if (plan.delay > 0)
+  } else if (plan.delay > 0) {
     e.push_back(fmt::format(
         "delay tau = {}: an average of {:.3f} s after its control exchange ({:.1f} ms, on the "
         "communication thread) leaves the wire within tau + 1 = {} steps of {:.1f} ms (+{:.0f}% "
@@ -653,7 +648,7 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
                   wire_kx, kx)
             : std::string(),
         100 * plan.overhead, 100 * req.target_overhead));
-  else
+  } else {
     e.push_back(fmt::format(
         "Kx = {}: the smallest period whose overhead T_sync (1/Kx + 1/Ku + 1/Kv) / step = {:.2f}% "
         "is within {:.1f}% (Kx = {} would give {:.2f}%)",
@@ -661,6 +656,7 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         100 * overhead(sync, plan.step_s, std::max<std::int64_t>(1, kx - 1),
                        a * std::max<std::int64_t>(1, kx - 1), b * std::max<std::int64_t>(1, kx - 1),
                        req.overlap)));
+  }
   if (streaming)
     e.push_back(fmt::format("phases: x at 0, u at {}, v at {}", plan.phase_u, plan.phase_v));
   else

@@ -141,4 +141,8 @@ RegionPlan plan_regions(const Topology& t, const Plan& flat,
 // largest Kx allowed.
 Plan make_plan(const Topology& t, const PlanRequest& req);
 
+// What a plan costs the model, in steps of period: Kx + weight * tau (tau = 0 when blocking;
+// PlanRequest::delay_weight). Delayed plans, `--auto` and `--codecs auto` all choose by it.
+double delay_score(std::int64_t kx, std::int64_t tau, double weight);
+
 }  // namespace desloc::topology
