@@ -14,6 +14,6 @@ double read(clockid_t clock) {
 
 double thread_cpu_seconds() { return read(CLOCK_THREAD_CPUTIME_ID); }
 double process_cpu_seconds() { return read(CLOCK_PROCESS_CPUTIME_ID); }
-double ThreadWallTally::now() { return read(CLOCK_MONOTONIC); }
+double steady_seconds() { return read(CLOCK_MONOTONIC); }
 
 }  // namespace desloc

@@ -76,7 +76,7 @@ void DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
   completed_ = 0;
   answered_ = false;
   comm_ = std::thread([this] {
-    const double began = ThreadWallTally::now();
+    const double began = steady_seconds();
     try {
       answer_ = averager_->close_control();
       for (Pending* p : on_wire_) {
@@ -90,7 +90,7 @@ void DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
       comm_error_ = std::current_exception();
     }
     comm_cpu_.add_calling_thread();
-    comm_wall_.add_since(began);
+    comm_wall_.add_seconds(steady_seconds() - began);
     const std::lock_guard lock(mu_);
     finished_ = true;
     wire_.notify_all();

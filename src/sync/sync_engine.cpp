@@ -165,7 +165,7 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
     started_.push_back(std::move(st));
   }
   comm_ = std::thread([this, &averager] {
-    const double began = ThreadWallTally::now();
+    const double began = steady_seconds();
     try {
       for (Started& st : started_) {
         if (st.codec) averager.set_codec(st.kind, *st.codec);
@@ -175,7 +175,7 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
       comm_error_ = std::current_exception();
     }
     comm_cpu_.add_calling_thread();
-    comm_wall_.add_since(began);
+    comm_wall_.add_seconds(steady_seconds() - began);
   });
   return due_;
 }

@@ -138,7 +138,7 @@ class DelayedAverages {
   std::thread comm_;
   std::exception_ptr comm_error_;  // set by the thread before finished_
   ThreadCpuTally comm_cpu_;        // comm_cpu_seconds()
-  ThreadWallTally comm_wall_;      // wire_seconds()
+  SecondsTally comm_wall_;         // wire_seconds()
   std::mutex mu_;
   std::condition_variable wire_;  // signals sent_ and finished_
   std::size_t sent_ = 0;          // under mu_: on_wire_[0, sent_) are off the wide-area wire

@@ -166,7 +166,7 @@ class SyncEngine {
   std::thread comm_;               // runs the started averages' wide-area halves
   std::exception_ptr comm_error_;  // what it threw, rethrown by finish()
   ThreadCpuTally comm_cpu_;        // comm_cpu_seconds(): comm_'s, each added when it ends
-  ThreadWallTally comm_wall_;      // wire_seconds(): comm_'s spans
+  SecondsTally comm_wall_;         // wire_seconds(): comm_'s spans
   bool stop_agreed_ = false;       // the control exchange's answer, taken in begin() (step)
   std::int64_t t_ = 0;             // the step begin() opened
   DelayedAverages delayed_;
