@@ -119,6 +119,24 @@ def wire_use(results, method):
     return out
 
 
+def batch_spans(results, method):
+    """Every rank's batches, each as (wire ms, control ms): the growth of wire_ms and control_ms
+    (cumulative, added as a batch's thread ends) between two train records, leader first. Empty
+    for runs without delayed averages (or from before control_ms)."""
+    out = []
+    for f in rank_files(results, method):
+        train = [json.loads(l) for l in open(f)]
+        train = [l for l in train if l["type"] == "train" and "control_ms" in l]
+        spans, wire, control = [], 0.0, 0.0
+        for l in train:
+            if l["wire_ms"] > wire:
+                spans.append((l["wire_ms"] - wire, l["control_ms"] - control))
+                wire, control = l["wire_ms"], l["control_ms"]
+        if spans:
+            out.append(spans)
+    return out
+
+
 def desloc_analysis(a, name, d, base, payload_rate):
     """Whether DES-LOC (blocking or overlapped) keeps to compute speed; prints why."""
     ok = True
@@ -143,6 +161,15 @@ def desloc_analysis(a, name, d, base, payload_rate):
         print(f"{name}: batches on the wire (wire_ms): {', '.join(f'{b:.1%}' for b, _ in wire)} "
               f"of the training time by rank, {', '.join(f'{m:.0f}' for _, m in wire)} ms per "
               f"batch (start to last average)")
+    for r, spans in enumerate(batch_spans(a.results, name)):
+        w = [s for s, _ in spans]
+        c = [s for _, s in spans]
+        t = [s - k for s, k in spans]
+        print(f"{name}: rank {r}'s {len(spans)} batches, median / p90 ms: on the wire "
+              f"{quantile(w, 0.5):.0f} / {quantile(w, 0.9):.0f}, of which the control exchange "
+              f"(a round trip and the wait for the slowest site) {quantile(c, 0.5):.0f} / "
+              f"{quantile(c, 0.9):.0f}, the averages' transfer {quantile(t, 0.5):.0f} / "
+              f"{quantile(t, 0.9):.0f}")
     if d["cpu_per_step"] and base["cpu_per_step"]:
         cpu = d["cpu_per_step"] / base["cpu_per_step"]
         print(f"{name}: CPU seconds per step (user + sys of each rank's process, from start to "

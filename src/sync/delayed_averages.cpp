@@ -79,6 +79,7 @@ void DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
     const double began = steady_seconds();
     try {
       answer_ = averager_->close_control();
+      comm_control_.add_seconds(steady_seconds() - began);
       for (Pending* p : on_wire_) {
         if (p->codec) averager_->set_codec(p->kind, *p->codec);
         averager_->average_across_sites(p->kind, p->views);

@@ -609,6 +609,7 @@ void TrainingRun::record_step(const StepResult& s) {
   r.cpu_ms = s.cpu_seconds * 1e3;
   r.comm_cpu_ms = (engine_.comm_cpu_seconds() + averager_->helper_cpu_seconds()) * 1e3;
   r.wire_ms = engine_.wire_seconds() * 1e3;
+  r.control_ms = engine_.control_seconds() * 1e3;
   r.tokens = tokens_seen_;
   r.workers = sites_.size();
   r.synced = fmt::format("{}{}{}{}", s.due.grad ? "g" : "", s.due.x ? "x" : "", s.due.u ? "u" : "",

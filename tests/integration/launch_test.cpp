@@ -303,16 +303,19 @@ TEST(Launch, DelayedAveragesReproduceTheInProcessRunBitForBit) {
   expect_launch_matches_train("launch3x1_delayed", {"west", "east", "north"}, 1, "", kDelayedSync,
                               "", "", &dir);
   // Every step records the process's CPU, and the communication threads' CPU and wall time on
-  // the wire grow as their batches end: the last step's totals are positive on every rank.
+  // the wire grow as their batches end: the last step's totals are positive on every rank, and
+  // the control exchanges' share of the wire time is no more than all of it.
   const fs::path out = dir / "launch";
   for (const fs::path& metrics : {out / "metrics.jsonl", out / "ranks" / "east-0" / "metrics.jsonl",
                                   out / "ranks" / "north-0" / "metrics.jsonl"}) {
     const auto cpu = train_field(metrics, "cpu_ms");
     const auto comm = train_field(metrics, "comm_cpu_ms");
     const auto wire = train_field(metrics, "wire_ms");
+    const auto control = train_field(metrics, "control_ms");
     ASSERT_EQ(cpu.size(), 12u) << metrics;
     ASSERT_EQ(comm.size(), 12u) << metrics;
     ASSERT_EQ(wire.size(), 12u) << metrics;
+    ASSERT_EQ(control.size(), 12u) << metrics;
     EXPECT_TRUE(std::all_of(cpu.begin(), cpu.end(), [](const std::string& c) {
       return std::stod(c) > 0;
     })) << metrics;
@@ -320,6 +323,9 @@ TEST(Launch, DelayedAveragesReproduceTheInProcessRunBitForBit) {
     EXPECT_GE(std::stod(comm.back()), std::stod(comm.front())) << metrics;
     EXPECT_GT(std::stod(wire.back()), 0.0) << metrics;
     EXPECT_GE(std::stod(wire.back()), std::stod(wire.front())) << metrics;
+    // The control exchanges are a part of the wire time, and each takes a round trip at least.
+    EXPECT_GT(std::stod(control.back()), 0.0) << metrics;
+    EXPECT_LE(std::stod(control.back()), std::stod(wire.back())) << metrics;
   }
 }
 

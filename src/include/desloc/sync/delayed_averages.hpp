@@ -90,6 +90,9 @@ class DelayedAverages {
   // Wall seconds the batches so far spent on the wide-area wire: each from its thread's start
   // (the control exchange's wide-area half) to its last average, added when the thread ends.
   double wire_seconds() const { return comm_wall_.seconds(); }
+  // Of wire_seconds(), the control exchanges': the wait for every site to reach the batch's
+  // step, and one round trip. The rest is the averages' transfer.
+  double control_seconds() const { return comm_control_.seconds(); }
   // What the latest settled control exchange measured (once; Averager::take_measure).
   std::optional<SyncMeasure> take_measure() {
     std::optional<SyncMeasure> m;
@@ -139,6 +142,7 @@ class DelayedAverages {
   std::exception_ptr comm_error_;  // set by the thread before finished_
   ThreadCpuTally comm_cpu_;        // comm_cpu_seconds()
   SecondsTally comm_wall_;         // wire_seconds()
+  SecondsTally comm_control_;      // control_seconds()
   std::mutex mu_;
   std::condition_variable wire_;  // signals sent_ and finished_
   std::size_t sent_ = 0;          // under mu_: on_wire_[0, sent_) are off the wide-area wire

@@ -138,6 +138,9 @@ class SyncEngine {
   // Wall seconds the averages started on the engine's communication threads spent on the
   // wide-area wire so far (each thread's span, added when it ends; 0 when averages block).
   double wire_seconds() const { return comm_wall_.seconds() + delayed_.wire_seconds(); }
+  // Of wire_seconds(), the delayed batches' control exchanges (sync.overlap "step" exchanges
+  // its control on the compute's thread, before the wire).
+  double control_seconds() const { return delayed_.control_seconds(); }
 
  private:
   // One average begin() started, on views of its own copies of every replica's state.

@@ -44,6 +44,9 @@ struct TrainRecord {  // after every step
   // started (0 when averages block): its growth over the run's time is how busy the links
   // were, against the plan's expectation.
   double wire_ms = 0;
+  // Of wire_ms, the delayed batches' control exchanges: the wait for the other sites to reach
+  // the batch's step, plus a round trip. wire_ms - control_ms is the averages' transfer.
+  double control_ms = 0;
   std::uint64_t tokens = 0;
   std::size_t workers = 0;
   std::string synced;                         // the states averaged: "g", "x", "xu", "xuv"...
