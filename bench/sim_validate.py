@@ -6,8 +6,9 @@ rate, a one-way latency of half --rtt (0.05 ms without it: the bare bed's). The 
 is measured in the same run: the mean of the method's steps without a sync, less their time in
 the sync engine (`sync_ms`: a delayed average's fold may wait there; DDP syncs every step, so
 it takes the compute-only run's). The shared VM's speed drifts by 10-15% between
-runs, so a step time taken from another run would swamp the model's error. The step is
-divided by the log-normal mean exp(jitter^2 / 2), so that the simulated mean matches. Each
+runs, so a step time taken from another run would swamp the model's error. The simulator's
+noise keeps the mean step (a factor exp(N(-jitter^2 / 2, jitter)), so the mean is passed as
+it is (before stop 36 the noise had mean exp(jitter^2 / 2), and this divided by it). Each
 method is simulated with the config the run used (kept in its results directory), for the
 same timed steps. Prints a table and appends `kind,label,predicted_s,measured_s` rows to
 --csv.
@@ -57,7 +58,7 @@ def main():
         ordered = sorted(quiet)
         p10, p90 = ordered[len(ordered) // 10], ordered[len(ordered) * 9 // 10]
         jitter = math.log(p90 / p10) / 2.563 if a.jitter == "auto" else float(a.jitter)
-        return sum(quiet) / len(quiet) / math.exp(jitter ** 2 / 2), jitter
+        return sum(quiet) / len(quiet), jitter
 
     print(f"{'method':<15} {'step ms':>8} {'jitter':>7} {'measured s':>11} {'predicted s':>12} {'error':>8}")
     rows = []

@@ -280,7 +280,8 @@ struct SimulateOptions {
   std::string topology, config, methods = "none,ddp,local_adam,desloc";
   std::int64_t steps = 0;  // 0 = train.steps
   bool overlap = false;
-  double jitter = 0.0, link_scale = 1.0, step_scale = 1.0, params = 0.0;  // params 0 = config's
+  double jitter = -1.0;  // -1 = each site's step_jitter (the topology's)
+  double link_scale = 1.0, step_scale = 1.0, params = 0.0;  // params 0 = config's
 };
 
 // The simulator walks every step; beyond this a run takes minutes per method.
@@ -306,6 +307,15 @@ std::vector<SyncMethod> parse_methods(const std::string& text) {
     throw ConfigError(fmt::format(
         "--methods '{}' names no method; give a comma-separated list of {}", text, valid));
   return methods;
+}
+
+// "0.30", or each site's measured noise: "by site (the topology's step_jitter): A 0.29, B 0".
+std::string describe_jitter(const topology::Topology& t, std::optional<double> given) {
+  if (given) return fmt::format("{:.2f}", *given);
+  std::string by_site;
+  for (const auto& s : t.sites)
+    by_site += fmt::format("{}{} {:.2f}", by_site.empty() ? "" : ", ", s.name, s.step_jitter);
+  return "by site (the topology's step_jitter): " + by_site;
 }
 
 int run_simulate(const SimulateOptions& o) {
@@ -343,7 +353,7 @@ int run_simulate(const SimulateOptions& o) {
   base.overlap = o.overlap;
   base.overlap_step = cfg.sync.overlap == "step";
   base.delay = cfg.sync.effective_delays();
-  base.jitter = o.jitter;
+  if (o.jitter >= 0) base.jitter = o.jitter;
   base.ring = cfg.site_names();
   base.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(base.ring.size()));
   base.lane_share = cfg.transport.lane_share;
@@ -364,7 +374,7 @@ int run_simulate(const SimulateOptions& o) {
   }
   std::printf(
       "simulate: %zu sites, %.3g parameters (%.2f MB per state), %lld steps, Kx %lld, "
-      "Ku %lld, Kv %lld, %s syncs%s, compute jitter %.2f\n",
+      "Ku %lld, Kv %lld, %s syncs%s, compute jitter %s\n",
       topo.sites.size(), params, base.state_bytes / 1e6, static_cast<long long>(base.steps),
       static_cast<long long>(base.schedule.kx), static_cast<long long>(base.schedule.ku),
       static_cast<long long>(base.schedule.kv),
@@ -379,7 +389,7 @@ int run_simulate(const SimulateOptions& o) {
             ? fmt::format(", {} fragments per average", base.schedule.fragments)
             : std::string()))
           .c_str(),
-      o.jitter);
+      describe_jitter(topo, base.jitter).c_str());
   for (const auto& [after, s] : base.switches)
     std::printf("after step %lld: Kx %lld, Ku %lld, Kv %lld (sync.switches)\n",
                 static_cast<long long>(after), static_cast<long long>(s.kx),
@@ -513,9 +523,10 @@ std::vector<Command> add_topology_commands(CLI::App& app) {
                      "\"delayed\" up to delay + 1)");
   simulate
       ->add_option("--jitter", s.jitter,
-                   "per-step compute noise (sigma of a log-normal factor, e.g. 0.3)")
-      ->check(finite_at_least(0, "sigma of the log-normal compute noise"))
-      ->capture_default_str();
+                   "per-step compute noise at every site: the sigma of a log-normal factor "
+                   "of mean 1 (e.g. 0.3; 0 = steady). Default: each site's step_jitter in the "
+                   "topology, which desloc profile measures (0 where absent)")
+      ->check(finite_at_least(0, "sigma of the log-normal compute noise"));
   simulate->add_option("--link-scale", s.link_scale, "what-if: multiply every bandwidth")
       ->check(finite_above(0, "factor on every bandwidth"))
       ->capture_default_str();

@@ -179,6 +179,20 @@ double mean(const std::vector<StepBench::Sample>& s, double StepBench::Sample::*
   return s.empty() ? 0.0 : sum / double(s.size());
 }
 
+// The steps' noise: the standard deviation of ln(wall time) (topology's site.step_jitter; 0 for
+// fewer than two samples). On the 3-site bed on 2 cores a step alone swings 0.27-0.30.
+double log_sd(const std::vector<StepBench::Sample>& s) {
+  if (s.size() < 2) return 0.0;
+  double sum = 0, sum2 = 0;
+  for (const auto& x : s) {
+    const double l = std::log(std::max(x.wall_s, 1e-9));
+    sum += l;
+    sum2 += l * l;
+  }
+  const double n = double(s.size()), m = sum / n;
+  return std::sqrt(std::max(0.0, (sum2 - n * m * m) / (n - 1)));
+}
+
 // The steal (header comment): seconds of compute lost per byte sent while the pairs stream.
 constexpr double kLoadSeconds = 3.0;  // the pairs stream at least this long, and 30 steps
 constexpr int kStepsBefore = 15, kStepsAfter = 10;  // alone, before and after the streaming
@@ -304,7 +318,7 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
 
   // Gather every site's row (step time, its largest TCP buffers, its outgoing links) at every
   // rank 0.
-  constexpr std::size_t kHead = 8;
+  constexpr std::size_t kHead = 9;
   const std::size_t row = kHead + 4 * static_cast<std::size_t>(S);
   std::vector<double> mine(row), all(row * static_cast<std::size_t>(S));
   const topology::TcpBuffers buffers = topology::read_tcp_buffers();
@@ -316,6 +330,9 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
   mine[5] = steal.cpu_alone_s;
   mine[6] = steal.cpu_loaded_s;
   mine[7] = steal.thread_cpu_per_byte;
+  mine[8] = log_sd(alone);
+  log::info("{}: compute step {:.1f} ms, noise {:.3f} (sd of ln step time over {} steps alone)",
+            ss.name, step_s * 1e3, mine[8], alone.size());
   for (int k = 0; k < S; ++k) {
     const auto& r = out[std::size_t(k)];
     std::copy_n(
@@ -337,7 +354,7 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
     std::map<std::string, topology::TcpBuffers> site_buffers;
     for (int s = 0; s < S; ++s) {
       const double* r = all.data() + row * std::size_t(s);
-      topo.sites.push_back({ss.sites[std::size_t(s)], r[0], r[4]});
+      topo.sites.push_back({ss.sites[std::size_t(s)], r[0], r[4], r[8]});
       site_buffers[ss.sites[std::size_t(s)]] = {r[1], r[2], static_cast<int>(r[3])};
       for (int k = 0; k < S; ++k) {
         if (k == s) continue;
@@ -352,10 +369,10 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
             l[2] * 1e3);
       }
       std::printf(
-          "%-8s compute step %.1f ms; steal %.2f ms per MB sent (the streaming threads' CPU "
-          "%.2f ms per MB, over the compute's share of a core; CPU per step %.1f ms alone, "
-          "%.1f ms while every pair streamed)\n",
-          ss.sites[std::size_t(s)].c_str(), r[0] * 1e3, r[4] * 1e9, r[7] * 1e9, r[5] * 1e3,
+          "%-8s compute step %.1f ms, noise %.3f (sd of ln step time); steal %.2f ms per MB "
+          "sent (the streaming threads' CPU %.2f ms per MB, over the compute's share of a core; "
+          "CPU per step %.1f ms alone, %.1f ms while every pair streamed)\n",
+          ss.sites[std::size_t(s)].c_str(), r[0] * 1e3, r[8], r[4] * 1e9, r[7] * 1e9, r[5] * 1e3,
           r[6] * 1e3);
     }
     for (const auto& [site, b] : site_buffers)

@@ -116,11 +116,15 @@ for link in topo["link"]:
           f"for {rtts[pair]:.0f} ms ({'ok' if rtt_ok else 'OUT OF BOUNDS'})")
     if not (ok and rtt_ok):
         bad.append(f"{link['from']}->{link['to']}")
-if len(topo["site"]) != 3 or any(s["step_ms"] <= 0 for s in topo["site"]):
+# Every site's step time, and its noise (sd of ln step time: never exactly 0 on a real clock).
+for s in topo["site"]:
+    print(f"site {s['name']}: step {s['step_ms']:.3f} ms, noise {s.get('step_jitter', 'missing')}")
+if len(topo["site"]) != 3 or any(s["step_ms"] <= 0 or not 0 < s.get("step_jitter", 0) < 2
+                                 for s in topo["site"]):
     bad.append("sites")
 sys.exit(1 if bad else 0)
 EOF
-  fail "measured bandwidths outside the bounds"
+  fail "measured bandwidths or sites outside the bounds"
 
 # The plan of a long job: the tiny model's step (0.4 ms on an idle machine, a few ms under
 # load) against 10-60 ms round trips needs Kx in the thousands for 50% overhead, beyond the
@@ -132,7 +136,7 @@ grep -q "schedule: ring" "$tmp/plan.txt" || fail "plan printed no schedule"
 note "profile within bounds; plan accepted it"
 # Every site measured its steal: its streaming threads' CPU per MB they sent, which is never
 # zero (16 MiB all-reduces through the kernel's TCP stack).
-[[ $(grep -cE "^[ABC] +compute step [0-9.]+ ms; steal [0-9.]+ ms per MB sent" "$tmp/A.log") -eq 3 ]] ||
+[[ $(grep -cE "^[ABC] +compute step [0-9.]+ ms, noise [0-9.]+ \(sd of ln step time\); steal [0-9.]+ ms per MB sent" "$tmp/A.log") -eq 3 ]] ||
   fail "the profile printed no steal for every site: $(grep -E "compute step" "$tmp/A.log")"
 grep -E "^[ABC] +compute step" "$tmp/A.log" | grep -qE "steal 0\.00 ms" &&
   fail "a site's streaming threads measured no CPU: $(grep -E "compute step" "$tmp/A.log")"

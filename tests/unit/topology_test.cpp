@@ -92,6 +92,15 @@ TEST(Topology, RoundTripsThroughToml) {
   EXPECT_DOUBLE_EQ(s.site("A").steal_s_per_byte, 9.5e-9);
   EXPECT_DOUBLE_EQ(s.site("B").steal_s_per_byte, 0.0);
   EXPECT_DOUBLE_EQ(parse_topology(to_toml(s), "s2.toml").site("A").steal_s_per_byte, 9.5e-9);
+  EXPECT_EQ(to_toml(t).find("step_jitter"), std::string::npos) << "written only when set";
+  EXPECT_DOUBLE_EQ(s.site("A").step_jitter, 0.0);
+  std::string noisy = topology_toml("AB", 50, triangle);
+  noisy.insert(noisy.find("step_ms = ") + 10 + std::to_string(50.0).size() + 1,
+               "step_jitter = 0.29\n");
+  const Topology j = parse_topology(noisy, "j.toml");
+  EXPECT_DOUBLE_EQ(j.site("A").step_jitter, 0.29);
+  EXPECT_DOUBLE_EQ(j.site("B").step_jitter, 0.0);
+  EXPECT_DOUBLE_EQ(parse_topology(to_toml(j), "j2.toml").site("A").step_jitter, 0.29);
 }
 
 TEST(Topology, BadInputIsNamed) {
@@ -122,6 +131,12 @@ TEST(Topology, BadInputIsNamed) {
     b.insert(b.find("step_ms = ") + 10 + std::to_string(10.0).size() + 1,
              std::string("steal_ms_per_mb = ") + bad + "\n");
     expect_config_error(b, "site.steal_ms_per_mb");
+  }
+  for (const char* bad : {"-0.1", "nan", "2.5", "\"high\""}) {
+    std::string b = good;
+    b.insert(b.find("step_ms = ") + 10 + std::to_string(10.0).size() + 1,
+             std::string("step_jitter = ") + bad + "\n");
+    expect_config_error(b, "site.step_jitter");
   }
   expect_config_error("[meta]\n", "no [[site]]");
   expect_config_error("[[site]]\nname = \"A\"\nstep_ms = 1\n[sites]\n", "unknown table 'sites'");
@@ -334,6 +349,46 @@ TEST(Planner, AStepOfDelayIsWeighedAgainstStepsOfPeriod) {
   req.delay_weight = 1e6;  // the least delay at any period
   const Plan shortest = make_plan(t, req);
   EXPECT_EQ(shortest.delay, 1);
+}
+
+// The starved bed's sites swing 0.27-0.30 (sd of ln step time) where three share two cores:
+// every batch then starts when the slowest site reaches its step. The steady plan leaves its
+// batches too little slack for that; the plan for the measured noise keeps the target under it.
+TEST(Planner, NoisyStepsGetAStreamingPlanWithSlackForTheSlowestSite) {
+  Topology t = parse_topology(topology_toml("ABC", 108, starved, 20.4), "starved.toml");
+  PlanRequest req = quickstart_request(0.05, true);
+  req.wire_ratio = {0.133, 0.133, 0.133};
+  req.codec_s = {0.006, 0.006, 0.006};
+  req.fragments = 0;
+  req.max_delay = 4;
+  const Plan steady = make_plan(t, req);
+  for (auto& s : t.sites) s.step_jitter = 0.3;
+  const Plan noisy = make_plan(t, req);
+  EXPECT_LE(noisy.overhead, 0.05);
+  const auto simulated = [&](const Plan& p) {
+    SimJob job;
+    job.schedule = {SyncMethod::kDesloc, p.kx,      p.ku,        p.kv,          0,
+                    p.phase_u,           p.phase_v, p.fragments, p.fragments_u, p.fragments_v};
+    job.steps = 2 * p.kv + p.kx;
+    job.state_bytes = req.state_bytes;
+    job.wire_ratio = req.wire_ratio;
+    job.codec_s = req.codec_s;
+    job.ring = p.chosen.order;
+    job.lanes = p.chosen.lanes;
+    job.lane_share = p.chosen.lane_share;
+    job.delay = {p.delay, p.delay, p.delay};
+    const SimResult r = simulate(t, job);
+    return r.total_s / r.compute_s - 1;
+  };
+  EXPECT_GT(simulated(steady), 0.05) << "the steady plan misses the target on noisy sites";
+  EXPECT_NEAR(simulated(noisy), noisy.overhead, 1e-12);
+  EXPECT_GT(delay_score(noisy.kx, noisy.delay, req.delay_weight),
+            delay_score(steady.kx, steady.delay, req.delay_weight))
+      << "slack costs period or delay";
+  bool said = false;
+  for (const auto& line : noisy.explanation) said |= line.starts_with("noise: ");
+  EXPECT_TRUE(said);
+  for (const auto& line : steady.explanation) EXPECT_FALSE(line.starts_with("noise: ")) << line;
 }
 
 TEST(Planner, KvFollowsTheSecondMomentsHalfLife) {
@@ -605,6 +660,37 @@ TEST(Simulator, ComputeNoiseMakesSitesWaitAtSyncs) {
   EXPECT_GT(noisy.total_s, simulate(t, job).total_s * 0.9);
   job.schedule.kx = 0;
   EXPECT_THROW(simulate(t, job), ConfigError);
+}
+
+// Without job.jitter each site's steps swing by its measured step_jitter (desloc profile's);
+// job.jitter overrides every site's, 0 included. The noise keeps the mean step: a site alone
+// takes step_s per step on average, and the sites of a job only wait for each other.
+TEST(Simulator, EachSiteSwingsByItsMeasuredNoise) {
+  Topology t = parse_topology(topology_toml("ABC", 100, triangle), "tri.toml");
+  SimJob job;
+  job.state_bytes = 3e6;
+  job.steps = 960;
+  job.schedule.kx = 16;
+  job.schedule.ku = 48;
+  job.schedule.kv = 96;
+  const SimResult steady = simulate(t, job);
+  EXPECT_EQ(steady.wait_s, 0.0) << "equal steps, no noise: nobody waits";
+  for (auto& s : t.sites) s.step_jitter = 0.3;
+  const SimResult measured = simulate(t, job);
+  EXPECT_GT(measured.wait_s, 0.0);
+  EXPECT_GT(measured.total_s, steady.total_s);
+  job.jitter = 0.3;
+  EXPECT_EQ(simulate(t, job).total_s, measured.total_s) << "the same draws";
+  job.jitter = 0.0;
+  EXPECT_EQ(simulate(t, job).total_s, steady.total_s) << "--jitter 0 overrides the topology";
+  // One site: no rendezvous, so the mean step is step_s whatever the noise.
+  const Topology one =
+      parse_topology("[[site]]\nname = \"A\"\nstep_ms = 100\nstep_jitter = 0.3\n", "one.toml");
+  SimJob alone;
+  alone.state_bytes = 3e6;
+  alone.steps = 20000;
+  alone.schedule.method = SyncMethod::kNone;
+  EXPECT_NEAR(simulate(one, alone).step_s, 0.1, 0.1 * 0.01);
 }
 
 TEST(Planner, TwoLanesUseBothDirectionsAndHalveTheRingTime) {

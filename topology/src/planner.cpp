@@ -589,6 +589,15 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         "(site {}; desloc profile measures it): {:.1f} ms per x average of this ring",
         thief.steal_s_per_byte * 1e9, thief.name,
         thief.steal_s_per_byte * site_bytes(P, names.size()) * 1e3));
+  if (const auto noisiest = std::max_element(
+          t.sites.begin(), t.sites.end(),
+          [](const auto& x, const auto& y) { return x.step_jitter < y.step_jitter; });
+      req.delayed && noisiest->step_jitter > 0)
+    e.push_back(fmt::format(
+        "noise: the sites' steps swing, up to sd {:.2f} of ln step time (site {}; desloc "
+        "profile measures it); the simulation draws every step from it, so a batch starts "
+        "when the slowest site reaches its step and the others wait for it at the fold",
+        noisiest->step_jitter, noisiest->name));
   for (const auto& c : plan.candidates)
     e.push_back(fmt::format("candidate {}: {:.3f} s per all-reduce, slowest link {}", c.describe(),
                             c.seconds, mbit(c.bottleneck_bps)));

@@ -76,7 +76,9 @@ SimResult simulate(const Topology& t, const SimJob& job) {
 
   std::vector<double> clock(n, 0.0), compute(n, 0.0);
   std::mt19937_64 gen(job.seed);
-  std::normal_distribution<double> noise(0.0, job.jitter > 0 ? job.jitter : 1.0);
+  std::normal_distribution<double> noise(0.0, 1.0);
+  std::vector<double> jitter(n);  // each site's sigma of ln(step time)
+  for (std::size_t s = 0; s < n; ++s) jitter[s] = job.jitter.value_or(t.sites[s].step_jitter);
   SimResult r;
   double link_free = 0.0;  // overlap: when the previous all-reduce finishes
   double waited = 0.0;
@@ -118,7 +120,8 @@ SimResult simulate(const Topology& t, const SimJob& job) {
     }
     std::vector<double> dts(n);
     for (std::size_t s = 0; s < n; ++s) {
-      dts[s] = t.sites[s].step_s * (job.jitter > 0 ? std::exp(noise(gen)) : 1.0);
+      const double j = jitter[s];
+      dts[s] = t.sites[s].step_s * (j > 0 ? std::exp(j * noise(gen) - j * j / 2) : 1.0);
       compute[s] += dts[s];
       for (auto it = steals[s].begin(); it != steals[s].end();) {
         dts[s] += it->per_step;

@@ -14,6 +14,8 @@
 namespace desloc::topology {
 namespace {
 
+constexpr double kMaxStepJitter = 2.0;  // site.step_jitter's bound (SiteProfile)
+
 std::string where(const std::string& file, const toml::source_region& r) {
   return fmt::format("{}:{}:{}", file, r.begin.line, r.begin.column);
 }
@@ -113,6 +115,14 @@ Topology from_table(const toml::table& root, const std::string& file) {
     s.step_s = r.positive("step_ms") / 1e3;
     if (r.has("steal_ms_per_mb"))
       s.steal_s_per_byte = r.positive("steal_ms_per_mb", /*allow_zero=*/true) / 1e9;
+    if (r.has("step_jitter")) {
+      s.step_jitter = r.positive("step_jitter", /*allow_zero=*/true);
+      if (s.step_jitter >= kMaxStepJitter)
+        throw ConfigError(fmt::format(
+            "{}: site.step_jitter = {} is not a step's noise: the standard deviation of "
+            "ln(step time) must be below {} (at 2 a step's 90th percentile is 13x its median)",
+            r.location(), s.step_jitter, kMaxStepJitter));
+    }
     r.done();
     if (!names.insert(s.name).second)
       throw ConfigError(fmt::format("{}: duplicate site '{}'", r.location(), s.name));
@@ -222,10 +232,11 @@ std::string to_toml(const Topology& t) {
     out << fmt::format("{} = \"{}\"\n", k, escaped);
   }
   for (const auto& s : t.sites)
-    out << fmt::format("\n[[site]]\nname = \"{}\"\nstep_ms = {:.6g}\n{}", s.name, s.step_s * 1e3,
-                       s.steal_s_per_byte > 0
-                           ? fmt::format("steal_ms_per_mb = {:.6g}\n", s.steal_s_per_byte * 1e9)
-                           : std::string());
+    out << fmt::format(
+        "\n[[site]]\nname = \"{}\"\nstep_ms = {:.6g}\n{}{}", s.name, s.step_s * 1e3,
+        s.steal_s_per_byte > 0 ? fmt::format("steal_ms_per_mb = {:.6g}\n", s.steal_s_per_byte * 1e9)
+                               : std::string(),
+        s.step_jitter > 0 ? fmt::format("step_jitter = {:.4g}\n", s.step_jitter) : std::string());
   for (const auto& l : t.links)
     out << fmt::format(
         "\n[[link]]\nfrom = \"{}\"\nto = \"{}\"\nbandwidth_mbit = {:.6g}\nlatency_ms = {:.6g}\n{}",

@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -51,9 +52,10 @@ struct SimJob {
   // sync.overlap = "delayed": tau of x, u and v (all 0 = not delayed).
   std::array<std::int64_t, 3> delay{};
   bool delayed() const { return delay[0] > 0; }
-  // Step-to-step compute noise: each step takes step_s * exp(N(0, jitter)) at each site,
+  // Step-to-step compute noise: at site s each step takes step_s * exp(N(-j^2 / 2, j)), whose
+  // mean is step_s, with j = jitter, or the site's measured step_jitter when jitter is unset;
   // drawn from a fixed seed, so a slow step makes the others wait at the next sync.
-  double jitter = 0.0;
+  std::optional<double> jitter;
   std::uint64_t seed = 1;
   // Hierarchical DES-LOC (job.regions): each region's sites in its ring order, and the
   // regions' schedule. A state due there but not in `schedule` is averaged by every region

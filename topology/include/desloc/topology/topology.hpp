@@ -34,6 +34,11 @@ struct SiteProfile {
   // Compute time lost per wide-area byte the site sends while its averages overlap compute:
   // the communication's CPU where it shares the cores with the compute (desloc profile).
   double steal_s_per_byte = 0.0;
+  // Step-to-step noise of the compute: the standard deviation of ln(step time) over the steps
+  // desloc profile timed (0 = steady). Where sites share cores a step swings with the scheduler
+  // (0.27-0.30 on the 3-site test bed on 2 cores), and the sites then wait for the slowest at
+  // every rendezvous: simulate() draws each step from it.
+  double step_jitter = 0.0;
 };
 
 struct Topology {
