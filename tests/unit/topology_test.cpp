@@ -670,9 +670,7 @@ TEST(Simulator, EachSiteSwingsByItsMeasuredNoise) {
   SimJob job;
   job.state_bytes = 3e6;
   job.steps = 960;
-  job.schedule.kx = 16;
-  job.schedule.ku = 48;
-  job.schedule.kv = 96;
+  job.schedule = {SyncMethod::kDesloc, 16, 48, 96, 0, 0, 0};
   const SimResult steady = simulate(t, job);
   EXPECT_EQ(steady.wait_s, 0.0) << "equal steps, no noise: nobody waits";
   for (auto& s : t.sites) s.step_jitter = 0.3;
