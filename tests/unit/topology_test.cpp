@@ -391,6 +391,42 @@ TEST(Planner, NoisyStepsGetAStreamingPlanWithSlackForTheSlowestSite) {
   for (const auto& line : steady.explanation) EXPECT_FALSE(line.starts_with("noise: ")) << line;
 }
 
+// Blocking averages wait for the slowest site too: the closed form's Kx misses the target on
+// sites that swing, and the plan walks on until the simulated overhead meets it.
+TEST(Planner, NoisyStepsLengthenTheBlockingPeriod) {
+  Topology t = parse_topology(topology_toml("ABC", 108, starved, 20.4), "starved.toml");
+  PlanRequest req = quickstart_request(0.05);
+  req.wire_ratio = {0.133, 0.133, 0.133};
+  req.codec_s = {0.006, 0.006, 0.006};
+  const Plan steady = make_plan(t, req);
+  for (auto& s : t.sites) s.step_jitter = 0.3;
+  const Plan noisy = make_plan(t, req);
+  const auto simulated = [&](const Plan& p) {
+    SimJob job;
+    job.schedule = {SyncMethod::kDesloc, p.kx, p.ku, p.kv, 0, p.phase_u, p.phase_v};
+    job.steps = 2 * p.kv + p.kx;
+    job.state_bytes = req.state_bytes;
+    job.wire_ratio = req.wire_ratio;
+    job.codec_s = req.codec_s;
+    job.ring = p.chosen.order;
+    job.lanes = p.chosen.lanes;
+    job.lane_share = p.chosen.lane_share;
+    const SimResult r = simulate(t, job);
+    return r.total_s / r.compute_s - 1;
+  };
+  EXPECT_GT(simulated(steady), 0.05) << "the closed form's Kx misses the target on noisy sites";
+  EXPECT_GT(noisy.kx, steady.kx);
+  EXPECT_LE(noisy.overhead, 0.05);
+  EXPECT_NEAR(simulated(noisy), noisy.overhead, 1e-12);
+  bool said = false;
+  for (const auto& line : noisy.explanation) said |= line.starts_with("noise: ");
+  EXPECT_TRUE(said);
+  req.overlap = true;  // the what-if of unbounded overlap has no rendezvous to wait at
+  const std::int64_t overlapped_noisy = make_plan(t, req).kx;
+  for (auto& s : t.sites) s.step_jitter = 0;
+  EXPECT_EQ(overlapped_noisy, make_plan(t, req).kx);
+}
+
 TEST(Planner, KvFollowsTheSecondMomentsHalfLife) {
   const Topology t = parse_topology(topology_toml("AB", 80, triangle), "ab.toml");
   PlanRequest req;
