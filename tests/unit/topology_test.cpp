@@ -60,6 +60,24 @@ PlanRequest quickstart_request(double target, bool delayed = false) {
   return req;
 }
 
+// What simulate() predicts for plan p (blocking, or delayed by p.delay) over 2 Kv + Kx steps:
+// total time over compute time, less one, as the planner prices a plan.
+double simulated_overhead(const Topology& t, const PlanRequest& req, const Plan& p) {
+  SimJob job;
+  job.schedule = {SyncMethod::kDesloc, p.kx,      p.ku,        p.kv,          0,
+                  p.phase_u,           p.phase_v, p.fragments, p.fragments_u, p.fragments_v};
+  job.steps = 2 * p.kv + p.kx;
+  job.state_bytes = req.state_bytes;
+  job.wire_ratio = req.wire_ratio;
+  job.codec_s = req.codec_s;
+  job.ring = p.chosen.order;
+  job.lanes = p.chosen.lanes;
+  job.lane_share = p.chosen.lane_share;
+  job.delay = {p.delay, p.delay, p.delay};
+  const SimResult r = simulate(t, job);
+  return r.total_s / r.compute_s - 1;
+}
+
 void expect_config_error(const std::string& text, const std::string& needle) {
   try {
     parse_topology(text, "topo.toml");
@@ -365,21 +383,7 @@ TEST(Planner, NoisyStepsGetAStreamingPlanWithSlackForTheSlowestSite) {
   for (auto& s : t.sites) s.step_jitter = 0.3;
   const Plan noisy = make_plan(t, req);
   EXPECT_LE(noisy.overhead, 0.05);
-  const auto simulated = [&](const Plan& p) {
-    SimJob job;
-    job.schedule = {SyncMethod::kDesloc, p.kx,      p.ku,        p.kv,          0,
-                    p.phase_u,           p.phase_v, p.fragments, p.fragments_u, p.fragments_v};
-    job.steps = 2 * p.kv + p.kx;
-    job.state_bytes = req.state_bytes;
-    job.wire_ratio = req.wire_ratio;
-    job.codec_s = req.codec_s;
-    job.ring = p.chosen.order;
-    job.lanes = p.chosen.lanes;
-    job.lane_share = p.chosen.lane_share;
-    job.delay = {p.delay, p.delay, p.delay};
-    const SimResult r = simulate(t, job);
-    return r.total_s / r.compute_s - 1;
-  };
+  const auto simulated = [&](const Plan& p) { return simulated_overhead(t, req, p); };
   EXPECT_GT(simulated(steady), 0.05) << "the steady plan misses the target on noisy sites";
   EXPECT_NEAR(simulated(noisy), noisy.overhead, 1e-12);
   EXPECT_GT(delay_score(noisy.kx, noisy.delay, req.delay_weight),
@@ -401,26 +405,19 @@ TEST(Planner, NoisyStepsLengthenTheBlockingPeriod) {
   const Plan steady = make_plan(t, req);
   for (auto& s : t.sites) s.step_jitter = 0.3;
   const Plan noisy = make_plan(t, req);
-  const auto simulated = [&](const Plan& p) {
-    SimJob job;
-    job.schedule = {SyncMethod::kDesloc, p.kx, p.ku, p.kv, 0, p.phase_u, p.phase_v};
-    job.steps = 2 * p.kv + p.kx;
-    job.state_bytes = req.state_bytes;
-    job.wire_ratio = req.wire_ratio;
-    job.codec_s = req.codec_s;
-    job.ring = p.chosen.order;
-    job.lanes = p.chosen.lanes;
-    job.lane_share = p.chosen.lane_share;
-    const SimResult r = simulate(t, job);
-    return r.total_s / r.compute_s - 1;
-  };
+  const auto simulated = [&](const Plan& p) { return simulated_overhead(t, req, p); };
   EXPECT_GT(simulated(steady), 0.05) << "the closed form's Kx misses the target on noisy sites";
   EXPECT_GT(noisy.kx, steady.kx);
   EXPECT_LE(noisy.overhead, 0.05);
   EXPECT_NEAR(simulated(noisy), noisy.overhead, 1e-12);
-  bool said = false;
-  for (const auto& line : noisy.explanation) said |= line.starts_with("noise: ");
+  bool said = false, walked = false;
+  for (const auto& line : noisy.explanation) {
+    said |= line.starts_with("noise: ");
+    walked |= line.starts_with(fmt::format("Kx = {}: the overhead", noisy.kx)) &&
+              line.find(fmt::format("from Kx = {} on", steady.kx)) != std::string::npos;
+  }
   EXPECT_TRUE(said);
+  EXPECT_TRUE(walked) << "the Kx line says where the closed form stopped and the walk began";
   req.overlap = true;  // the what-if of unbounded overlap has no rendezvous to wait at
   const std::int64_t overlapped_noisy = make_plan(t, req).kx;
   for (auto& s : t.sites) s.step_jitter = 0;

@@ -433,15 +433,18 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
         fmt::format("{:.3g} Mbit/s", plan.chosen.bottleneck_bps * 8 / 1e6)));
   };
   std::int64_t kx = 1;
-  // Sites whose steps swing, and the simulated overhead of blocking averages at period k.
+  // Sites whose steps swing, and the simulated overhead of whole averages at period k, delayed
+  // by tau (0: blocking), with u and v at the plan's phases.
   const bool noisy =
       names.size() > 1 &&
       std::any_of(t.sites.begin(), t.sites.end(), [](const auto& s) { return s.step_jitter > 0; });
-  const auto simulated_blocking = [&](std::int64_t k) {
+  const auto simulated = [&](std::int64_t k, std::int64_t tau) {
     const auto [u, v] = k >= 3 ? third_phases(k) : std::pair<std::int64_t, std::int64_t>{0, 0};
     return simulated_overhead(t, req, plan.chosen, {SyncMethod::kDesloc, k, a * k, b * k, 0, u, v},
-                              0);
+                              tau);
   };
+  // Blocking on noisy sites: the closed form's Kx, before the walk for the noise.
+  std::int64_t closed_kx = 0;
   // Delayed averages: each leaves with its control exchange ahead of it on the wire.
   const double exchange = exchange_seconds(t, plan.chosen.order);
   std::optional<Streaming> streaming;
@@ -534,14 +537,9 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
     // No delay hides the communication's CPU (the sites' steal, the codec's work): it costs
     // every average, so the period grows, from the least Kx that could pay it, until the
     // simulated overhead is within target.
-    const auto simulated = [&](std::int64_t k) {
-      const auto [u, v] = third_phases(k);
-      return simulated_overhead(t, req, plan.chosen,
-                                {SyncMethod::kDesloc, k, a * k, b * k, 0, u, v}, plan.delay);
-    };
     wire_kx = kx;
     kx = std::max(kx, static_cast<std::int64_t>(std::ceil(steal_kx - 1e-9)));
-    while (kx < max_kx && simulated(kx) > req.target_overhead) ++kx;
+    while (kx < max_kx && simulated(kx, plan.delay) > req.target_overhead) ++kx;
   } else if (sync > 0) {
     // Closed form without overlap, then a check (and a short walk for the overlap model).
     const double need =
@@ -561,9 +559,11 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
     // slowest site to arrive, which the closed form cannot see: on from there while the
     // simulated overhead misses the target, 2% of Kx at a time (a Kx in the thousands would
     // otherwise be walked one step at a time, each simulated over 2 Kv + Kx steps).
-    if (!req.overlap && noisy)
-      while (kx <= max_kx && simulated_blocking(kx) > req.target_overhead)
+    if (!req.overlap && noisy) {
+      closed_kx = kx;
+      while (kx <= max_kx && simulated(kx, 0) > req.target_overhead)
         kx = std::max(kx + 1, static_cast<std::int64_t>(std::ceil(double(kx) * 1.02)));
+    }
   }
   if (kx > max_kx) throw unmeetable(std::to_string(kx));
   plan.kx = kx;
@@ -577,12 +577,9 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
     plan.phase_v = streaming->phase_v;
   }
   plan.overhead = streaming     ? streaming->overhead
-                  : req.delayed ? simulated_overhead(t, req, plan.chosen,
-                                                     {SyncMethod::kDesloc, plan.kx, plan.ku,
-                                                      plan.kv, 0, plan.phase_u, plan.phase_v},
-                                                     plan.delay)
-                  : !req.overlap && noisy && sync > 0
-                      ? simulated_blocking(plan.kx)
+                  : req.delayed ? simulated(plan.kx, plan.delay)
+                  : closed_kx > 0
+                      ? simulated(plan.kx, 0)
                       : overhead(sync, plan.step_s, plan.kx, plan.ku, plan.kv, req.overlap);
 
   auto& e = plan.explanation;
@@ -674,6 +671,12 @@ Plan make_plan(const Topology& t, const PlanRequest& req) {
                   wire_kx, kx)
             : std::string(),
         100 * plan.overhead, 100 * req.target_overhead));
+  } else if (closed_kx > 0) {
+    e.push_back(fmt::format(
+        "Kx = {}: the overhead T_sync (1/Kx + 1/Ku + 1/Kv) / step is within {:.1f}% from Kx = {} "
+        "on; with every step drawn from the sites' noise (every average waits for the slowest "
+        "site) Kx grew from there 2% at a time to {}, simulated at {:.2f}%",
+        kx, 100 * req.target_overhead, closed_kx, kx, 100 * plan.overhead));
   } else {
     e.push_back(fmt::format(
         "Kx = {}: the smallest period whose overhead T_sync (1/Kx + 1/Ku + 1/Kv) / step = {:.2f}% "
