@@ -42,8 +42,11 @@ int run_config(const ConfigOptions& o) {
   }
   const auto cfg = train::load_config(o.check_path);
   print_memory(cfg);
-  std::printf("%s: ok, config hash %016llx\n", o.check_path.c_str(),
-              static_cast<unsigned long long>(cfg.hash()));
+  std::printf(
+      "%s: ok, config hash %016llx (what the job computes: checkpoints record it), agreement "
+      "hash %016llx (what its ranks must share: the coordinator checks it)\n",
+      o.check_path.c_str(), static_cast<unsigned long long>(cfg.hash()),
+      static_cast<unsigned long long>(cfg.agreement_hash()));
   return 0;
 }
 

@@ -71,7 +71,8 @@ transport::CoordinatorOptions coordinator_options(const train::JobConfig& cfg,
   o.num_sites = o.site_names.size();
   o.ranks_per_site = static_cast<std::size_t>(cfg.job.ranks_per_site);
   o.token = std::move(token);
-  o.config_hash = cfg.hash();
+  o.config_hash = cfg.agreement_hash();
+  o.config = agreement_values(cfg);
   o.bind_address = bind;
   o.heartbeat_timeout = std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms);
   o.elastic = cfg.job.on_site_failure == "continue";
@@ -325,10 +326,11 @@ int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::u
   const auto status = start_status(coord, cfg, endpoint, token);
   const auto sites = cfg.site_names();
   std::printf(
-      "coordinator: listening on %s:%u for %zu site(s) x %d rank(s) [%s], config hash %016llx\n",
+      "coordinator: listening on %s:%u for %zu site(s) x %d rank(s) [%s], agreement hash "
+      "%016llx\n",
       bind.c_str(), bound, sites.size(), cfg.job.ranks_per_site,
       fmt::format("{}", fmt::join(sites, ", ")).c_str(),
-      static_cast<unsigned long long>(cfg.hash()));
+      static_cast<unsigned long long>(cfg.agreement_hash()));
   std::fflush(stdout);
   SignalCounter signals;
   const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.rendezvous_timeout_s);

@@ -98,6 +98,14 @@ transport::JobToken job_token(const train::JobConfig& cfg) {
       cfg.source, kTokenEnv));
 }
 
+std::vector<transport::ConfigValue> agreement_values(const train::JobConfig& cfg) {
+  std::vector<transport::ConfigValue> out;
+  for (const train::ConfigEntry& e : cfg.entries())
+    if (e.scope != train::KeyScope::kProcess)
+      out.push_back({e.key, transport::config_value(e.value)});
+  return out;
+}
+
 std::optional<RankIdentity> identity_from_environment(const train::JobConfig& cfg) {
   struct Source {
     const char* rank;
@@ -421,7 +429,8 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   client_opts.site = opts.id.site;
   client_opts.rank = static_cast<std::uint32_t>(opts.id.rank);
   client_opts.worker_address = ports.packed;
-  client_opts.config_hash = cfg.hash();
+  client_opts.config_hash = cfg.agreement_hash();
+  client_opts.config = agreement_values(cfg);
   client_opts.token = job_token(cfg);
   client_opts.heartbeat_interval = std::chrono::milliseconds(cfg.job.heartbeat_ms);
   client_opts.coordinator_timeout = std::chrono::seconds(cfg.job.coordinator_timeout_s);

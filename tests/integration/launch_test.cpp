@@ -433,6 +433,31 @@ TEST(LaunchFaults, ConfigHashMismatchIsRefusedWithTheReason) {
   Process stranger = c.worker(other, "east", 0);
   EXPECT_NE(stranger.wait(20s), 0);
   EXPECT_NE(stranger.output().find("config hash"), std::string::npos) << stranger.output();
+  // The refusal names the key that differs, with both values.
+  EXPECT_NE(
+      stranger.output().find("differs from the coordinator's in schedule.lr (this rank: 0.02, the "
+                             "coordinator: 0.01)"),
+      std::string::npos)
+      << stranger.output();
+  // So it does for every key a rank must share: a codec (the compressed average would fail
+  // epochs later), error feedback set alone (the job would finish computing something else).
+  std::string codec = faults_toml(c.dir / "out", "t", "0.01", 12);
+  codec.replace(codec.find("kx = 2"), 6, "kx = 2\ncodec_x = \"int8\"");
+  Process int8 = c.worker(write_text(c.dir / "codec.toml", codec), "west", 0);
+  EXPECT_NE(int8.wait(20s), 0);
+  EXPECT_NE(int8.output().find("in sync.codec_x (this rank: \"int8\", the coordinator: "
+                               "\"fp32\")"),
+            std::string::npos)
+      << int8.output();
+  std::string feedback = codec;
+  feedback.replace(feedback.find("codec_x = \"int8\""), 16, "error_feedback = true");
+  feedback.replace(feedback.find("kx = 2"), 6, "kx = 2\ncodec_u = \"int8\"");
+  Process ef = c.worker(write_text(c.dir / "feedback.toml", feedback), "north", 0);
+  EXPECT_NE(ef.wait(20s), 0);
+  EXPECT_NE(ef.output().find("sync.codec_u"), std::string::npos) << ef.output();
+  EXPECT_NE(ef.output().find("sync.error_feedback (this rank: true, the coordinator: false)"),
+            std::string::npos)
+      << ef.output();
   ::kill(c.coordinator.pid, SIGTERM);
   c.coordinator.wait(10s);
 }

@@ -4,7 +4,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "desloc/core/error.hpp"
 #include "desloc/train/config.hpp"
@@ -317,4 +319,228 @@ TEST(Config, OverridesMeetTheKeysOwnChecksAndNameTheFlag) {
     EXPECT_NE(e.message().find("--threads: train.threads must be an integer"), std::string::npos)
         << e.message();
   }
+}
+
+// ---------------------------------------------------------------------------- fingerprints
+
+namespace {
+
+using Sections = std::map<std::string, std::map<std::string, std::string>>;  // table -> key -> TOML
+
+std::string toml_of(const Sections& s) {
+  std::string text;
+  for (const auto& [table, keys] : s) {
+    text += "[" + table + "]\n";
+    for (const auto& [key, value] : keys) text += key + " = " + value + "\n";
+  }
+  return text;
+}
+
+// Configs in which every key is in use (a key a mode ignores would rightly not move the hash).
+Sections base(const std::string& kind) {
+  Sections s{{"sync", {{"method", "\"desloc\""}, {"kx", "16"}}},
+             {"job", {{"sites", "[\"A\", \"B\", \"C\"]"}}}};
+  if (kind == "delayed") {
+    s["sync"].insert({{"overlap", "\"delayed\""},
+                      {"delay", "2"},
+                      {"fragments", "2"},
+                      {"codec_x", "\"int8\""},
+                      {"codec_u", "\"int8\""},
+                      {"codec_v", "\"int8\""},
+                      {"error_feedback", "true"}});
+  } else if (kind == "regions") {
+    s["job"]["regions"] = "[[\"A\", \"B\"], [\"C\"]]";
+    s["sync"]["region_kx"] = "4";
+  } else if (kind == "outer") {
+    s["sync"]["outer"] = "\"nesterov\"";
+  } else if (kind == "replan") {
+    s["sync"]["replan"] = "true";
+  } else if (kind == "in_process") {
+    s.erase("job");
+    s["sync"]["workers"] = "2";
+  } else if (kind == "join") {
+    s.erase("job");
+    s["sync"].insert({{"workers", "2"}, {"join_step", "10"}, {"join_workers", "3"}});
+  }
+  return s;
+}
+
+struct KeyChange {
+  const char* base;
+  const char* value;  // another valid value of the key, as TOML
+};
+
+// Every key of the config: a base where it is in use and another value for it. A key added to
+// the declarations without a row here fails EveryKeyMovesTheFingerprintsOfItsScope.
+const std::map<std::string, KeyChange>& key_changes() {
+  static const std::map<std::string, KeyChange> m = {
+      {"model.vocab", {"plain", "300"}},
+      {"model.context", {"plain", "64"}},
+      {"model.layers", {"plain", "2"}},
+      {"model.heads", {"plain", "2"}},
+      {"model.d_model", {"plain", "64"}},
+      {"optim.name", {"plain", "\"adopt\""}},
+      {"optim.beta1", {"plain", "0.8"}},
+      {"optim.beta2", {"plain", "0.9"}},
+      {"optim.eps", {"plain", "1e-6"}},
+      {"optim.weight_decay", {"plain", "0.05"}},
+      {"optim.bias_correction", {"plain", "false"}},
+      {"optim.clip", {"plain", "\"norm\""}},
+      {"optim.clip_value", {"plain", "0.5"}},
+      {"schedule.kind", {"plain", "\"wsd\""}},
+      {"schedule.lr", {"plain", "0.001"}},
+      {"schedule.warmup", {"plain", "10"}},
+      {"schedule.min_lr_ratio", {"plain", "0.2"}},
+      {"schedule.decay_fraction", {"plain", "0.3"}},
+      {"data.dir", {"plain", "\"elsewhere\""}},
+      {"data.batch", {"plain", "8"}},
+      {"data.seq_len", {"plain", "64"}},
+      {"data.seed", {"plain", "7"}},
+      {"train.steps", {"plain", "300"}},
+      {"train.eval_every", {"plain", "50"}},
+      {"train.eval_batches", {"plain", "4"}},
+      {"train.checkpoint_every", {"delayed", "100"}},
+      {"train.log_every", {"plain", "5"}},
+      {"train.out_dir", {"plain", "\"runs/other\""}},
+      {"train.seed", {"plain", "7"}},
+      {"train.backend", {"plain", "\"cuda\""}},
+      {"train.threads", {"plain", "2"}},
+      {"sync.method", {"plain", "\"local_adam\""}},
+      {"sync.workers", {"in_process", "3"}},
+      {"sync.kx", {"plain", "32"}},
+      {"sync.ku", {"plain", "96"}},
+      {"sync.kv", {"plain", "192"}},
+      {"sync.region_kx", {"regions", "8"}},
+      {"sync.region_ku", {"regions", "24"}},
+      {"sync.region_kv", {"regions", "48"}},
+      {"sync.phase_x", {"plain", "1"}},
+      {"sync.phase_u", {"plain", "1"}},
+      {"sync.phase_v", {"plain", "1"}},
+      {"sync.outer", {"plain", "\"nesterov\""}},
+      {"sync.outer_lr", {"outer", "0.5"}},
+      {"sync.outer_momentum", {"outer", "0.8"}},
+      {"sync.join_step", {"join", "20"}},
+      {"sync.join_workers", {"join", "4"}},
+      {"sync.overlap", {"plain", "\"step\""}},
+      {"sync.delay", {"delayed", "3"}},
+      {"sync.delay_u", {"delayed", "4"}},
+      {"sync.delay_v", {"delayed", "5"}},
+      {"sync.fragments", {"delayed", "4"}},
+      {"sync.fragments_u", {"delayed", "6"}},
+      {"sync.fragments_v", {"delayed", "6"}},
+      {"sync.codec_x", {"delayed", "\"int4\""}},
+      {"sync.codec_u", {"delayed", "\"int4\""}},
+      {"sync.codec_v", {"delayed", "\"sqrt-int8\""}},
+      {"sync.codec_block", {"delayed", "64"}},
+      {"sync.error_feedback", {"delayed", "false"}},
+      {"sync.switches", {"plain", "[{ after = 96, kx = 32 }]"}},
+      {"sync.replan", {"plain", "true"}},
+      {"sync.replan_target", {"replan", "0.1"}},
+      {"sync.replan_drift", {"replan", "3"}},
+      {"sync.replan_syncs", {"replan", "3"}},
+      {"job.sites", {"plain", "[\"A\", \"C\", \"B\"]"}},
+      {"job.regions", {"regions", "[[\"A\"], [\"B\", \"C\"]]"}},
+      {"job.ranks_per_site", {"plain", "2"}},
+      {"job.coordinator", {"plain", "\"10.0.0.1:1\""}},
+      {"job.token_file", {"plain", "\"/tmp/token\""}},
+      {"job.token", {"plain", "\"secret\""}},
+      {"job.rendezvous_timeout_s", {"plain", "30"}},
+      {"job.heartbeat_ms", {"plain", "200"}},
+      {"job.heartbeat_timeout_ms", {"plain", "2000"}},
+      {"job.on_site_failure", {"plain", "\"stop\""}},
+      {"job.min_sites", {"plain", "2"}},
+      {"job.straggler_ratio", {"plain", "0"}},
+      {"job.coordinator_timeout_s", {"plain", "10"}},
+      {"job.recovery_timeout_s", {"plain", "10"}},
+      {"job.tls", {"plain", "true"}},
+      {"job.tls_cert", {"plain", "\"cert.pem\""}},
+      {"job.tls_key", {"plain", "\"key.pem\""}},
+      {"job.tls_ca", {"plain", "\"ca.pem\""}},
+      {"transport.tls", {"plain", "\"tcp,sm\""}},
+      {"transport.net_devices", {"plain", "\"eth0\""}},
+      {"transport.site_tls", {"plain", "\"sm\""}},
+      {"transport.site_net_devices", {"plain", "\"eth0\""}},
+      {"transport.chunk_bytes", {"plain", "65536"}},
+      {"transport.inflight_chunks", {"plain", "4"}},
+      {"transport.rndv_thresh", {"plain", "\"\""}},
+      {"transport.spin_iterations", {"plain", "0"}},
+      {"transport.wan_spin_iterations", {"plain", "8"}},
+      {"transport.wan_linger_us", {"plain", "100"}},
+      {"transport.deadline_s", {"plain", "30"}},
+      {"transport.chunk_headers", {"plain", "false"}},
+      {"transport.lanes", {"plain", "1"}},
+      {"transport.lane_share", {"plain", "0.6"}},
+  };
+  return m;
+}
+
+}  // namespace
+
+// The fingerprints come from the key declarations: a key of scope kTrajectory moves both, one of
+// scope kJob only the ranks' agreement hash, one of scope kProcess neither. Every declared key
+// is tried, each in a config where it is in use.
+TEST(Config, EveryKeyMovesTheFingerprintsOfItsScope) {
+  using desloc::train::KeyScope;
+  std::vector<std::string> untried;
+  for (const auto& entry : desloc::train::JobConfig{}.entries()) {
+    const auto change = key_changes().find(entry.key);
+    if (change == key_changes().end()) {
+      untried.push_back(entry.key);
+      continue;
+    }
+    const Sections before = base(change->second.base);
+    Sections after = before;
+    const auto dot = entry.key.find('.');
+    after[entry.key.substr(0, dot)][entry.key.substr(dot + 1)] = change->second.value;
+    const auto a = parse_config(toml_of(before), "before.toml");
+    const auto b = parse_config(toml_of(after), "after.toml");
+    const bool trajectory = entry.scope == KeyScope::kTrajectory;
+    const bool agreed = entry.scope != KeyScope::kProcess;
+    EXPECT_EQ(a.hash() != b.hash(), trajectory) << entry.key << " (" << toml_of(after) << ")";
+    EXPECT_EQ(a.agreement_hash() != b.agreement_hash(), agreed) << entry.key;
+  }
+  EXPECT_TRUE(untried.empty()) << "keys without a row in key_changes(): "
+                               << ::testing::PrintToString(untried);
+}
+
+// A plain, a streaming and a compressed DES-LOC job are three jobs; the same job written two
+// ways (a default spelled out, a key its mode does not use) is one.
+TEST(Config, TheFingerprintSeparatesModesAndIgnoresHowAJobIsWritten) {
+  const std::string plain = "[sync]\nmethod = \"desloc\"\nkx = 16\n";
+  const auto a = parse_config(plain, "plain.toml");
+  const auto streaming =
+      parse_config(plain + "overlap = \"delayed\"\ndelay = 2\nfragments = 4\n", "streaming.toml");
+  const auto codec =
+      parse_config(plain + "codec_x = \"int4\"\nerror_feedback = true\n", "codec.toml");
+  EXPECT_NE(a.hash(), streaming.hash());
+  EXPECT_NE(a.hash(), codec.hash());
+  EXPECT_NE(streaming.hash(), codec.hash());
+  // Spelled out: ku = 3 kx, the outer step's settings without it, checkpoints without delays.
+  const auto spelled = parse_config(
+      plain + "ku = 48\nkv = 96\nouter_lr = 0.3\n[train]\ncheckpoint_every = 7\n", "same.toml");
+  EXPECT_EQ(a.hash(), spelled.hash());
+  EXPECT_EQ(a.canonical(), spelled.canonical());
+  // The canonical text names every key it holds, so a difference can be named.
+  EXPECT_NE(streaming.canonical().find("sync.fragments=4;"), std::string::npos)
+      << streaming.canonical();
+}
+
+// Settings that could never run are refused at load, naming the key: an empty out_dir (train
+// would fail at its first write), more live sites required than the job has, a heartbeat
+// timeout that one late heartbeat would trip.
+TEST(Config, SettingsThatCouldNeverRunAreRefusedNamingTheKey) {
+  const std::string out_dir = error_of("[train]\nout_dir = \"\"\n");
+  EXPECT_NE(out_dir.find("job.toml:2:11: train.out_dir = \"\""), std::string::npos) << out_dir;
+  const std::string min_sites = error_of("[job]\nsites = [\"A\", \"B\"]\nmin_sites = 3\n");
+  EXPECT_NE(min_sites.find("job.toml:3:13: job.min_sites = 3 but the job has 2 site(s)"),
+            std::string::npos)
+      << min_sites;
+  EXPECT_EQ(error_of("[job]\nsites = [\"A\", \"B\"]\nmin_sites = 2\n"), "<no error>");
+  const std::string heartbeat = error_of("[job]\nheartbeat_ms = 500\nheartbeat_timeout_ms = 400\n");
+  EXPECT_NE(heartbeat.find("job.toml:3:24: job.heartbeat_timeout_ms = 400 is less than two "
+                           "heartbeats"),
+            std::string::npos)
+      << heartbeat;
+  EXPECT_NE(error_of("[job]\nheartbeat_ms = 3000\n").find("job.toml:2:16"), std::string::npos)
+      << "the default timeout against a raised period names the period";
 }

@@ -208,6 +208,25 @@ TEST_F(ControlPlane, ConfigHashAndVersionMismatchesAreRefused) {
   expect_refused<ConfigError>(port, v, "protocol version");
 }
 
+// The refusal of another config names the keys that differ, with both values, from the keys
+// each side sent (a long value as its digest).
+TEST_F(ControlPlane, AConfigMismatchNamesTheKeysThatDiffer) {
+  auto co = coord_options(1, 2);
+  co.config = {{"sync.kx", "16"}, {"sync.codec_x", "\"fp32\""}, {"job.sites", "[A, B]"}};
+  Coordinator coord(co);
+  const auto port = coord.start(0);
+  auto o = rank_options("east", 0);
+  o.config_hash = 0x2222;
+  o.config = {{"sync.kx", "16"}, {"sync.codec_x", "\"int8\""}, {"job.sites", "[A, B]"}};
+  expect_refused<ConfigError>(port, o,
+                              "differs from the coordinator's in sync.codec_x (this rank: "
+                              "\"int8\", the coordinator: \"fp32\")");
+  o.config.push_back({"sync.replan", "true"});
+  expect_refused<ConfigError>(port, o, "sync.replan (this rank: true, the coordinator: (absent))");
+  EXPECT_EQ(config_value(std::string(300, 'a')).find("(300 bytes, fnv1a64 "), 0u);
+  EXPECT_EQ(config_value("short"), "short");
+}
+
 TEST_F(ControlPlane, RegistrationsBeyondTheWorldAreRefused) {
   Coordinator coord(coord_options(2, 1));
   const auto port = coord.start(0);

@@ -34,7 +34,13 @@ M round_trip(const M& m) {
 }
 
 TEST(Wire, EveryMessageRoundTrips) {
-  const Hello hello{3, "site-a", 5, {0xde, 0xad, 0xbe, 0xef}, 0x0123456789abcdefull, 4};
+  const Hello hello{3,
+                    "site-a",
+                    5,
+                    {0xde, 0xad, 0xbe, 0xef},
+                    0x0123456789abcdefull,
+                    4,
+                    {{"sync.kx", "16"}, {"sync.codec_x", "\"int4\""}}};
   EXPECT_EQ(round_trip(hello), hello);
   Challenge ch;
   for (std::size_t i = 0; i < ch.nonce.size(); ++i) ch.nonce[i] = static_cast<std::uint8_t>(i);
@@ -177,6 +183,13 @@ TEST(Wire, TruncatedFramesWaitAndMalformedPayloadsThrow) {
 
 TEST(Wire, EncodeEnforcesFieldLimits) {
   EXPECT_THROW(encode(Hello{1, std::string(kMaxSiteNameBytes + 1, 's'), 0, {}, 0}), DataError);
+  EXPECT_THROW(
+      encode(Hello{1, "a", 0, {}, 0, 0, {{"k", std::string(kMaxConfigValueBytes + 1, 'v')}}}),
+      DataError);
+  EXPECT_THROW(
+      encode(
+          Hello{1, "a", 0, {}, 0, 0, std::vector<ConfigValue>(kMaxConfigValues + 1, {"k", "v"})}),
+      DataError);
 }
 
 // Fixed-seed fuzz: random garbage, and valid frames with random bit flips, fed in random

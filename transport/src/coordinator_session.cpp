@@ -4,11 +4,44 @@
 
 #include <fmt/format.h>
 
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/transport/site_name.hpp"
 
 namespace desloc::transport {
+
+namespace {
+
+// " in sync.codec_x (this rank: \"int8\", the coordinator: \"fp32\")", naming up to three keys
+// whose values differ (and how many more); "" when neither side listed its keys.
+std::string config_difference(const std::vector<ConfigValue>& rank,
+                              const std::vector<ConfigValue>& mine) {
+  std::map<std::string, std::pair<std::string, std::string>> differ;  // key -> (rank, mine)
+  constexpr const char* kAbsent = "(absent)";
+  for (const ConfigValue& v : rank) differ[v.key] = {v.value, kAbsent};
+  for (const ConfigValue& v : mine) {
+    auto [it, fresh] = differ.try_emplace(v.key, kAbsent, v.value);
+    if (!fresh) it->second.second = v.value;
+  }
+  std::erase_if(differ, [](const auto& kv) { return kv.second.first == kv.second.second; });
+  if (differ.empty()) return {};
+  std::string text;
+  std::size_t shown = 0;
+  for (const auto& [key, values] : differ) {
+    if (shown++ == 3) break;
+    text += fmt::format("{}{} (this rank: {}, the coordinator: {})", shown == 1 ? " in " : ", ",
+                        key, values.first, values.second);
+  }
+  if (differ.size() > 3) text += fmt::format(" and {} more key(s)", differ.size() - 3);
+  return text;
+}
+
+}  // namespace
 
 std::optional<Reject> check_hello(const Hello& h, const CoordinatorOptions& options) {
   const RankId id{h.site, h.rank};
@@ -19,9 +52,11 @@ std::optional<Reject> check_hello(const Hello& h, const CoordinatorOptions& opti
                               h.protocol_version, id.str(), options.protocol_version)};
   if (h.config_hash != options.config_hash)
     return Reject{RejectCode::kConfigHash,
-                  fmt::format("config hash {:#018x} from {} differs from the coordinator's "
-                              "{:#018x}; every rank must run the same job config",
-                              h.config_hash, id.str(), options.config_hash)};
+                  fmt::format("the job config of {} differs from the coordinator's{} (config hash "
+                              "{:#018x}, the coordinator's {:#018x}); every rank must run the same "
+                              "job config",
+                              id.str(), config_difference(h.config, options.config), h.config_hash,
+                              options.config_hash)};
   if (!valid_site_name(h.site))
     return Reject{RejectCode::kWorldSize, fmt::format("site name '{}' is invalid; use {}",
                                                       h.site.substr(0, 64), kSiteNameRule)};

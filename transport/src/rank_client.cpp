@@ -255,7 +255,7 @@ void RankClient::Impl::on_frame(Frame frame) {
         if (reconnecting && membership) epoch = membership->epoch;
       }
       conn->send(encode(Hello{options.protocol_version, options.site, options.rank,
-                              options.worker_address, options.config_hash, epoch}));
+                              options.worker_address, options.config_hash, epoch, options.config}));
       set_phase(Phase::kAwaitWelcome);
       return;
     }

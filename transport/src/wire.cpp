@@ -2,6 +2,8 @@
 // counts are checked against limits and against the bytes actually present before allocating.
 #include "desloc/transport/wire.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstdio>
@@ -141,6 +143,14 @@ void write_payload(WireWriter& w, const Hello& m) {
   w.put_bytes(m.worker_address, kMaxAddressBytes, "worker_address");
   w.put<std::uint64_t>(m.config_hash);
   w.put<std::uint64_t>(m.epoch);
+  if (m.config.size() > kMaxConfigValues)
+    throw DataError(fmt::format("cannot encode Hello: {} config values, at most {}",
+                                m.config.size(), kMaxConfigValues));
+  w.put<std::uint16_t>(static_cast<std::uint16_t>(m.config.size()));
+  for (const ConfigValue& v : m.config) {
+    w.put_string(v.key, kMaxConfigKeyBytes, "config key");
+    w.put_string(v.value, kMaxConfigValueBytes, "config value");
+  }
 }
 void read_payload(WireReader& r, Hello& m) {
   m.protocol_version = r.get<std::uint16_t>("protocol_version");
@@ -149,6 +159,14 @@ void read_payload(WireReader& r, Hello& m) {
   m.worker_address = r.get_bytes(kMaxAddressBytes, "worker_address");
   m.config_hash = r.get<std::uint64_t>("config_hash");
   m.epoch = r.get<std::uint64_t>("epoch");
+  const auto n = r.get<std::uint16_t>("config values");
+  if (n > kMaxConfigValues)
+    r.fail(fmt::format("{} config values, at most {}", n, kMaxConfigValues));
+  m.config.resize(n);
+  for (ConfigValue& v : m.config) {
+    v.key = r.get_string(kMaxConfigKeyBytes, "config key");
+    v.value = r.get_string(kMaxConfigValueBytes, "config value");
+  }
 }
 
 void write_payload(WireWriter& w, const Challenge& m) { w.put_raw(m.nonce); }
@@ -351,6 +369,14 @@ std::uint64_t RankReport::syncs() const {
   std::uint64_t n = 0;
   for (const std::uint64_t b : sync_buckets) n += b;
   return n;
+}
+
+std::string config_value(std::string_view value) {
+  if (value.size() <= kMaxConfigValueBytes) return std::string(value);
+  char digest[96];
+  std::snprintf(digest, sizeof digest, "(%zu bytes, fnv1a64 %016llx)", value.size(),
+                static_cast<unsigned long long>(fnv1a64(value)));
+  return digest;
 }
 
 std::string_view message_type_name(MessageType type) {

@@ -11,6 +11,7 @@
 #include "desloc/train/config.hpp"
 #include "desloc/train/trainer.hpp"
 #include "desloc/transport/auth.hpp"
+#include "desloc/transport/wire.hpp"
 
 namespace desloc::cluster {
 
@@ -21,6 +22,10 @@ inline constexpr const char* kTokenEnv = "DESLOC_JOB_TOKEN";
 // The job's shared secret: job.token_file, else job.token, else $DESLOC_JOB_TOKEN. ConfigError
 // naming all three when none is set.
 transport::JobToken job_token(const train::JobConfig& cfg);
+
+// What every process of the job must share, as the coordinator checks it: the config's keys of
+// scope kTrajectory and kJob (train::KeyScope) with their values.
+std::vector<transport::ConfigValue> agreement_values(const train::JobConfig& cfg);
 
 struct RankIdentity {
   std::string site;

@@ -95,6 +95,23 @@ struct TransportSection {
   float lane_share = 0.5f;
 };
 
+// Whom a key concerns, which decides the identities of a job it enters (config_keys.cpp says it
+// for every key).
+enum class KeyScope {
+  kTrajectory,  // shapes what training computes: in hash() and in agreement_hash()
+  kJob,         // shapes nothing computed, but every rank must agree on it (the ranks evaluate
+                // together, both ends of a ring cut the same chunks): in agreement_hash() only
+  kProcess,     // each process's own (paths, threads, timeouts, secrets): in neither
+};
+
+// One key and its value as a job's identity sees it: {"sync.codec_x", "\"int8\"", kTrajectory}.
+struct ConfigEntry {
+  std::string key;    // "section.key"
+  std::string value;  // as TOML writes it
+  KeyScope scope = KeyScope::kTrajectory;
+  bool operator==(const ConfigEntry&) const = default;
+};
+
 struct JobConfig {
   model::GptConfig model;
   optim::OptimizerConfig optim;
@@ -110,11 +127,20 @@ struct JobConfig {
   int seq_len() const { return data.seq_len > 0 ? data.seq_len : model.context; }
   // job.sites, or site0..site{M-1} when unset.
   std::vector<std::string> site_names() const;
-  // Identity of everything that shapes the trajectory of training (model, optimizer,
-  // schedule, data order, seeds, step count); excludes logging, output paths and threads.
+  // Every key and its value, in the order of the declarations, normalized so that configs that
+  // train alike list alike: a default spelled out or left out, ku = 0 for 3 kx, a key the mode
+  // ignores (outer_lr without the outer step, codec_block without a codec). What the
+  // fingerprints digest, and what the coordinator compares to name the key two ranks disagree
+  // on.
+  std::vector<ConfigEntry> entries() const;
+  // The entries of scope `widest` and narrower, as "key=value;" text.
+  std::string canonical(KeyScope widest = KeyScope::kTrajectory) const;
+  // Identity of everything that shapes the trajectory of training (KeyScope::kTrajectory).
   // A checkpoint records it, and --resume refuses a checkpoint whose hash differs.
   std::uint64_t hash() const;
-  std::string canonical() const;  // the text that hash() digests
+  // Identity of what every rank of a networked job must share (kTrajectory and kJob): each rank
+  // registers with it, and the coordinator refuses a rank whose differs.
+  std::uint64_t agreement_hash() const;
   // hash() with the data's tokenizer (data::DatasetInfo::tokenizer_identity()) folded in, what
   // a checkpoint records, so that a model is never resumed, exported or sampled with another
   // vocabulary. Equal to hash() for the byte tokenizer, so byte-level checkpoints keep theirs.

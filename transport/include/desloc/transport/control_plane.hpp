@@ -22,8 +22,9 @@ namespace desloc::transport {
 // sync-duration histogram, the lanes' bytes and rates, and the payload guard's rejections; 5:
 // and the parameter-average period in force, the re-plans, the region ring's lane and the
 // rank's TCP backlog; Recover carries the straggler rule's evidence; 6: the heartbeat's and
-// Recover's TCP backlog name the address their slowest socket leads to.
-inline constexpr std::uint16_t kProtocolVersion = 6;
+// Recover's TCP backlog name the address their slowest socket leads to; 7: Hello carries the
+// config's keys, and the config hash covers every key the ranks must agree on.
+inline constexpr std::uint16_t kProtocolVersion = 7;
 
 using Clock = std::chrono::steady_clock;
 
@@ -55,6 +56,8 @@ struct CoordinatorOptions {
   std::vector<std::string> site_names;
   std::optional<JobToken> token;  // required: no unauthenticated peer joins
   std::uint64_t config_hash = 0;
+  // The keys config_hash digests: a rank whose hash differs is told which of them differ.
+  std::vector<ConfigValue> config;
   std::uint16_t protocol_version = kProtocolVersion;
   std::string bind_address = "127.0.0.1";
   // A connection must finish Challenge -> AuthResponse -> Hello within this.
@@ -143,6 +146,7 @@ struct RankClientOptions {
   std::uint32_t rank = 0;
   std::vector<std::uint8_t> worker_address;  // this rank's ucp worker address
   std::uint64_t config_hash = 0;
+  std::vector<ConfigValue> config;  // the keys config_hash digests (CoordinatorOptions::config)
   std::uint16_t protocol_version = kProtocolVersion;
   std::optional<JobToken> token;  // without one the coordinator will refuse us, by design
   std::chrono::milliseconds heartbeat_interval{500};

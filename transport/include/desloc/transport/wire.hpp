@@ -88,6 +88,20 @@ class FrameDecoder {
 
 // --- Control messages. Each has kType, and encode(msg) / decode<M>(frame) below.
 
+// One key of a job config as text, for the coordinator to name the key two configs differ in.
+// A value longer than kMaxConfigValueBytes travels as a digest of itself (config_value()).
+struct ConfigValue {
+  std::string key;  // "sync.codec_x"
+  std::string value;
+  bool operator==(const ConfigValue&) const = default;
+};
+inline constexpr std::size_t kMaxConfigKeyBytes = 128;
+inline constexpr std::size_t kMaxConfigValueBytes = 256;
+inline constexpr std::size_t kMaxConfigValues = 512;
+// `value`, or "(<n> bytes, fnv1a64 <hex>)" when it is longer than kMaxConfigValueBytes: two
+// ranks' long values (a job.sites of hundreds of names) still compare equal or not.
+std::string config_value(std::string_view value);
+
 // Rank -> coordinator, after authenticating: who I am and how to reach me over UCX.
 struct Hello {
   static constexpr MessageType kType = MessageType::kHello;
@@ -99,6 +113,8 @@ struct Hello {
   // 0 for a first registration; a rank reconnecting to a restarted coordinator sends the
   // membership epoch it trains in, and the coordinator rebuilds the membership from them.
   std::uint64_t epoch = 0;
+  // The keys config_hash digests, so that a refusal can name the one that differs.
+  std::vector<ConfigValue> config;
   bool operator==(const Hello&) const = default;
 };
 
