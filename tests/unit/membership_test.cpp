@@ -674,6 +674,37 @@ TEST(Membership, ALossTellsTheOthersWhoIsLostAndClosesTheEpoch) {
       << "the member's address is the fresh one from its Recover";
 }
 
+// The coordinator's own ticks stop for 8 s (it was stopped with the whole job): nobody's
+// silence counts over that gap. A rank silent before the pause keeps what it had, and a rank
+// that stays silent after it is still found, one heartbeat timeout later.
+TEST(Membership, APauseOfTheCoordinatorItselfIsNoRanksSilence) {
+  Job job = Job::formed(kSites, 1);
+  job.live(2000ms, kSites);
+  job.live(2000ms, {"west", "north"});  // east: last heard 2 s ago
+  job.advance(8000ms);                  // the whole job stopped; no tick, no heartbeat
+  const auto d = job.tick();
+  EXPECT_NE(logged(d).find("this coordinator did not run for 8.0 s"), std::string::npos)
+      << logged(d);
+  EXPECT_TRUE(sent<Recovery>(d).empty()) << logged(d);
+  EXPECT_FALSE(job.roster.state().recovering);
+  // The others are back at once; east stays silent and is found after the rest of its timeout:
+  // its 2 s before the pause and 2 s after it.
+  const std::string after = job.live(1000ms, {"west", "north"});
+  EXPECT_EQ(after.find("east/0"), std::string::npos) << after;
+  const std::string later = job.live(1000ms, {"west", "north"});
+  EXPECT_NE(later.find("east/0 (connection east/0) silent for 4.0 s"), std::string::npos) << later;
+  EXPECT_TRUE(job.roster.state().recovering);
+}
+
+// Ticks as the coordinator makes them: a rank silent past the timeout is found as before.
+TEST(Membership, WithoutAPauseASilentRankIsFoundAtItsTimeout) {
+  Job job = Job::formed(kSites, 1);
+  job.live(1000ms, kSites);
+  const std::string log = job.live(4000ms, {"west", "north"});
+  EXPECT_NE(log.find("east/0 (connection east/0) silent for"), std::string::npos) << log;
+  EXPECT_EQ(log.find("did not run"), std::string::npos) << log;
+}
+
 TEST(Membership, ARankThatSaidByeLeavesWithoutARecovery) {
   Job job = Job::formed(kSites, 1);
   job.bye("east", 0, 1500);

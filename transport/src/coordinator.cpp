@@ -12,6 +12,7 @@
 
 #include <boost/asio.hpp>
 
+#include "accept_backoff.hpp"
 #include "coordinator_session.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
@@ -40,6 +41,8 @@ struct Coordinator::Impl final : SessionOwner {
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer check_timer{io};
+  asio::steady_timer accept_timer{io};  // the pause after a failed accept
+  AcceptBackoff accept_backoff{"coordinator"};
   std::thread thread;
   std::atomic<std::uint16_t> bound_port{0};
 
@@ -156,14 +159,18 @@ void Coordinator::Impl::do_accept() {
   acceptor.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted) return;
     if (ec) {
-      log::warn("coordinator: accept failed: {}; still listening", ec.message());
-    } else {
-      auto s = std::make_shared<CoordinatorSession>(std::move(socket), ++connections, options,
-                                                    tls_context.get(), *this);
-      std::erase_if(sessions, [](const auto& w) { return w.expired(); });
-      sessions.push_back(s);
-      s->start();
+      accept_timer.expires_after(accept_backoff.failed(ec.message()));
+      accept_timer.async_wait([this](const boost::system::error_code& e) {
+        if (!e) do_accept();
+      });
+      return;
     }
+    accept_backoff.succeeded();
+    auto s = std::make_shared<CoordinatorSession>(std::move(socket), ++connections, options,
+                                                  tls_context.get(), *this);
+    std::erase_if(sessions, [](const auto& w) { return w.expired(); });
+    sessions.push_back(s);
+    s->start();
     do_accept();
   });
 }

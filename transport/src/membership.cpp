@@ -166,6 +166,7 @@ class Roster::Step {
   void tick();
 
  private:
+  void forgive_pause();
   void say(log::Level level, std::string text) { out.log.push_back({level, std::move(text)}); }
   void send(std::vector<RankId> to, decltype(Outgoing::message) message) {
     if (!to.empty()) out.sends.push_back({std::move(to), std::move(message)});
@@ -416,7 +417,30 @@ void Roster::Step::closed(const ClosedEvent& e) {
 
 // ---------------------------------------------------------------------------- time
 
+// A pause of the coordinator (its own ticks stopped): the ranks' silence, a recovery's wait
+// and a rebuild's quiet all include the time it did not run, which tells nothing about them.
+// Each timer moves on by the gap; a rank silent before the pause keeps that silence.
+void Roster::Step::forgive_pause() {
+  const Clock::time_point last = s_.last_tick;
+  s_.last_tick = now_;
+  if (last == Clock::time_point{}) return;
+  const auto gap = now_ - last;
+  if (gap <= std::max<Clock::duration>(kPauseGap, rules_.heartbeat_timeout / 2)) return;
+  const auto shift = [&](Clock::time_point& t) {
+    if (t != Clock::time_point{}) t = std::min(t + gap, now_);
+  };
+  for (auto& [id, r] : s_.ranks) shift(r.last_seen);
+  shift(s_.recovery_start);
+  shift(s_.last_rebuild_registration);
+  shift(s_.slow_since);
+  say(log::Level::kWarn,
+      fmt::format("this coordinator did not run for {:.1f} s (stopped, or its host suspended); "
+                  "the ranks' silence over that time is not counted against them",
+                  std::chrono::duration<double>(gap).count()));
+}
+
 void Roster::Step::tick() {
+  forgive_pause();
   std::vector<RankId> newly_silent;
   for (auto& [id, r] : s_.ranks) {
     if (r.silent || r.finished || now_ - r.last_seen <= rules_.heartbeat_timeout) continue;
@@ -754,7 +778,7 @@ std::vector<RankProgress> Roster::progress(Clock::time_point now) const {
   for (const auto& [id, r] : state_.ranks)
     out.push_back({id, r.step, r.connected(),
                    std::chrono::duration_cast<std::chrono::milliseconds>(now - r.last_seen),
-                   r.report});
+                   r.report, r.finished});
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <thread>
 #include <utility>  // before Asio: Boost 1.74 awaitable.hpp uses std::exchange unincluded
+#include <vector>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -18,6 +19,7 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
+#include "accept_backoff.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
 
@@ -46,10 +48,26 @@ bool authorized(std::string_view field, const JobToken& token) {
   return colon != std::string::npos && token.matches(std::string_view(decoded).substr(colon + 1));
 }
 
-bool is_loopback(const std::string& host) {
+// The addresses `host` names: an IP address, or a name of this machine (localhost) resolved.
+// Empty when it names none.
+std::vector<asio::ip::address> bind_addresses(const std::string& host) {
   boost::system::error_code ec;
   const auto a = asio::ip::make_address(host, ec);
-  return !ec && a.is_loopback();
+  if (!ec) return {a};
+  asio::io_context io;
+  tcp::resolver resolver(io);
+  const auto found = resolver.resolve(host, "0", tcp::resolver::passive, ec);
+  std::vector<asio::ip::address> out;
+  if (!ec)
+    for (const auto& entry : found) out.push_back(entry.endpoint().address());
+  return out;
+}
+
+// Loopback when every address the name stands for is (localhost: 127.0.0.1 and ::1).
+bool is_loopback(const std::string& host) {
+  const auto all = bind_addresses(host);
+  return !all.empty() && std::all_of(all.begin(), all.end(),
+                                     [](const asio::ip::address& a) { return a.is_loopback(); });
 }
 
 }  // namespace
@@ -65,11 +83,17 @@ struct StatusServer::Impl {
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   // Requests answered, by path (io thread only): "/", "/metrics", "/api/state", then the rest.
   std::array<std::uint64_t, 4> served{};
+  // Connections open now (io thread only; shared with the sessions, which may outlive the
+  // loop when stop() destroys their pending handlers).
+  std::shared_ptr<std::size_t> open = std::make_shared<std::size_t>(0);
+  std::uint64_t turned_away = 0;  // in the current episode of a full endpoint
+  asio::steady_timer accept_timer{io};
+  AcceptBackoff accept_backoff{"status endpoint"};
 
   JobStatus status(double uptime) const {
     JobStatus s = read_status(coordinator, options.job, uptime);
-    s.http_requests = {{"/", served[0]}, {"/metrics", served[1]}, {"/api/state", served[2]},
-                       {"other", served[3]}};
+    s.http_requests = {
+        {"/", served[0]}, {"/metrics", served[1]}, {"/api/state", served[2]}, {"other", served[3]}};
     return s;
   }
 
@@ -120,9 +144,13 @@ struct StatusServer::Impl {
   struct Session : std::enable_shared_from_this<Session> {
     // `owner` outlives every handler: stop() joins the loop before the Impl goes, and the
     // handlers still pending then are destroyed, never run.
-    Session(tcp::socket s, Impl* o) : stream(std::move(s)), owner(o) {}
+    Session(tcp::socket s, Impl* o) : stream(std::move(s)), owner(o), open(o->open) { ++*open; }
+    ~Session() { --*open; }
+    Session(const Session&) = delete;
+    Session& operator=(const Session&) = delete;
     beast::tcp_stream stream;
     Impl* owner;
+    std::shared_ptr<std::size_t> open;
     beast::flat_buffer buffer;
     http::request<http::string_body> request;
     http::response<http::string_body> response;
@@ -146,9 +174,43 @@ struct StatusServer::Impl {
   void accept() {
     acceptor.async_accept([self = this](beast::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted) return;
-      if (!ec) std::make_shared<Session>(std::move(socket), self)->run();
+      if (ec) {
+        self->accept_timer.expires_after(self->accept_backoff.failed(ec.message()));
+        self->accept_timer.async_wait([self](beast::error_code e) {
+          if (!e) self->accept();
+        });
+        return;
+      }
+      self->accept_backoff.succeeded();
+      self->admit(std::move(socket));
       self->accept();
     });
+  }
+
+  // Serves the connection, or turns it away while options.max_connections are open: idle or
+  // slow clients then hold at most that many descriptors, and the coordinator keeps the rest
+  // for its ranks.
+  void admit(tcp::socket socket) {
+    if (*open < options.max_connections) {
+      if (turned_away > 0)
+        log::info("status endpoint: serving again; turned away {} connection(s) while full",
+                  turned_away);
+      turned_away = 0;
+      std::make_shared<Session>(std::move(socket), this)->run();
+      return;
+    }
+    if (turned_away++ == 0)
+      log::warn(
+          "status endpoint: {} connections open, its limit; turning new ones away with 503 "
+          "(logged once until one is served again)",
+          *open);
+    static constexpr std::string_view kBusy =
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+        "Connection: close\r\n\r\n";
+    boost::system::error_code ignored;
+    socket.non_blocking(true, ignored);  // a fresh socket's buffer takes it; never wait here
+    socket.write_some(asio::buffer(kBusy.data(), kBusy.size()), ignored);
+    socket.close(ignored);
   }
 };
 
@@ -172,13 +234,13 @@ StatusServer::~StatusServer() {
 
 std::uint16_t StatusServer::start() {
   auto& im = *impl_;
-  boost::system::error_code ec;
-  const auto address = asio::ip::make_address(im.options.bind, ec);
-  if (ec)
+  const auto addresses = bind_addresses(im.options.bind);
+  if (addresses.empty())
     throw ConfigError(
-        fmt::format("--http {}: '{}' is not an IP address", im.options.bind, im.options.bind));
+        fmt::format("--http {}: '{}' is neither an IP address nor a name of this machine",
+                    im.options.bind, im.options.bind));
   try {
-    const tcp::endpoint ep{address, im.options.port};
+    const tcp::endpoint ep{addresses.front(), im.options.port};
     im.acceptor.open(ep.protocol());
     im.acceptor.set_option(tcp::acceptor::reuse_address(true));
     im.acceptor.bind(ep);

@@ -113,7 +113,8 @@ struct OpState {
   CollectiveOp op{};
   std::uint32_t seq = 0;
   Clock::time_point start;
-  Clock::time_point deadline;
+  // Moved out by the waits when this process stalls (UcxWorker::wait_until).
+  mutable Clock::time_point deadline;
   int root = -1;                    // broadcast only
   const std::byte* base = nullptr;  // the operation's buffer, for chunk offsets
   OpLabel label;

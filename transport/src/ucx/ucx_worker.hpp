@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <utility>
 
 #include "desloc/transport/ucx_collective.hpp"
 #include "ucx_context.hpp"
@@ -36,10 +37,21 @@ class UcxWorker {
   // that brings none (or with no linger) it sleeps on the event fd. A stream through the tcp
   // transport wakes an event-fd sleeper for every few packets or ACKs; a linger wakes the
   // thread once per linger instead, for at most a linger's latency per wait.
+  //
+  // A stall, a gap between two looks at the clock far longer than any sleep here, means this
+  // process did not run (SIGSTOP, a suspended host or VM): the deadline moves out by the gap,
+  // which is no peer's silence. The caller's deadline is updated, so an operation of several
+  // waits keeps the extension.
   template <class Done>
-  bool wait_until(Done&& done, Clock::time_point deadline) {
+  bool wait_until(Done&& done, Clock::time_point& deadline) {
     int idle = 0;
     bool linger_next = linger_.count() > 0;
+    Clock::time_point looked = Clock::now();
+    const auto expired = [&](Clock::time_point now) {
+      if (now - looked > kStall) deadline += now - looked;
+      looked = now;
+      return now >= deadline;
+    };
     for (;;) {
       if (done()) return true;
       const unsigned events = progress();
@@ -47,13 +59,13 @@ class UcxWorker {
       if (events != 0) {
         idle = 0;
         linger_next = linger_.count() > 0;
-        if (Clock::now() >= deadline) return false;
+        if (expired(Clock::now())) return false;
         continue;
       }
       if (idle++ < spin_iterations_) continue;
       idle = 0;
       const auto now = Clock::now();
-      if (now >= deadline) return false;
+      if (expired(now)) return false;
       if (linger_next) {
         linger_next = false;
         std::this_thread::sleep_for(std::min<Clock::duration>(linger_, deadline - now));
@@ -63,6 +75,11 @@ class UcxWorker {
       linger_next = linger_.count() > 0;
     }
   }
+  template <class Done>
+  bool wait_until(Done&& done, Clock::time_point&& deadline) {
+    Clock::time_point d = deadline;
+    return wait_until(std::forward<Done>(done), d);
+  }
 
   // Arms the worker and sleeps on its event fd until an event or the deadline (capped at
   // kMaxSleep as a guard against a transport that never signals). Returns at once if UCX
@@ -70,6 +87,8 @@ class UcxWorker {
   void sleep_for_events(Clock::time_point deadline);
 
   static constexpr std::chrono::milliseconds kMaxSleep{100};
+  // A gap between two looks at the clock past this is a stall of the process, not a wait.
+  static constexpr std::chrono::milliseconds kStall{2000};
 
  private:
   void destroy() noexcept;

@@ -91,6 +91,7 @@ struct RankProgress {
   bool connected = false;               // its control connection is open
   std::chrono::milliseconds silent{0};  // since its last frame
   RankReport report;                    // from its latest heartbeat
+  bool finished = false;                // said Bye after its last step
 };
 
 // Accepts ranks until S x R have registered, then broadcasts Membership epoch 1. Runs its

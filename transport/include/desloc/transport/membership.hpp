@@ -68,6 +68,9 @@ struct MembershipState {
   std::uint64_t rebuild_epoch = 0;
   Clock::time_point last_rebuild_registration{};
   std::size_t status_sent_for = 0;  // ranks registered at the last Status broadcast
+  // The previous tick. A tick far later than the one before means the coordinator itself did
+  // not run (SIGSTOP of the job, a suspended host or VM): everyone's silence includes its own.
+  Clock::time_point last_tick{};
   // The site whose links' TCP backlogs stand out now (find_straggler over the heartbeats), since
   // when, and whether the coordinator warned about it yet.
   std::string slow_site;
@@ -117,7 +120,11 @@ struct ClosedEvent {
   std::string reason;
   Clock::time_point now{};
 };
-// The coordinator's periodic check: silence, a quiet rebuild, a recovery past its timeout.
+// The coordinator's periodic check: silence, a quiet rebuild, a recovery past its timeout. The
+// coordinator ticks every heartbeat_timeout / 4 at most; a gap of more than kPauseGap or half
+// the heartbeat timeout (whichever is longer) since the last tick is a pause of the coordinator,
+// and every timer it keeps moves on by the gap instead of expiring.
+inline constexpr std::chrono::milliseconds kPauseGap{1000};
 struct TickEvent {
   Clock::time_point now{};
 };

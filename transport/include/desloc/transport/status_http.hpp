@@ -79,6 +79,10 @@ struct StatusServerOptions {
   JobDescription job;
   // Needed to bind anywhere but loopback: requests must then present it.
   std::optional<JobToken> token;
+  // Connections served at once; more are answered 503 and closed at once, so clients that
+  // open many and send nothing (each held up to the 10 s read deadline) cannot take the
+  // coordinator's file descriptors.
+  std::size_t max_connections = 64;
 };
 
 class StatusServer {
