@@ -63,7 +63,9 @@ int train_and_report(const train::JobConfig& cfg, const train::TrainOptions& opt
   const auto r =
       worker != nullptr ? cluster::run_worker(cfg, *worker) : train::run_training(cfg, opts);
   if (opts.quiet) return r.interrupted ? 130 : 0;
-  const std::string metrics = train::metrics_path(cfg);
+  // This process's own file: after the leader's site was lost, the rank that evaluates in its
+  // place writes the evaluations to its own directory.
+  const std::string metrics = r.metrics.empty() ? train::metrics_path(cfg) : r.metrics;
   if (r.steps_done == r.start_step) {
     // No step ran: there is no train loss of this run to report.
     if (r.start_step >= cfg.train.steps)
@@ -111,7 +113,8 @@ Command add_train(CLI::App& app) {
                 "metrics (they are overwritten); without it such a start is refused");
   cmd->add_option("--stop-after", o.train.stop_after,
                   "stop after this many total steps (checkpointing first); the schedule still "
-                  "spans train.steps");
+                  "spans train.steps")
+      ->check(whole_in(1, INT64_MAX, "a step count"));
   cmd->add_option("--out-dir", o.overrides.out_dir, "override train.out_dir");
   o.overrides.threads_flag = cmd->add_option(
       "--threads", o.overrides.threads, "override train.threads (checked like the key: 0..1024)");

@@ -8,6 +8,7 @@
 #include "commands.hpp"
 #include "desloc/train/export.hpp"
 #include "desloc/train/sampler.hpp"
+#include "flag_checks.hpp"
 
 namespace desloc::cli {
 namespace {
@@ -84,6 +85,7 @@ Command add_sample(CLI::App& app) {
                   "draw only from the k most likely tokens (>= 1); default: every token")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--seed", opts->sample.seed, "random seed: the same seed gives the same text")
+      ->check(whole_in(0, INT64_MAX, "a random seed"))
       ->capture_default_str();
   cmd->add_flag("--no-cache", opts->no_cache,
                 "run the whole sequence again for every token instead of keeping keys and "
@@ -98,6 +100,9 @@ Command add_sample(CLI::App& app) {
             const train::TrainedModel m = train::load_trained_model(opts->source);
             opts->sample.kv_cache = !opts->no_cache;
             const auto prompt = m.tokenizer->encode(opts->prompt);
+            // Every refusal before the first byte of output: a prompt printed and then an error
+            // reads like a sample that failed halfway.
+            train::check_sample_options(m, prompt, opts->sample);
             if (!opts->logits_out.empty())
               train::write_npy(opts->logits_out, train::prompt_logits(m, prompt), prompt.size(),
                                static_cast<std::size_t>(m.model.vocab));

@@ -113,6 +113,16 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (verbose) desloc::log::set_level(desloc::log::Level::kDebug);
+  // CLI11 gives an option that takes a value the next word, whatever it is: `config --check
+  // --help` asks for help, not for the config file "--help".
+  for (const auto& c : commands)
+    if (*c.app)
+      for (const CLI::Option* o : c.app->get_options())
+        for (const std::string& value : o->results())
+          if (value == "--help" || value == "-h") {
+            std::fputs(c.app->help().c_str(), stdout);
+            return 0;
+          }
 
   try {
     for (const auto& c : commands)

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -125,6 +126,20 @@ transport::JobDescription describe_job(const train::JobConfig& cfg, const std::s
   add("sites x ranks", fmt::format("{} x {}", d.sites.size(), cfg.job.ranks_per_site));
   if (!topology.empty()) {
     const topology::Topology t = topology::load_topology(topology);
+    // Its links are compared with the job's ring links by site name: a topology of other
+    // sites would give the dashboard nothing to compare, silently.
+    const auto names = t.site_names();
+    std::vector<std::string> missing;
+    for (const std::string& s : d.sites)
+      if (std::find(names.begin(), names.end(), s) == names.end()) missing.push_back(s);
+    if (missing.size() == d.sites.size())
+      throw ConfigError(fmt::format(
+          "--topology {}: it describes sites [{}], none of the job's [{}]; give the topology "
+          "`desloc profile` measured for this job",
+          topology, fmt::join(names, ", "), fmt::join(d.sites, ", ")));
+    if (!missing.empty())
+      log::warn("--topology {}: no measurements of site(s) [{}]; their links show no planned rate",
+                topology, fmt::join(missing, ", "));
     for (const topology::LinkProfile& l : t.links)
       d.planned_bytes_per_s[{l.from, l.to}] =
           l.contended_bps > 0 ? l.contended_bps : l.bandwidth_bps;
@@ -153,10 +168,12 @@ std::unique_ptr<transport::StatusServer> start_status(const transport::Coordinat
   o.token = std::move(token);
   auto server = std::make_unique<transport::StatusServer>(coord, std::move(o));
   const std::uint16_t bound = server->start();
+  // An IPv6 address in a URL takes brackets, so that its colons are not the port's.
+  const std::string shown = host.find(':') == std::string::npos ? host : "[" + host + "]";
   std::fprintf(stderr,
                "http: serving the dashboard, /metrics (Prometheus) and /api/state on "
                "http://%s:%u/\n",
-               host.c_str(), bound);
+               shown.c_str(), bound);
   std::fflush(stderr);
   return server;
 }
@@ -269,6 +286,7 @@ Child spawn(const std::string& exe, const std::vector<std::string>& args, const 
   sigaddset(&stops, SIGINT);
   sigaddset(&stops, SIGTERM);
   ::pthread_sigmask(SIG_BLOCK, &stops, &before);
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
   if (pid < 0) throw Error(fmt::format("launch: fork for {}: {}", name, std::strerror(errno)));
@@ -281,6 +299,17 @@ Child spawn(const std::string& exe, const std::vector<std::string>& args, const 
     ::setpgid(0, 0);
     ::dup2(fds[1], STDOUT_FILENO);
     ::dup2(fds[1], STDERR_FILENO);
+    // Nothing of launch's but the output pipe: Asio opens its listening sockets (the
+    // coordinator's and the status endpoint's) without close-on-exec, and a rank that held them
+    // would keep both ports taken, and their clients waiting, after launch is gone.
+    ::close_range(3, ~0U, 0);
+    // A rank whose launch died (killed, OOM) is told as launch's Ctrl-C would tell it: it
+    // checkpoints at the next common step and leaves, rather than training on unwatched.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(130);  // launch died before the line above
+    // Its output goes to launch through a pipe: once launch is gone, a write there must fail
+    // (the line is lost), not kill the rank before it checkpoints.
+    ::signal(SIGPIPE, SIG_IGN);
     for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
     ::execv(exe.c_str(), argv.data());
     std::fprintf(stderr, "launch: exec %s: %s\n", exe.c_str(), std::strerror(errno));
@@ -314,6 +343,47 @@ bool pump(Child& c) {
     if (!line.empty()) std::fprintf(stderr, "[%s] %s\n", c.name.c_str(), line.c_str());
   }
   return true;
+}
+
+// How a job that every rank left ended. It succeeded when at least job.min_sites sites (one at
+// least) finished every step on every rank: a job whose every site was dropped, or whose
+// survivors stopped short, did not, whatever exit statuses its ranks chose.
+struct JobOutcome {
+  bool ok = false;
+  std::string text;
+};
+JobOutcome job_outcome(const train::JobConfig& cfg,
+                       const std::vector<transport::RankProgress>& ranks,
+                       const transport::Membership& last,
+                       const std::vector<std::string>& departed) {
+  const auto steps = static_cast<std::uint64_t>(cfg.train.steps);
+  std::vector<std::string> finished, short_ranks;
+  for (const std::string& site : cfg.site_names()) {
+    int done = 0;
+    for (const auto& r : ranks)
+      if (r.id.site == site) {
+        if (r.finished && r.step >= steps)
+          ++done;
+        else
+          short_ranks.push_back(fmt::format("{} (step {})", r.id.str(), r.step));
+      }
+    if (done == cfg.job.ranks_per_site) finished.push_back(site);
+  }
+  const std::size_t needed = static_cast<std::size_t>(std::max(cfg.job.min_sites, 1));
+  const std::string without =
+      departed.empty() ? std::string() : fmt::format("; dropped: {}", fmt::join(departed, "; "));
+  if (finished.size() >= needed && short_ranks.empty())
+    return {true, fmt::format("every rank of {} site(s) [{}] finished {} steps and left{}",
+                              finished.size(), fmt::join(finished, ", "), steps, without)};
+  std::string why =
+      last.sites.empty()
+          ? fmt::format("the job ended at membership epoch {}: {}", last.epoch, last.note)
+          : fmt::format(
+                "every rank left, but only {} site(s) [{}] finished all {} steps, and "
+                "the job needs {} (job.min_sites)",
+                finished.size(), fmt::join(finished, ", "), steps, needed);
+  if (!short_ranks.empty()) why += fmt::format("; stopped short: {}", fmt::join(short_ranks, ", "));
+  return {false, why + without};
 }
 
 }  // namespace
@@ -354,19 +424,17 @@ int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::u
     }
     if (formed) {
       const auto ranks = coord.progress();
-      if (std::none_of(ranks.begin(), ranks.end(), [](const auto& r) { return r.connected; })) {
-        std::vector<std::string> short_ranks;
-        for (const auto& r : ranks)
-          if (static_cast<std::int64_t>(r.step) < cfg.train.steps)
-            short_ranks.push_back(fmt::format("{} (step {})", r.id.str(), r.step));
+      const auto membership = coord.membership();
+      const bool ended = membership && membership->sites.empty();
+      if (ended ||
+          std::none_of(ranks.begin(), ranks.end(), [](const auto& r) { return r.connected; })) {
+        const JobOutcome outcome = job_outcome(cfg, ranks, *membership, coord.departed());
         coord.stop();
-        if (short_ranks.empty()) {
-          std::printf("coordinator: every rank finished %lld steps and left\n",
-                      static_cast<long long>(cfg.train.steps));
+        if (outcome.ok) {
+          std::printf("coordinator: %s\n", outcome.text.c_str());
           return 0;
         }
-        log::error("coordinator: every rank left, but these stopped before step {}: {}",
-                   cfg.train.steps, fmt::join(short_ranks, ", "));
+        log::error("coordinator: {}", outcome.text);
         return 1;
       }
     }
@@ -380,45 +448,29 @@ int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::u
   }
 }
 
-int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
-  const auto sites = cfg.site_names();
-  const int R = cfg.job.ranks_per_site;
-  const int world = static_cast<int>(sites.size()) * R;
-  // The ranks read the token from the config when it names one; otherwise launch makes a
-  // fresh secret for this job and hands it over in the environment.
-  std::vector<std::pair<std::string, std::string>> env;
-  transport::JobToken token = [&] {
-    if (!cfg.job.token_file.empty() || !cfg.job.token.empty() || std::getenv(kTokenEnv) != nullptr)
-      return job_token(cfg);
-    const std::string secret = random_secret();
-    env.emplace_back(kTokenEnv, secret);
-    return transport::JobToken::from_string(secret, "launch");
-  }();
-  transport::Coordinator coord(coordinator_options(cfg, token, "127.0.0.1"));
-  const std::uint16_t port = coord.start(0);
-  // A token launch made up for this job protects nothing a user could present: without one of
-  // the user's, the endpoint stays on loopback.
-  const auto status =
-      start_status(coord, cfg, opts.status, env.empty() ? std::optional(token) : std::nullopt);
+namespace {
 
+// After a forwarded stop, a rank that checkpointed and exited (130), or one that the signal or
+// a second Ctrl-C ended before it could (a rank still starting up), was stopped, not lost.
+bool stopped_by_launch(int status, int handled_signals) {
+  return handled_signals > 0 && (status == 130 || status == 128 + SIGINT ||
+                                 status == 128 + SIGTERM || status == 128 + SIGKILL);
+}
+
+// One `desloc worker` per rank of the job, each told the coordinator's port and its share of
+// the cores; the leader alone prints progress. Kills those already started if one fails.
+std::vector<Child> spawn_ranks(const train::JobConfig& cfg, const LaunchOptions& opts,
+                               std::uint16_t port, int threads,
+                               const std::vector<std::pair<std::string, std::string>>& env) {
   std::error_code ec;
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) throw Error("launch: cannot find this program's path (/proc/self/exe): " + ec.message());
   const std::string config = std::filesystem::absolute(opts.config_path).string();
-  // Ranks share this machine's cores; unless the config pins train.threads, split them.
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const int threads =
-      cfg.train.threads > 0 ? cfg.train.threads : std::max(1, static_cast<int>(cores) / world);
-  std::fprintf(stderr,
-               "launch: %zu site(s) x %d rank(s) = %d processes on this machine, coordinator "
-               "127.0.0.1:%u, %d model thread(s) per rank\n",
-               sites.size(), R, world, port, threads);
-
-  SignalCounter signals;
+  const auto sites = cfg.site_names();
   std::vector<Child> children;
   try {
     for (std::size_t s = 0; s < sites.size(); ++s)
-      for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < cfg.job.ranks_per_site; ++r) {
         std::vector<std::string> args{"worker",
                                       "--config",
                                       config,
@@ -446,26 +498,87 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
     for (auto& c : children) ::waitpid(c.pid, nullptr, 0);
     throw;
   }
+  return children;
+}
 
-  int handled_signals = 0;
-  std::string first_failure;
-  Clock::time_point kill_at = Clock::time_point::max();
+// What launch saw of its ranks while they ran.
+struct Supervision {
+  int handled_signals = 0;    // SIGINT/SIGTERM forwarded (the first) or escalated (more)
+  std::string first_failure;  // the first rank that failed, if one did
+  Clock::time_point kill_at = Clock::time_point::max();  // SIGKILL whatever still runs then
+};
+
+// Reaps the ranks that exited since the last look, noting failures; without elasticity the
+// first failure starts the others' deadline.
+void reap(std::vector<Child>& children, Supervision& sv, const train::JobConfig& cfg,
+          Clock::duration grace) {
+  const bool elastic = cfg.job.on_site_failure == "continue";
+  for (auto& c : children) {
+    if (c.exited) continue;
+    int st = 0;
+    if (::waitpid(c.pid, &st, WNOHANG) != c.pid) continue;
+    while (c.out >= 0 && pump(c)) {
+    }
+    c.exited = true;
+    c.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (c.status == 0 || stopped_by_launch(c.status, sv.handled_signals)) continue;
+    if (elastic) {
+      if (sv.first_failure.empty()) sv.first_failure = c.name;
+      std::fprintf(stderr,
+                   "launch: rank %s failed (exit status %d); the coordinator drops its site and "
+                   "the others continue (job.on_site_failure = \"continue\")\n",
+                   c.name.c_str(), c.status);
+    } else if (sv.first_failure.empty()) {
+      sv.first_failure = c.name;
+      std::fprintf(stderr,
+                   "launch: rank %s failed (exit status %d); the others stop at their next "
+                   "deadline (%.0f s)\n",
+                   c.name.c_str(), c.status, cfg.transport.deadline_s);
+      sv.kill_at = Clock::now() + grace;
+    }
+  }
+}
+
+// Forwards a first SIGINT/SIGTERM to every rank (they checkpoint at a common step) and turns a
+// second into SIGKILL; kills whatever still runs at the deadline.
+void forward_stops(std::vector<Child>& children, Supervision& sv, const SignalCounter& signals,
+                   Clock::duration grace) {
+  if (signals.count() > sv.handled_signals) {
+    sv.handled_signals = signals.count();
+    if (sv.handled_signals == 1) {
+      std::fprintf(stderr,
+                   "launch: stopping: every rank checkpoints at the next common sync step "
+                   "(Ctrl-C again to kill)\n");
+      for (auto& c : children)
+        if (!c.exited) ::kill(c.pid, SIGTERM);
+      sv.kill_at = std::min(sv.kill_at, Clock::now() + grace);
+    } else {
+      sv.kill_at = Clock::now();
+    }
+  }
+  if (Clock::now() < sv.kill_at) return;
+  for (auto& c : children)
+    if (!c.exited) {
+      std::fprintf(stderr, "launch: killing rank %s, still running past the deadline\n",
+                   c.name.c_str());
+      ::kill(c.pid, SIGKILL);
+    }
+  sv.kill_at = Clock::time_point::max();
+}
+
+// Relays the ranks' output and watches them until every one has exited.
+Supervision supervise(std::vector<Child>& children, const transport::Coordinator& coord,
+                      const train::JobConfig& cfg, const LaunchOptions& opts,
+                      const SignalCounter& signals) {
+  Supervision sv;
   const auto grace =
       std::chrono::milliseconds(static_cast<std::int64_t>(cfg.transport.deadline_s * 1e3)) +
       std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms) + 10s;
   auto last_report = Clock::now();
-  const bool elastic = cfg.job.on_site_failure == "continue";
-  // After a forwarded stop, a rank that checkpointed and exited (130), or one that the signal
-  // or a second Ctrl-C ended before it could (a rank still starting up), was stopped, not lost.
-  auto stopped_by_us = [&](int status) {
-    return handled_signals > 0 && (status == 130 || status == 128 + SIGINT ||
-                                   status == 128 + SIGTERM || status == 128 + SIGKILL);
-  };
   auto alive = [&] {
-    return std::count_if(children.begin(), children.end(),
-                         [](const Child& c) { return !c.exited; });
+    return std::any_of(children.begin(), children.end(), [](const Child& c) { return !c.exited; });
   };
-  while (alive() > 0) {
+  while (alive()) {
     std::vector<pollfd> fds;
     std::vector<Child*> owners;
     for (auto& c : children)
@@ -473,74 +586,36 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
         fds.push_back({c.out, POLLIN, 0});
         owners.push_back(&c);
       }
-    const int n = ::poll(fds.data(), fds.size(), 200);
-    if (n > 0)
+    if (::poll(fds.data(), fds.size(), 200) > 0)
       for (std::size_t i = 0; i < fds.size(); ++i)
         if (fds[i].revents != 0) pump(*owners[i]);
-    for (auto& c : children) {
-      if (c.exited) continue;
-      int st = 0;
-      if (::waitpid(c.pid, &st, WNOHANG) != c.pid) continue;
-      while (c.out >= 0 && pump(c)) {
-      }
-      c.exited = true;
-      c.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      const bool clean = c.status == 0 || stopped_by_us(c.status);
-      if (!clean && elastic) {
-        if (first_failure.empty()) first_failure = c.name;
-        std::fprintf(stderr,
-                     "launch: rank %s failed (exit status %d); the coordinator drops its site and "
-                     "the others continue (job.on_site_failure = \"continue\")\n",
-                     c.name.c_str(), c.status);
-      } else if (!clean && first_failure.empty()) {
-        first_failure = c.name;
-        std::fprintf(stderr,
-                     "launch: rank %s failed (exit status %d); the others stop at their next "
-                     "deadline (%.0f s)\n",
-                     c.name.c_str(), c.status, cfg.transport.deadline_s);
-        kill_at = Clock::now() + grace;
-      }
-    }
-    if (signals.count() > handled_signals) {
-      handled_signals = signals.count();
-      if (handled_signals == 1) {
-        std::fprintf(stderr,
-                     "launch: stopping: every rank checkpoints at the next common sync step "
-                     "(Ctrl-C again to kill)\n");
-        for (auto& c : children)
-          if (!c.exited) ::kill(c.pid, SIGTERM);
-        kill_at = std::min(kill_at, Clock::now() + grace);
-      } else {
-        kill_at = Clock::now();
-      }
-    }
-    if (Clock::now() >= kill_at) {
-      for (auto& c : children)
-        if (!c.exited) {
-          std::fprintf(stderr, "launch: killing rank %s, still running past the deadline\n",
-                       c.name.c_str());
-          ::kill(c.pid, SIGKILL);
-        }
-      kill_at = Clock::time_point::max();
-    }
-    if (elastic) stop_dropped_ranks(children, coord.departed(), grace);
+    reap(children, sv, cfg, grace);
+    forward_stops(children, sv, signals, grace);
+    if (cfg.job.on_site_failure == "continue")
+      stop_dropped_ranks(children, coord.departed(), grace);
     if (opts.progress && Clock::now() - last_report > 10s && coord.membership()) {
       last_report = Clock::now();
       std::fprintf(stderr, "launch: %s\n", progress_line(coord, cfg.train.steps).c_str());
     }
   }
-  const auto departed = coord.departed();
-  coord.stop();
+  return sv;
+}
 
+// launch's exit status from its ranks' (docs/cluster.md, "Stopping, failing"): 0 when every
+// rank finished, or when at least job.min_sites sites (one at least) finished every step and
+// every other rank's site was dropped; 130 when a forwarded stop ended them; 1 otherwise.
+int launch_outcome(const train::JobConfig& cfg, const std::vector<Child>& children,
+                   const std::vector<std::string>& departed, const Supervision& sv) {
   std::vector<std::string> failed, unsaved;
-  bool all_interrupted = handled_signals > 0;
+  bool all_interrupted = sv.handled_signals > 0;
   for (const auto& c : children) {
     if (c.status != 0) failed.push_back(fmt::format("{} (exit {})", c.name, c.status));
-    all_interrupted = all_interrupted && (c.status == 0 || stopped_by_us(c.status));
+    all_interrupted =
+        all_interrupted && (c.status == 0 || stopped_by_launch(c.status, sv.handled_signals));
     if (c.status != 0 && c.status != 130) unsaved.push_back(c.name);
   }
   if (failed.empty()) {
-    std::fprintf(stderr, "launch: all %d ranks finished\n", world);
+    std::fprintf(stderr, "launch: all %zu ranks finished\n", children.size());
     return 0;
   }
   if (all_interrupted) {
@@ -553,23 +628,72 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
                    fmt::format("{}", fmt::join(unsaved, ", ")).c_str());
     return 130;
   }
-  // Elastic: the job succeeded if every failed rank belongs to a site the coordinator dropped
-  // and some site finished.
-  auto dropped = [&](const std::string& rank_name) { return site_departed(rank_name, departed); };
-  const bool survived =
-      elastic && !departed.empty() &&
+  const bool elastic = cfg.job.on_site_failure == "continue";
+  std::size_t finished_sites = 0;
+  for (const std::string& site : cfg.site_names())
+    finished_sites += std::all_of(children.begin(), children.end(), [&](const Child& c) {
+      return c.name.rfind(site + "/", 0) != 0 || c.status == 0;
+    });
+  const std::size_t needed = static_cast<std::size_t>(std::max(cfg.job.min_sites, 1));
+  const bool only_dropped_failed =
       std::all_of(children.begin(), children.end(),
-                  [&](const Child& c) { return c.status == 0 || dropped(c.name); }) &&
-      std::any_of(children.begin(), children.end(), [](const Child& c) { return c.status == 0; });
-  if (survived) {
+                  [&](const Child& c) { return c.status == 0 || site_departed(c.name, departed); });
+  if (elastic && !departed.empty() && finished_sites < needed) {
+    std::fprintf(stderr,
+                 "launch: job failed: %zu site(s) finished every step, and the job needs %zu "
+                 "(job.min_sites); dropped: %s; exit statuses: %s\n",
+                 finished_sites, needed, fmt::format("{}", fmt::join(departed, "; ")).c_str(),
+                 fmt::format("{}", fmt::join(failed, ", ")).c_str());
+    return 1;
+  }
+  if (elastic && !departed.empty() && only_dropped_failed) {
     std::fprintf(stderr, "launch: the job finished without site(s): %s\n",
                  fmt::format("{}", fmt::join(departed, "; ")).c_str());
     return 0;
   }
   std::fprintf(stderr, "launch: job failed; first failure: %s; exit statuses: %s\n",
-               first_failure.empty() ? "?" : first_failure.c_str(),
+               sv.first_failure.empty() ? "?" : sv.first_failure.c_str(),
                fmt::format("{}", fmt::join(failed, ", ")).c_str());
   return 1;
+}
+
+}  // namespace
+
+int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
+  const auto sites = cfg.site_names();
+  const int R = cfg.job.ranks_per_site;
+  const int world = static_cast<int>(sites.size()) * R;
+  // The ranks read the token from the config when it names one; otherwise launch makes a
+  // fresh secret for this job and hands it over in the environment.
+  std::vector<std::pair<std::string, std::string>> env;
+  transport::JobToken token = [&] {
+    if (!cfg.job.token_file.empty() || !cfg.job.token.empty() || std::getenv(kTokenEnv) != nullptr)
+      return job_token(cfg);
+    const std::string secret = random_secret();
+    env.emplace_back(kTokenEnv, secret);
+    return transport::JobToken::from_string(secret, "launch");
+  }();
+  transport::Coordinator coord(coordinator_options(cfg, token, "127.0.0.1"));
+  const std::uint16_t port = coord.start(0);
+  // A token launch made up for this job protects nothing a user could present: without one of
+  // the user's, the endpoint stays on loopback.
+  const auto status =
+      start_status(coord, cfg, opts.status, env.empty() ? std::optional(token) : std::nullopt);
+
+  // Ranks share this machine's cores; unless the config pins train.threads, split them.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int threads =
+      cfg.train.threads > 0 ? cfg.train.threads : std::max(1, static_cast<int>(cores) / world);
+  std::fprintf(stderr,
+               "launch: %zu site(s) x %d rank(s) = %d processes on this machine, coordinator "
+               "127.0.0.1:%u, %d model thread(s) per rank\n",
+               sites.size(), R, world, port, threads);
+  const SignalCounter signals;  // from before the first rank starts: a stop reaches them all
+  std::vector<Child> children = spawn_ranks(cfg, opts, port, threads, env);
+  const Supervision sv = supervise(children, coord, cfg, opts, signals);
+  const auto departed = coord.departed();
+  coord.stop();
+  return launch_outcome(cfg, children, departed, sv);
 }
 
 }  // namespace desloc::cluster

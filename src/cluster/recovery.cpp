@@ -91,7 +91,9 @@ std::uint64_t transfer_state(train::RankContext& rank, std::int64_t step,
           fmt::format("{}: every site of epoch {} is joining; none can donate the state", rank.name,
                       rank.epoch));
     const bool giving = me == donor, receiving = me == j;
-    std::array<std::int64_t, 5> head{step, replica.opt.state().t, 0, 0, 0};
+    // step, the optimizer's step, x's, u's and v's CRC32C, the run id (bits as i64).
+    std::array<std::int64_t, 6> head{step, replica.opt.state().t, 0, 0, 0, 0};
+    if (giving && shared.run_id != nullptr) head[5] = static_cast<std::int64_t>(*shared.run_id);
     for (int k = 0; k < 3; ++k)
       if (giving)
         head[std::size_t(2 + k)] = crc_of(
@@ -141,6 +143,7 @@ std::uint64_t transfer_state(train::RankContext& rank, std::int64_t step,
         throw PeerFailure(fmt::format("{}: the donor sent the state of step {}, expected {}",
                                       rank.name, head[0], step));
       replica.opt.state().t = head[1];
+      if (shared.run_id != nullptr) *shared.run_id = static_cast<std::uint64_t>(head[5]);
     }
     // The outer optimizer's state and the references are the same on every site: sent whole.
     std::vector<std::vector<float>*> shared_buffers;

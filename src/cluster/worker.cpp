@@ -18,6 +18,7 @@
 #include "desloc/core/log.hpp"
 #include "desloc/sync/collective_averager.hpp"
 #include "desloc/sync/regional_averager.hpp"
+#include "desloc/train/out_dir_lock.hpp"
 #include "desloc/transport/control_plane.hpp"
 #include "desloc/transport/nccl_collective.hpp"
 #include "desloc/transport/ring_order.hpp"
@@ -144,7 +145,11 @@ std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& text,
   if (*end != '\0' || port < 0 || port > 65535)
     throw ConfigError(
         fmt::format("{} = '{}': '{}' is not a port number", what, text, text.substr(colon + 1)));
-  return {text.substr(0, colon), static_cast<std::uint16_t>(port)};
+  std::string host = text.substr(0, colon);
+  // An IPv6 address is written in brackets so that its colons are not the port's: [::1]:0.
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return {host, static_cast<std::uint16_t>(port)};
 }
 
 namespace {
@@ -223,15 +228,18 @@ bool uses_nccl(const train::JobConfig& cfg) {
   return cfg.train.backend == "cuda" && cfg.job.ranks_per_site > 1;
 }
 
-// Opens the ports for a world of ss.S sites (at most: a recovery opens them before it knows
-// how many sites survive).
+// Opens the ports for any world the job can become: a recovery opens them before it knows
+// whether the next epoch shrinks (a site lost) or grows back (a site rejoins), so the wide-area
+// ports follow every site of the job, not the current epoch's. With 2 survivors of 3 the
+// current epoch runs one lane, but a rejoin brings back the third site and the reversed ring.
 Ports open_ports(const train::JobConfig& cfg, const Session& ss, bool pair_groups) {
-  const int S = ss.S, R = ss.R;
+  const int R = ss.R;
+  const int job_sites = std::max(ss.S, static_cast<int>(cfg.site_names().size()));
   const bool nccl = uses_nccl(cfg);
   Ports p;
   if (R > 1 && !nccl) p.site = transport::open_ucx_port(ucx_options(cfg.transport, false));
-  if (S > 1) p.wan = transport::open_ucx_port(ucx_options(cfg.transport, true));
-  if (transport::effective_lanes(cfg.transport.lanes, S) == 2)
+  if (job_sites > 1) p.wan = transport::open_ucx_port(ucx_options(cfg.transport, true));
+  if (transport::effective_lanes(cfg.transport.lanes, job_sites) == 2)
     p.reverse = transport::open_ucx_port(ucx_options(cfg.transport, true));
   // Opened whenever there are regions: a recovery opens ports before it knows who survives.
   if (!cfg.job.regions.empty())
@@ -246,8 +254,8 @@ Ports open_ports(const train::JobConfig& cfg, const Session& ss, bool pair_group
       p.wan ? p.wan->address() : transport::WorkerAddress{}, nccl_id,
       p.reverse ? p.reverse->address() : transport::WorkerAddress{},
       p.region ? p.region->address() : transport::WorkerAddress{}};
-  p.pairs.resize(static_cast<std::size_t>(S));
-  for (int k = 0; k < S; ++k) {
+  p.pairs.resize(static_cast<std::size_t>(ss.S));
+  for (int k = 0; k < ss.S; ++k) {
     if (pair_groups && ss.rank == 0 && k != ss.site_index) {
       // The profile's pairs time round trips: a linger would add to each.
       transport::UcxOptions pair = ucx_options(cfg.transport, true);
@@ -392,6 +400,19 @@ std::optional<std::string> mendable_failure(const std::function<void()>& connect
 // Epochs in a row whose groups a recovering rank fails to connect before it gives up.
 constexpr int kMaxConnectAttempts = 3;
 
+// The index in job.sites of the rank's site; ConfigError when the identity is not one of the job.
+int home_site(const train::JobConfig& cfg, const RankIdentity& id) {
+  const auto sites = cfg.site_names();
+  const auto it = std::find(sites.begin(), sites.end(), id.site);
+  if (it == sites.end())
+    throw ConfigError(fmt::format("--site {}: not a site of {} (job.sites = [{}])", id.site,
+                                  cfg.source, fmt::join(sites, ", ")));
+  if (id.rank < 0 || id.rank >= cfg.job.ranks_per_site)
+    throw ConfigError(fmt::format("--rank {}: job.ranks_per_site = {} in {}", id.rank,
+                                  cfg.job.ranks_per_site, cfg.source));
+  return static_cast<int>(it - sites.begin());
+}
+
 }  // namespace
 
 Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pair_groups) {
@@ -401,14 +422,7 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   ss.R = cfg.job.ranks_per_site;
   const int R = ss.R;
   const auto& sites = ss.sites;
-  const auto it = std::find(sites.begin(), sites.end(), opts.id.site);
-  if (it == sites.end())
-    throw ConfigError(fmt::format("--site {}: not a site of {} (job.sites = [{}])", opts.id.site,
-                                  cfg.source, fmt::join(sites, ", ")));
-  if (opts.id.rank < 0 || opts.id.rank >= R)
-    throw ConfigError(
-        fmt::format("--rank {}: job.ranks_per_site = {} in {}", opts.id.rank, R, cfg.source));
-  ss.site_index = static_cast<int>(it - sites.begin());
+  ss.site_index = home_site(cfg, opts.id);
   ss.home_site = ss.site_index;
   ss.rank = opts.id.rank;
   ss.name = fmt::format("{}/{}", opts.id.site, opts.id.rank);
@@ -554,6 +568,13 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
 }
 
 train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& opts) {
+  // Before registering, what would end this rank at its start ends it now, while the job
+  // does not count on it yet: an identity not of the job, data it cannot read, another process
+  // writing its directory.
+  const int home = home_site(cfg, opts.id);
+  train::load_training_data(cfg);
+  const train::OutDirLock lock(train::output_dir(cfg, home, opts.id.rank),
+                               fmt::format("desloc worker {}/{}", opts.id.site, opts.id.rank));
   Session ss = join_job(cfg, opts, false);
   std::optional<sync::CollectiveAverager> averager;
   // Hierarchical DES-LOC: the region's averager (over the region group; a region of one live

@@ -61,6 +61,7 @@ train::RunRecord read_run_record(const JsonValue& r) {
   out.seq_len = count<int>(r, "seq_len");
   out.steps = count<std::int64_t>(r, "steps");
   out.config_hash = std::strtoull(r.string_or("config_hash", "0").c_str(), nullptr, 16);
+  out.run_id = std::strtoull(r.string_or("run_id", "0").c_str(), nullptr, 16);
   out.sites = r.string_or("sites", "");
   out.ranks_per_site = count<int>(r, "ranks_per_site");
   out.rank = r.string_or("rank", "");

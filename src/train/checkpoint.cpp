@@ -42,14 +42,18 @@ constexpr std::size_t kModelBytes = 5 * 4 + kTokenizerKindBytes + 8 + kTokenizer
 // Version 6 puts the period switches before the model description: a count and a fixed table.
 constexpr std::size_t kSwitchBytes = 8 + sync::kMaxPeriodSwitches * 4 * 8;
 
+// Version 7 puts the run id before the period switches.
+constexpr std::size_t kRunIdBytes = 8;
+
 struct FileHeader {
   std::uint32_t version = 0;
   std::uint64_t payload_bytes = 0;
   std::uint32_t crc = 0;
   std::uint64_t model_bytes() const { return version >= 5 ? kModelBytes : 0; }
   std::uint64_t switch_bytes() const { return version >= 6 ? kSwitchBytes : 0; }
+  std::uint64_t run_id_bytes() const { return version >= 7 ? kRunIdBytes : 0; }
   std::uint64_t trailer_bytes() const {
-    return (version >= 3 ? kWriterBytes : 0) + model_bytes() + switch_bytes();
+    return (version >= 3 ? kWriterBytes : 0) + model_bytes() + switch_bytes() + run_id_bytes();
   }
 };
 
@@ -325,6 +329,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   for (const auto& r : ck.codec_ref) payload.put_span<float>(r);
   for (std::size_t k = 0; k < 3; ++k)
     for (const auto& w : ck.workers) payload.put_span<float>(w.codec_feedback[k]);
+  payload.put<std::uint64_t>(ck.run_id);
   put_switches(payload, ck.switches);
   put_model(payload, ck.model);
   put_text<kWriterBytes>(payload, ck.writer);
@@ -392,6 +397,7 @@ Checkpoint load_checkpoint(const std::string& path) {
         r.get_span<float>(w.codec_feedback[k], "codec feedback");
       }
   }
+  if (header.run_id_bytes() > 0) ck.run_id = r.get<std::uint64_t>("run id");
   if (header.switch_bytes() > 0) ck.switches = get_switches(r, path);
   if (header.model_bytes() > 0) ck.model = get_model(r, path);
   if (header.trailer_bytes() > 0) {
@@ -497,12 +503,24 @@ CheckpointInfo validate_checkpoint(const std::string& path) {
     ByteReader switch_reader(field, path);
     get_switches(switch_reader, path);
   }
-  return {head.step, head.config_hash, file_bytes, path, writer, model};
+  std::uint64_t run_id = 0;
+  if (header.run_id_bytes() > 0) {
+    std::array<std::uint8_t, kRunIdBytes> field{};
+    read_at(in, path,
+            kHeaderBytes + header.payload_bytes - kWriterBytes - kModelBytes - kSwitchBytes -
+                kRunIdBytes,
+            field);
+    ByteReader run_reader(field, path);
+    run_id = run_reader.get<std::uint64_t>("run id");
+  }
+  return {head.step, head.config_hash, file_bytes, path, writer, model, run_id};
 }
 
-CheckpointScan scan_checkpoints(const std::string& dir, const std::string& writer) {
+CheckpointScan scan_checkpoints(const std::string& dir, const std::string& writer,
+                                std::uint64_t config_hash) {
   CheckpointScan scan;
   for (const auto& [step, path] : checkpoint_files(dir)) {
+    bool foreign = false;
     try {
       CheckpointInfo info = validate_checkpoint(path);
       if (info.step != step)
@@ -513,10 +531,16 @@ CheckpointScan scan_checkpoints(const std::string& dir, const std::string& write
             "'{}' was written by {}, not by {}: a checkpoint copied from another rank's "
             "directory cannot resume this one",
             path, info.writer, writer));
+      if (config_hash != 0 && info.config_hash != config_hash) {
+        foreign = true;
+        throw DataError(
+            fmt::format("'{}' belongs to another config (config hash {:016x}, this job's {:016x})",
+                        path, info.config_hash, config_hash));
+      }
       scan.valid.push_back(std::move(info));
     } catch (const DataError& e) {
       log::warn("skipping checkpoint {}: {}", path, e.message());
-      scan.rejected.push_back({step, path, e.message()});
+      scan.rejected.push_back({step, path, e.message(), foreign});
     }
   }
   return scan;

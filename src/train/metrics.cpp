@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 #include <vector>
 
 #include "desloc/core/error.hpp"
@@ -59,9 +61,9 @@ std::string RunRecord::to_json() const {
   return fmt::format(
       R"({{"type":"run","name":{},"method":"{}","workers":{},"kx":{},"ku":{},"kv":{},"outer":"{}",)"
       R"("parameters":{},"batch":{},"seq_len":{},"steps":{},"config_hash":"{:016x}",)"
-      R"("sites":"{}","ranks_per_site":{},"rank":"{}","wan_link":"{}"}})",
+      R"("run_id":"{:016x}","sites":"{}","ranks_per_site":{},"rank":"{}","wan_link":"{}"}})",
       json_string(name), method, workers, period(kx), period(ku), period(kv), outer, parameters,
-      batch, seq_len, steps, config_hash, sites, ranks_per_site, rank, wan_link);
+      batch, seq_len, steps, config_hash, run_id, sites, ranks_per_site, rank, wan_link);
 }
 
 std::string TrainRecord::to_json() const {
@@ -121,6 +123,19 @@ std::string RejectionRecord::to_json() const {
 std::string JoinRecord::to_json() const {
   return fmt::format(R"({{"type":"join","step":{},"workers_before":{},"workers_after":{}}})", step,
                      workers_before, workers_after);
+}
+
+std::uint64_t recorded_run_id(const std::string& path) {
+  std::ifstream in(path);
+  constexpr std::string_view kField = "\"run_id\":\"";
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"type\":\"run\"") == std::string::npos) continue;
+    const auto at = line.find(kField);
+    if (at == std::string::npos) continue;
+    const std::uint64_t id = std::strtoull(line.c_str() + at + kField.size(), nullptr, 16);
+    if (id != 0) return id;
+  }
+  return 0;
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool resume, std::int64_t resume_step)

@@ -10,6 +10,10 @@
 
 namespace desloc::train {
 
+// The run id of the first run record in the metrics file at `path` that has one: the run whose
+// history the file holds. 0 when there is none (no file, or one written before run ids).
+std::uint64_t recorded_run_id(const std::string& path);
+
 class MetricsWriter {
  public:
   // On resume, records beyond resume_step (written after the checkpoint by a run that later

@@ -60,6 +60,9 @@ struct SharedState {
   sync::OuterNesterov* outer = nullptr;
   sync::CompressionState* compression = nullptr;  // an inactive one is left out
   sync::SyncPolicy* policy = nullptr;             // its period switches (nullptr: left alone)
+  // The run's identity (Checkpoint::run_id): a rejoining site takes its donor's. Not part of a
+  // captured state: a rollback stays in the same run.
+  std::uint64_t* run_id = nullptr;
 };
 
 // `reuse`: a state no longer needed (an elastic rollback point about to be dropped), whose

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <random>
 #include <set>
 #include <span>
 
@@ -18,23 +19,38 @@ namespace desloc::train {
 namespace {
 
 // Offer block (little-endian, kOfferBytes bytes, the same size on every rank):
-//   u32 magic "DSRA" | u32 n_valid | u32 n_rejected | u32 reserved
-//   | i64[K] valid steps, newest first | i64[K] rejected steps, newest first
+//   u32 magic "DSRB" | u32 n_valid | u32 n_rejected | u32 reserved | u64 history run id
+//   | i64[K] valid steps, newest first | u64[K] their run ids
+//   | i64[K] rejected steps, newest first | u8[K] 1 where written by another config
 //   | char[K][kResumeReasonBytes] rejection reasons, NUL-padded
-constexpr std::uint32_t kOfferMagic = 0x41525344;  // "DSRA"
+constexpr std::uint32_t kOfferMagic = 0x42525344;  // "DSRB"
 constexpr std::size_t K = kResumeOfferSteps;
-constexpr std::size_t kOfferHeaderBytes = 16;
+constexpr std::size_t kOfferHeaderBytes = 24;
 constexpr std::size_t kValidAt = kOfferHeaderBytes;
-constexpr std::size_t kRejectedAt = kValidAt + K * 8;
-constexpr std::size_t kReasonsAt = kRejectedAt + K * 8;
+constexpr std::size_t kRunIdsAt = kValidAt + K * 8;
+constexpr std::size_t kRejectedAt = kRunIdsAt + K * 8;
+constexpr std::size_t kForeignAt = kRejectedAt + K * 8;
+constexpr std::size_t kReasonsAt = kForeignAt + K;
 constexpr std::size_t kOfferBytes = kReasonsAt + K * kResumeReasonBytes;
 constexpr std::size_t kMaxPassedOverLines = 8;
 constexpr std::size_t kMaxNamesPerLine = 6;
 
+struct Rejection {
+  std::int64_t step = 0;
+  std::string reason;
+  bool foreign = false;  // intact, but written by a job of another config
+};
 struct Offer {
   std::uint32_t n_valid = 0;
-  std::vector<std::int64_t> valid;                             // newest first
-  std::vector<std::pair<std::int64_t, std::string>> rejected;  // newest first
+  std::uint64_t history_run_id = 0;    // of the rank's metrics.jsonl; 0 = unknown
+  std::vector<std::int64_t> valid;     // newest first
+  std::vector<std::uint64_t> run_ids;  // of each valid step; 0 = unknown
+  std::vector<Rejection> rejected;     // newest first
+  std::uint64_t run_id_at(std::int64_t step) const {
+    for (std::size_t i = 0; i < valid.size(); ++i)
+      if (valid[i] == step) return run_ids[i];
+    return 0;
+  }
 };
 
 template <class T>
@@ -56,12 +72,16 @@ std::string short_reason(const RejectedCheckpoint& r) {
   return reason;
 }
 
-std::vector<std::byte> encode_offer(const CheckpointScan& scan) {
+std::vector<std::byte> encode_offer(const CheckpointScan& scan, std::uint64_t history_run_id) {
+  std::vector<std::pair<std::int64_t, std::uint64_t>> steps;  // (step, run id)
+  for (const auto& v : scan.valid) steps.emplace_back(v.step, v.run_id);
+  std::sort(steps.begin(), steps.end(), std::greater<>());
+  steps.erase(std::unique(steps.begin(), steps.end(),
+                          [](const auto& a, const auto& b) { return a.first == b.first; }),
+              steps.end());
+  if (steps.size() > K) steps.resize(K);
   std::vector<std::int64_t> valid;
-  for (const auto& v : scan.valid) valid.push_back(v.step);
-  std::sort(valid.begin(), valid.end(), std::greater<>());
-  valid.erase(std::unique(valid.begin(), valid.end()), valid.end());
-  if (valid.size() > K) valid.resize(K);
+  for (const auto& [step, run] : steps) valid.push_back(step);
   // A step that has both a valid and a rejected file (two spellings of one step) is valid.
   std::vector<const RejectedCheckpoint*> rejected;
   for (const auto& r : scan.rejected)
@@ -78,10 +98,14 @@ std::vector<std::byte> encode_offer(const CheckpointScan& scan) {
   put<std::uint32_t>(block, 0, kOfferMagic);
   put<std::uint32_t>(block, 4, static_cast<std::uint32_t>(valid.size()));
   put<std::uint32_t>(block, 8, static_cast<std::uint32_t>(rejected.size()));
-  for (std::size_t i = 0; i < valid.size(); ++i)
-    put<std::int64_t>(block, kValidAt + 8 * i, valid[i]);
+  put<std::uint64_t>(block, 16, history_run_id);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    put<std::int64_t>(block, kValidAt + 8 * i, steps[i].first);
+    put<std::uint64_t>(block, kRunIdsAt + 8 * i, steps[i].second);
+  }
   for (std::size_t i = 0; i < rejected.size(); ++i) {
     put<std::int64_t>(block, kRejectedAt + 8 * i, rejected[i]->step);
+    put<std::uint8_t>(block, kForeignAt + i, rejected[i]->foreign ? 1 : 0);
     const std::string reason = short_reason(*rejected[i]);
     std::memcpy(block.data() + kReasonsAt + kResumeReasonBytes * i, reason.data(), reason.size());
   }
@@ -98,6 +122,7 @@ Offer decode_offer(std::span<const std::byte> block, const std::string& from) {
   if (get<std::uint32_t>(block, 0) != kOfferMagic) throw bad("wrong magic");
   Offer offer;
   offer.n_valid = get<std::uint32_t>(block, 4);
+  offer.history_run_id = get<std::uint64_t>(block, 16);
   const auto n_rejected = get<std::uint32_t>(block, 8);
   if (offer.n_valid > K || n_rejected > K)
     throw bad(fmt::format("{} valid and {} rejected steps; at most {} each", offer.n_valid,
@@ -107,20 +132,22 @@ Offer decode_offer(std::span<const std::byte> block, const std::string& from) {
     if (step < 0 || (!offer.valid.empty() && step >= offer.valid.back()))
       throw bad("valid steps are not distinct, non-negative and newest first");
     offer.valid.push_back(step);
+    offer.run_ids.push_back(get<std::uint64_t>(block, kRunIdsAt + 8 * i));
   }
   for (std::size_t i = 0; i < n_rejected; ++i) {
     const char* reason =
         reinterpret_cast<const char*>(block.data() + kReasonsAt + kResumeReasonBytes * i);
-    offer.rejected.emplace_back(get<std::int64_t>(block, kRejectedAt + 8 * i),
-                                std::string(reason, strnlen(reason, kResumeReasonBytes)));
+    offer.rejected.push_back({get<std::int64_t>(block, kRejectedAt + 8 * i),
+                              std::string(reason, strnlen(reason, kResumeReasonBytes)),
+                              get<std::uint8_t>(block, kForeignAt + i) != 0});
   }
   return offer;
 }
 
 // Why `offer` (of rank `name`) lacks `step`.
 std::string why_missing(const Offer& offer, std::int64_t step, const std::string& name) {
-  for (const auto& [s, reason] : offer.rejected)
-    if (s == step) return fmt::format("{} has it but rejected it ({})", name, reason);
+  for (const Rejection& r : offer.rejected)
+    if (r.step == step) return fmt::format("{} has it but rejected it ({})", name, r.reason);
   if (offer.n_valid == K && step < offer.valid.back())
     return fmt::format("{} did not offer it (older than its {} newest valid checkpoints)", name, K);
   if (offer.valid.empty()) return fmt::format("{} has no valid checkpoint at all", name);
@@ -170,10 +197,10 @@ std::vector<std::byte> gather_job(std::span<const std::byte> mine,
   return all;
 }
 
-// Start intent block (16 bytes): u32 magic "DSST" | u8 resume | u8 force | u16 reserved
-// | u32 checkpoints | u32 metrics records.
-constexpr std::uint32_t kIntentMagic = 0x54535344;  // "DSST"
-constexpr std::size_t kIntentBytes = 16;
+// Start intent block (24 bytes): u32 magic "DSSU" | u8 resume | u8 force | u16 reserved
+// | u32 checkpoints | u32 metrics records | u64 proposed run id.
+constexpr std::uint32_t kIntentMagic = 0x55535344;  // "DSSU"
+constexpr std::size_t kIntentBytes = 24;
 
 std::string describe_results(std::uint32_t checkpoints, std::uint32_t records) {
   return fmt::format("{} checkpoint{}, {} metrics record{}", checkpoints,
@@ -189,7 +216,54 @@ std::string join_names(const std::vector<std::string>& names) {
   return out;
 }
 
+// Refuses, on every rank alike (each sees the same offers), a resume that would continue
+// another job's checkpoints: a rank whose every checkpoint another config wrote (its directory
+// replaced by another run's), or ranks whose checkpoints at the agreed step, or whose metrics,
+// belong to different runs (one site's directory copied from another run of the same config).
+// Returns the one run id the offers name (0 when none records one).
+std::uint64_t agreed_run(const std::vector<Offer>& offers, const std::vector<std::string>& names,
+                         std::optional<std::int64_t> step) {
+  std::vector<std::string> foreign;
+  for (std::size_t i = 0; i < offers.size(); ++i) {
+    if (!offers[i].valid.empty()) continue;
+    const auto it = std::find_if(offers[i].rejected.begin(), offers[i].rejected.end(),
+                                 [](const Rejection& r) { return r.foreign; });
+    if (it != offers[i].rejected.end())
+      foreign.push_back(fmt::format("{} (its step {} {})", names[i], it->step, it->reason));
+  }
+  if (!foreign.empty())
+    throw ConfigError(fmt::format(
+        "--resume: {} {} no checkpoint of this job's config, so the job cannot continue: put "
+        "back the rank's own checkpoints, or start the whole job afresh (without --resume, with "
+        "--force to overwrite)",
+        join_names(foreign), foreign.size() == 1 ? "holds" : "hold"));
+  if (!step) return 0;
+  std::map<std::uint64_t, std::vector<std::string>> runs;  // run id -> whose
+  for (std::size_t i = 0; i < offers.size(); ++i) {
+    if (const std::uint64_t id = offers[i].run_id_at(*step); id != 0)
+      runs[id].push_back(fmt::format("{}'s checkpoint", names[i]));
+    if (const std::uint64_t id = offers[i].history_run_id; id != 0)
+      runs[id].push_back(fmt::format("{}'s metrics", names[i]));
+  }
+  if (runs.size() <= 1) return runs.empty() ? 0 : runs.begin()->first;
+  std::string which;
+  for (const auto& [id, whose] : runs)
+    which += fmt::format("{}run {:016x}: {}", which.empty() ? "" : "; ", id, join_names(whose));
+  throw ConfigError(fmt::format(
+      "--resume: the ranks' checkpoints at step {} and their metrics belong to different runs "
+      "({}). A directory copied from another run would mix two histories; put back each rank's "
+      "own train.out_dir",
+      *step, which));
+}
+
 }  // namespace
+
+std::uint64_t new_run_id() {
+  std::random_device device;
+  std::uint64_t id = 0;
+  while (id == 0) id = (std::uint64_t{device()} << 32) ^ device();
+  return id;
+}
 
 void check_fresh_start(const StartIntent& intent, const std::string& dir) {
   if (intent.resume || intent.force || !intent.holds_results()) return;
@@ -199,14 +273,16 @@ void check_fresh_start(const StartIntent& intent, const std::string& dir) {
       dir, describe_results(intent.checkpoints, intent.metrics_records)));
 }
 
-void agree_on_start(const StartIntent& mine, transport::Collective* site_group,
-                    transport::Collective* wan_group, const ResumeAgreementOptions& options) {
+std::uint64_t agree_on_start(const StartIntent& mine, transport::Collective* site_group,
+                             transport::Collective* wan_group,
+                             const ResumeAgreementOptions& options) {
   std::vector<std::byte> block(kIntentBytes);
   put<std::uint32_t>(block, 0, kIntentMagic);
   put<std::uint8_t>(block, 4, mine.resume ? 1 : 0);
   put<std::uint8_t>(block, 5, mine.force ? 1 : 0);
   put<std::uint32_t>(block, 8, mine.checkpoints);
   put<std::uint32_t>(block, 12, mine.metrics_records);
+  put<std::uint64_t>(block, 16, mine.run_id);
   int R = 1, S = 1;
   const std::vector<std::byte> all = gather_job(block, site_group, wan_group, options, R, S);
   std::vector<std::string> resuming, fresh, clobbering;
@@ -221,7 +297,8 @@ void agree_on_start(const StartIntent& mine, transport::Collective* site_group,
             "desloc build?",
             name));
       const StartIntent it{get<std::uint8_t>(b, 4) != 0, get<std::uint8_t>(b, 5) != 0,
-                           get<std::uint32_t>(b, 8), get<std::uint32_t>(b, 12)};
+                           get<std::uint32_t>(b, 8), get<std::uint32_t>(b, 12),
+                           get<std::uint64_t>(b, 16)};
       (it.resume ? resuming : fresh).push_back(name);
       if (!it.resume && !it.force && it.holds_results())
         clobbering.push_back(
@@ -238,12 +315,14 @@ void agree_on_start(const StartIntent& mine, transport::Collective* site_group,
         "train.out_dir already holds another run's results on {}; continue it with --resume, "
         "overwrite it with --force, or choose a new train.out_dir",
         join_names(clobbering)));
+  // A fresh run's id: the first rank's draw, which every rank reads from the same blocks.
+  return get<std::uint64_t>(std::span<const std::byte>(all), 16);
 }
 
 ResumeChoice agree_on_resume_step(const CheckpointScan& mine, transport::Collective* site_group,
                                   transport::Collective* wan_group,
                                   const ResumeAgreementOptions& options) {
-  const std::vector<std::byte> my_block = encode_offer(mine);
+  const std::vector<std::byte> my_block = encode_offer(mine, options.history_run_id);
   int R = 1, S = 1;
   const std::vector<std::byte> all = gather_job(my_block, site_group, wan_group, options, R, S);
 
@@ -276,8 +355,10 @@ ResumeChoice agree_on_resume_step(const CheckpointScan& mine, transport::Collect
     if (choice.step && step <= *choice.step) break;
     const bool someone_lacks = std::any_of(offers.begin(), offers.end(), [&](const Offer& o) {
       const bool held = std::binary_search(o.valid.begin(), o.valid.end(), step, std::greater<>());
-      const bool torn = std::any_of(o.rejected.begin(), o.rejected.end(),
-                                    [&](const auto& rj) { return rj.first == step; });
+      // Another config's file at that step is no torn write of this job: its own is missing.
+      const bool torn = std::any_of(o.rejected.begin(), o.rejected.end(), [&](const Rejection& rj) {
+        return rj.step == step && !rj.foreign;
+      });
       const bool beyond_offer = o.n_valid == K && step < o.valid.back();
       return !held && !torn && !beyond_offer;
     });
@@ -307,6 +388,8 @@ ResumeChoice agree_on_resume_step(const CheckpointScan& mine, transport::Collect
   if (newer > kMaxPassedOverLines)
     choice.passed_over.push_back(
         fmt::format("... and {} older passed-over steps", newer - kMaxPassedOverLines));
+
+  choice.run_id = agreed_run(offers, names, choice.step);
 
   if (options.log) {
     const std::string who = options.who.empty() ? std::string("resume") : options.who;

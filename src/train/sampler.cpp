@@ -15,10 +15,8 @@
 #include "desloc/model/model.hpp"
 
 namespace desloc::train {
-namespace {
-
-void check_options(const TrainedModel& m, const std::vector<std::uint16_t>& prompt,
-                   const SampleOptions& opts) {
+void check_sample_options(const TrainedModel& m, const std::vector<std::uint16_t>& prompt,
+                          const SampleOptions& opts) {
   if (prompt.empty())
     throw ConfigError("sample: the prompt is empty; pass --prompt with at least one character");
   if (static_cast<int>(prompt.size()) > m.model.context)
@@ -35,6 +33,8 @@ void check_options(const TrainedModel& m, const std::vector<std::uint16_t>& prom
   if (opts.tokens < 0)
     throw ConfigError(fmt::format("sample: tokens {} must not be negative", opts.tokens));
 }
+
+namespace {
 
 // Draws from softmax(logits / temperature) over the first `vocab` ids, optionally only the
 // top_k largest. Deterministic: one 53-bit uniform per draw from the generator.
@@ -71,7 +71,7 @@ SampleResult sample_text(const TrainedModel& m, std::string_view prompt, const S
                          const std::function<void(const std::string&)>& emit) {
   SampleResult r;
   r.prompt = m.tokenizer->encode(prompt);
-  check_options(m, r.prompt, opts);
+  check_sample_options(m, r.prompt, opts);
   const int vocab = std::min(m.tokenizer->vocab(), m.model.vocab);
   model::KvDecoder decoder(m.model, m.params);
   std::vector<std::uint16_t> sequence = r.prompt;

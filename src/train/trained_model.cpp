@@ -10,6 +10,7 @@
 #include <set>
 
 #include "desloc/core/error.hpp"
+#include "desloc/core/log.hpp"
 #include "desloc/data/prepare.hpp"
 #include "desloc/model/param_layout.hpp"
 #include "desloc/train/checkpoint.hpp"
@@ -36,7 +37,7 @@ namespace fs = std::filesystem;
 // A run directory's sites: its own checkpoints (in-process workers, or the leader's site of a
 // networked job) and ranks/<site>-0/checkpoints of every other site (the other ranks of a
 // site hold the same x).
-std::vector<std::string> run_checkpoints(const fs::path& given) {
+std::vector<std::filesystem::path> site_checkpoint_dirs(const std::filesystem::path& given) {
   fs::path run = given.lexically_normal();
   if (run.filename().empty()) run = run.parent_path();  // "run/" or "run/checkpoints/"
   if (run.filename() == "checkpoints") run = run.parent_path();
@@ -48,28 +49,70 @@ std::vector<std::string> run_checkpoints(const fs::path& given) {
       others.push_back(it->path() / "checkpoints");
   std::sort(others.begin(), others.end());
   dirs.insert(dirs.end(), others.begin(), others.end());
-  std::optional<std::set<std::int64_t>> common;
-  for (const fs::path& d : dirs) {
-    std::set<std::int64_t> steps;
-    for (const CheckpointInfo& c : list_valid_checkpoints(d.string())) steps.insert(c.step);
-    if (!common) {
-      common = steps;
-    } else {
-      std::set<std::int64_t> both;
-      std::set_intersection(common->begin(), common->end(), steps.begin(), steps.end(),
-                            std::inserter(both, both.begin()));
-      common = both;
-    }
+  return dirs;
+}
+
+// The run's model: the newest step every site holds intact, unless some sites stopped writing
+// (no file at all at two or more steps the others hold after the last step all share, as the
+// resume agreement judges it, having written some before): a site dropped from the run. Then the
+// newest step of the sites that ran on, which are the run's result; the dropped ones are named on
+// stderr.
+std::vector<std::string> run_checkpoints(const fs::path& given) {
+  const std::vector<fs::path> dirs = site_checkpoint_dirs(given);
+  std::vector<std::set<std::int64_t>> valid(dirs.size()), any_file(dirs.size());
+  std::set<std::int64_t> all_steps;
+  for (std::size_t i = 0; i < dirs.size(); ++i) {
+    const CheckpointScan scan = scan_checkpoints(dirs[i].string());
+    for (const CheckpointInfo& c : scan.valid) valid[i].insert(c.step);
+    for (const RejectedCheckpoint& r : scan.rejected) any_file[i].insert(r.step);
+    any_file[i].insert(valid[i].begin(), valid[i].end());
+    all_steps.insert(valid[i].begin(), valid[i].end());
   }
+  std::set<std::int64_t> common = valid[0];
+  for (std::size_t i = 1; i < dirs.size(); ++i)
+    std::erase_if(common, [&](std::int64_t step) { return !valid[i].contains(step); });
   std::vector<std::string> names;
   for (const fs::path& d : dirs) names.push_back(d.string());
-  if (!common || common->empty())
-    throw DataError(fmt::format(
-        "'{}' holds no checkpoint step that every site of the run has intact (looked in {}); "
-        "pass --checkpoint with the files",
-        given.string(), fmt::join(names, ", ")));
+  if (all_steps.empty())
+    throw DataError(fmt::format("'{}' holds no intact checkpoint (looked in {})", given.string(),
+                                fmt::join(names, ", ")));
+  const std::int64_t after = common.empty() ? -1 : *common.rbegin();
+  std::vector<std::size_t> ran_on, dropped;
+  for (std::size_t i = 0; i < dirs.size(); ++i) {
+    const auto missing =
+        std::count_if(all_steps.upper_bound(after), all_steps.end(),
+                      [&](std::int64_t step) { return !any_file[i].contains(step); });
+    // A site with no checkpoint at all never showed it ran: its files may be lost instead.
+    (missing >= 2 && !valid[i].empty() ? dropped : ran_on).push_back(i);
+  }
+  std::optional<std::int64_t> step;
+  if (dropped.empty() || ran_on.empty()) {
+    if (common.empty())
+      throw DataError(fmt::format(
+          "'{}' holds no checkpoint step that every site of the run has intact (looked in {}); "
+          "pass --checkpoint with the files",
+          given.string(), fmt::join(names, ", ")));
+    ran_on.clear();
+    for (std::size_t i = 0; i < dirs.size(); ++i) ran_on.push_back(i);
+    step = after;
+  } else {
+    std::set<std::int64_t> shared = valid[ran_on[0]];
+    for (std::size_t i : ran_on)
+      std::erase_if(shared, [&](std::int64_t s) { return !valid[i].contains(s); });
+    if (shared.empty())
+      throw DataError(fmt::format(
+          "'{}': the sites that ran on share no intact checkpoint step (looked in {}); pass "
+          "--checkpoint with the files",
+          given.string(), fmt::join(names, ", ")));
+    step = *shared.rbegin();
+    for (std::size_t i : dropped)
+      log::warn(
+          "'{}' holds nothing after step {} while the others went on: its site was "
+          "dropped from the run, and the model is the mean of the sites that ran on",
+          names[i], valid[i].empty() ? std::int64_t{0} : *valid[i].rbegin());
+  }
   std::vector<std::string> files;
-  for (const fs::path& d : dirs) files.push_back(checkpoint_path(d.string(), *common->rbegin()));
+  for (std::size_t i : ran_on) files.push_back(checkpoint_path(names[i], *step));
   return files;
 }
 

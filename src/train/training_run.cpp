@@ -19,6 +19,7 @@
 
 #include "desloc/core/cpu_time.hpp"
 #include "desloc/core/error.hpp"
+#include "desloc/core/hash.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/topology/planner.hpp"
@@ -117,12 +118,7 @@ void check_rank_context(const JobConfig& cfg, const RankContext& rank) {
 // The run's dataset, after the checks that need nothing allocated.
 data::DatasetInfo checked_dataset(const JobConfig& cfg, const RankContext* rank) {
   if (rank != nullptr) check_rank_context(cfg, *rank);
-  data::DatasetInfo d = data::load_dataset(cfg.data.dir);
-  if (static_cast<int>(d.vocab) > cfg.model.vocab)
-    throw ConfigError(
-        fmt::format("{}: model.vocab = {} is smaller than the dataset's vocabulary {} ({})",
-                    cfg.source, cfg.model.vocab, d.vocab, cfg.data.dir));
-  return d;
+  return load_training_data(cfg);
 }
 
 std::optional<sync::OuterNesterov> outer_of(const sync::SyncConfig& c) {
@@ -210,6 +206,7 @@ SiteReplica TrainingRun::make_site(int index) const {
 }
 
 void TrainingRun::start_fresh() {
+  if (!networked_) run_id_ = new_run_id();  // a networked rank's came from agree_on_start
   std::vector<float> x0(model_->layout().total());
   model::init_params(model_->layout(), cfg_.model, cfg_.train.seed, x0);
   for (auto& s : sites_) s.x = x0;  // every site starts from the same point
@@ -222,9 +219,10 @@ void TrainingRun::resume() {
   std::optional<FoundCheckpoint> found;
   if (networked_) {
     // A restarted job resumes where every rank can: the newest step all of them hold intact.
-    const auto choice =
-        agree_on_resume_step(scan_checkpoints(ckpt_dir, writer()), rank_->site_group,
-                             rank_->wan_group, {cfg_.site_names(), rank_->name, rank_->leader()});
+    ResumeAgreementOptions agreement{cfg_.site_names(), rank_->name, rank_->leader()};
+    agreement.history_run_id = recorded_run_id(metrics_path(cfg_, rank_));
+    const auto choice = agree_on_resume_step(scan_checkpoints(ckpt_dir, writer(), job_hash()),
+                                             rank_->site_group, rank_->wan_group, agreement);
     if (!choice.step)
       throw DataError(fmt::format(
           "--resume: the job's ranks share no intact checkpoint step ({}'s are in '{}'); run "
@@ -246,6 +244,7 @@ void TrainingRun::resume() {
     throw DataError("--resume: no valid checkpoint in '" + ckpt_dir +
                     "'; run without --resume to start fresh");
   Checkpoint& ck = found->checkpoint;
+  check_run_identity(found->path, ck);
   if (ck.config_hash != job_hash())
     throw ConfigError(fmt::format(
         "--resume: checkpoint '{}' was written by a job with config hash {:016x}, but {} "
@@ -289,6 +288,7 @@ void TrainingRun::write_run_record() {
   r.seq_len = T_;
   r.steps = total_;
   r.config_hash = job_hash();
+  r.run_id = run_id_;
   r.sites = fmt::format("{}", fmt::join(cfg_.site_names(), ","));
   r.ranks_per_site = R_;
   r.rank = networked_ ? rank_->name : "all";
@@ -305,10 +305,27 @@ void TrainingRun::write_run_record() {
       dataset_.train_tokens, dataset_.val_tokens, dataset_.unigram_entropy_nats));
 }
 
+// A checkpoint continues the history its directory's metrics.jsonl holds: one copied in from
+// another run of the same config would mix two runs. The run's id is the checkpoint's (or,
+// for a checkpoint written before run ids, one derived from what every rank shares).
+void TrainingRun::check_run_identity(const std::string& path, const Checkpoint& ck) {
+  const std::string metrics = metrics_path(cfg_, rank_);
+  const std::uint64_t history = recorded_run_id(metrics);
+  if (ck.run_id != 0 && history != 0 && ck.run_id != history)
+    throw ConfigError(fmt::format(
+        "--resume: checkpoint '{}' belongs to run {:016x}, but '{}' records the history of run "
+        "{:016x}: it was copied from another run. Put back this run's own checkpoints, or start "
+        "afresh (without --resume, with --force to overwrite)",
+        path, ck.run_id, metrics, history));
+  run_id_ = ck.run_id != 0 ? ck.run_id
+            : history != 0 ? history
+                           : fnv1a64(fmt::format("{:016x}:{}", job_hash(), ck.step)) | 1;
+}
+
 // What this process's out_dir already holds, and how it was asked to start.
 StartIntent TrainingRun::start_intent() const {
   namespace fs = std::filesystem;
-  StartIntent it{opts_.resume, opts_.force, 0, 0};
+  StartIntent it{opts_.resume, opts_.force, 0, 0, new_run_id()};
   std::error_code ec;
   for (fs::directory_iterator d(checkpoint_dir(cfg_, rank_), ec), end; !ec && d != end;
        d.increment(ec)) {
@@ -330,8 +347,8 @@ void TrainingRun::start(bool rejoining) {
   for (int attempt = 1;; ++attempt) {
     try {
       if (networked_ && !rejoining)
-        agree_on_start(start_intent(), rank_->site_group, rank_->wan_group,
-                       {cfg_.site_names(), rank_->name, rank_->leader()});
+        run_id_ = agree_on_start(start_intent(), rank_->site_group, rank_->wan_group,
+                                 {cfg_.site_names(), rank_->name, rank_->leader()});
       else if (!networked_)
         check_fresh_start(start_intent(), cfg_.train.out_dir);
       if (opts_.resume)
@@ -367,7 +384,8 @@ TrainResult TrainingRun::run() {
               rank_->join_step);
   }
   // A rejoining site keeps the records of its first life (up to the step it rejoins at).
-  metrics_.emplace(metrics_path(cfg_, rank_), opts_.resume || rejoining, result_.start_step);
+  result_.metrics = metrics_path(cfg_, rank_);
+  metrics_.emplace(result_.metrics, opts_.resume || rejoining, result_.start_step);
   const bool tty = opts_.progress == 1 || (opts_.progress == -1 && ::isatty(STDERR_FILENO));
   progress_.emplace(result_.start_step, total_, tty, cfg_.train.log_every, opts_.quiet);
   if (!opts_.resume && !rejoining) write_run_record();
@@ -663,6 +681,7 @@ void TrainingRun::save(std::int64_t step) {
   const std::string path = checkpoint_path(checkpoint_dir(cfg_, rank_), step);
   Checkpoint ck =
       to_checkpoint(capture_state(step, tokens_seen_, sites_, shared()), job_hash(), writer());
+  ck.run_id = run_id_;
   ck.model = CheckpointModel{cfg_.model, dataset_.tokenizer, dataset_.tokenizer_hash,
                              dataset_.tokenizer_file.empty()
                                  ? std::string()

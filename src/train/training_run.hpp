@@ -62,12 +62,13 @@ class TrainingRun {
   void start(bool rejoining);  // the start agreements, then start_fresh or resume
   void start_fresh();
   void resume();
+  void check_run_identity(const std::string& path, const Checkpoint& ck);
   void write_run_record();
   StartIntent start_intent() const;
   // The name this process's checkpoints carry: its rank's "site/r", or "in-process".
   std::string writer() const { return networked_ ? rank_->name : "in-process"; }
   // The outer optimizer and the compressed states, which travel with the replicas.
-  SharedState shared() { return {outer_ ? &*outer_ : nullptr, &compression_, &policy_}; }
+  SharedState shared() { return {outer_ ? &*outer_ : nullptr, &compression_, &policy_, &run_id_}; }
   bool stop_requested();
 
   StepResult take_step(std::int64_t t);                // Alg. 1: gradients, averages, update
@@ -124,6 +125,9 @@ class TrainingRun {
   std::optional<cluster::Recovery> recovery_;  // elastic networked ranks only
 
   TrainResult result_;
+  // Drawn at a fresh start (agreed by every rank), read back on resume, received on a rejoin;
+  // every checkpoint and the run record carry it.
+  std::uint64_t run_id_ = 0;
   std::int64_t step_ = 0;
   std::uint64_t guard_rejections_ = 0;  // sites the payload guard left out, all steps
   std::uint64_t tokens_seen_ = 0;       // per site

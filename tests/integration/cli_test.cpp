@@ -22,11 +22,6 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
 // Sets `key = value` in `[table]` of a config, replacing the key's line if it has one.
 std::string set_key(std::string toml, const std::string& table, const std::string& key,
                     const std::string& value) {
@@ -53,6 +48,26 @@ TEST(Cli, HelpListsTheCommands) {
     EXPECT_NE(r.output.find(cmd), std::string::npos) << r.output;
   const auto t = run_command(cli() + " train --help");
   EXPECT_NE(t.output.find("--resume"), std::string::npos) << t.output;
+}
+
+// A flag's help after an option that takes a value is help, not that value.
+TEST(Cli, HelpAfterAnOptionThatTakesAValueIsHelp) {
+  const auto r = run_command(cli() + " config --check --help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "Usage: config")) << r.output;
+  EXPECT_FALSE(contains(r.output, "cannot read config")) << r.output;
+}
+
+// A negative --stop-after would be ignored; it is refused, naming the flag.
+TEST(Cli, StopAfterMustBeAPositiveStepCount) {
+  const auto dir = fresh_dir("cli_stop_after");
+  const auto cfg = write_text(dir / "job.toml", tiny_job_toml(dir / "out"));
+  for (const std::string n : {"-5", "0"}) {
+    const auto r = run_command(cli() + " train --config " + cfg.string() + " --stop-after " + n);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, "--stop-after: must be a whole number, at least 1")) << r.output;
+    EXPECT_FALSE(fs::exists(dir / "out")) << "nothing was run";
+  }
 }
 
 TEST(Cli, NoSubcommandIsAnError) { EXPECT_NE(run_command(cli()).exit_code, 0); }

@@ -6,7 +6,10 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <map>
@@ -591,11 +594,184 @@ TEST(LaunchFaults, ResumeThatWouldDiscardNewerCheckpointsRefusesUnlessForced) {
   EXPECT_NE(forced.output.find("trained steps 4..8"), std::string::npos) << forced.output;
 }
 
+// A finished 3-site run of 12 steps (checkpoints every 4) in dir/out, from `toml`.
+fs::path finished_run(const fs::path& dir, std::string toml) {
+  toml.replace(toml.find("checkpoint_every = 0"), 20, "checkpoint_every = 4");
+  const fs::path cfg = write_text(dir / "job.toml", toml);
+  const auto r = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return cfg;
+}
+
+// Replaces dir/out's `sub` (a rank's directory, or its checkpoints) with `other`'s.
+void transplant(const fs::path& dir, const fs::path& other, const std::string& sub) {
+  fs::remove_all(dir / "out" / sub);
+  fs::copy(other / "out" / sub, dir / "out" / sub, fs::copy_options::recursive);
+}
+
+// One site's directory holds the checkpoints of the same job with another train.seed: the
+// resume agreement finds it, and every rank refuses before it writes anything. (Before, that
+// site alone exited 2, and the others rolled back, dropped it, finished and exited 0.)
+TEST(LaunchFaults, ResumeOverAnotherConfigsCheckpointsOnOneSiteIsRefusedByEveryRank) {
+  const fs::path dir = fresh_dir("foreign_config"), other = fresh_dir("foreign_config_other");
+  const std::string toml = faults_toml(dir / "out", "t", "0.01", 12);
+  const fs::path cfg = finished_run(dir, toml);
+  std::string seeded = faults_toml(other / "out", "t", "0.01", 12);
+  seeded.replace(seeded.find("seed = 3"), 8, "seed = 4");
+  finished_run(other, seeded);
+  transplant(dir, other, "ranks/east-0");
+  const auto before = files_under(dir / "out");
+  const auto r = run_command(std::string(DESLOC_CLI) + " launch --resume --config " + cfg.string());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--resume: east/0 (its step 12 belongs to another config (config hash "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("holds no checkpoint of this job's config"), std::string::npos)
+      << r.output;
+  for (const char* rank : {"[west/0]", "[east/0]", "[north/0]"})
+    EXPECT_NE(r.output.find(std::string(rank) + " desloc worker"), std::string::npos)
+        << rank << " did not refuse: " << r.output;
+  EXPECT_EQ(r.output.find("finished without"), std::string::npos) << r.output;
+  EXPECT_EQ(files_under(dir / "out"), before);
+}
+
+// One site's checkpoints come from another run of the very same config (its own metrics
+// stay): the run ids at the agreed step and in the metrics disagree, and every rank refuses.
+// In one process, a checkpoint copied in from another run is refused against the metrics'.
+TEST(LaunchFaults, ResumeOverAnotherRunsCheckpointsOfTheSameConfigIsRefused) {
+  const fs::path dir = fresh_dir("foreign_run"), other = fresh_dir("foreign_run_other");
+  const fs::path cfg = finished_run(dir, faults_toml(dir / "out", "t", "0.01", 12));
+  finished_run(other, faults_toml(other / "out", "t", "0.01", 12));
+  transplant(dir, other, "ranks/east-0/checkpoints");
+  const auto before = files_under(dir / "out");
+  const auto r = run_command(std::string(DESLOC_CLI) + " launch --resume --config " + cfg.string());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("belong to different runs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("east/0's checkpoint"), std::string::npos) << r.output;
+  EXPECT_EQ(files_under(dir / "out"), before);
+
+  // In-process: run A stops at step 8, run B of the same config reaches 12; B's step 12 is
+  // copied into A's checkpoints, where it is the newest.
+  const fs::path a = fresh_dir("foreign_run_a"), b = fresh_dir("foreign_run_b");
+  auto train_cmd = [](const fs::path& d, const std::string& extra) {
+    std::string toml = with_steps(tiny_job_toml(d / "out"), 12);
+    toml.replace(toml.find("checkpoint_every = 0"), 20, "checkpoint_every = 4");
+    return std::string(DESLOC_CLI) + " train --no-progress --config " +
+           write_text(d / "job.toml", toml).string() + extra;
+  };
+  ASSERT_EQ(run_command(train_cmd(a, " --stop-after 8")).exit_code, 0);
+  ASSERT_EQ(run_command(train_cmd(b, "")).exit_code, 0);
+  fs::copy_file(b / "out" / "checkpoints" / "step_00000012.ckpt",
+                a / "out" / "checkpoints" / "step_00000012.ckpt");
+  const auto resumed = run_command(train_cmd(a, " --resume"));
+  EXPECT_EQ(resumed.exit_code, 2) << resumed.output;
+  EXPECT_NE(resumed.output.find("step_00000012.ckpt' belongs to run"), std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find("records the history of run"), std::string::npos) << resumed.output;
+}
+
+// Two processes training into one directory at once: the second is refused, naming the first,
+// before it writes anything. (Before, both ran and one overwrote the other's checkpoints.)
+TEST(LaunchFaults, ASecondRunIntoADirectoryInUseIsRefusedNamingItsHolder) {
+  const fs::path dir = fresh_dir("locked");
+  std::string toml = with_steps(tiny_job_toml(dir / "out"), 100000);
+  toml.replace(toml.find("checkpoint_every = 0"), 20, "checkpoint_every = 5");
+  const fs::path cfg = write_text(dir / "job.toml", toml);
+  Process first = Process::start({DESLOC_CLI, "train", "--no-progress", "--config", cfg.string()},
+                                 dir / "first.log");
+  const auto end = Clock::now() + 60s;
+  while (Clock::now() < end && !fs::exists(dir / "out" / "checkpoints" / "step_00000005.ckpt"))
+    std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(fs::exists(dir / "out" / "checkpoints" / "step_00000005.ckpt")) << first.output();
+  const auto second = run_command(std::string(DESLOC_CLI) +
+                                  " train --no-progress --resume --config " + cfg.string());
+  EXPECT_EQ(second.exit_code, 2) << second.output;
+  EXPECT_NE(second.output.find("is in use by another desloc process (pid " +
+                               std::to_string(first.pid) + ": " + DESLOC_CLI + " train"),
+            std::string::npos)
+      << second.output;
+  ::kill(first.pid, SIGINT);
+  EXPECT_EQ(first.wait(30s), 130) << first.output();
+  // Once the holder is gone, the directory is free.
+  const auto third =
+      run_command(std::string(DESLOC_CLI) +
+                  " train --no-progress --resume --stop-after 1 --config " + cfg.string());
+  EXPECT_EQ(third.exit_code, 0) << third.output;
+  EXPECT_EQ(third.output.find("in use"), std::string::npos) << third.output;
+}
+
 }  // namespace
 }  // namespace desloc::test
 
 namespace desloc::test {
 namespace {
+
+// Whether this process can listen on loopback's `port` now (no one else listens there).
+bool can_listen(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok =
+      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// The number after `prefix` in `text`, or 0.
+int number_after(const std::string& text, const std::string& prefix) {
+  const auto at = text.find(prefix);
+  return at == std::string::npos ? 0 : std::atoi(text.c_str() + at + prefix.size());
+}
+
+// launch killed outright (SIGKILL, the OOM killer): its ranks held none of its listening
+// sockets (Asio opens them without close-on-exec), so the coordinator's and the status
+// endpoint's ports are free at once; and the ranks learn their parent is gone and stop at a
+// common step with a checkpoint, as launch's Ctrl-C stops them, instead of training on
+// unwatched. (Before, the ranks kept both ports taken and trained to the end.)
+TEST(LaunchFaults, AKilledLaunchLeavesNoPortTakenAndItsRanksStopWithACheckpoint) {
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);  // the orphaned ranks become ours to reap
+  const fs::path dir = fresh_dir("launch_killed");
+  const fs::path cfg = write_text(
+      dir / "job.toml", with_steps(multi_site_toml(dir / "out", "\"west\", \"east\"", 1), 200000));
+  // --quiet: a rank that writes nothing to launch's pipe is not ended by SIGPIPE when launch
+  // goes, which is how a rank outlives it.
+  Process launch = Process::start(
+      {DESLOC_CLI, "launch", "--config", cfg.string(), "--http", "127.0.0.1:0", "--quiet"},
+      dir / "launch.log");
+  const fs::path metrics = dir / "out" / "metrics.jsonl";
+  const auto end = Clock::now() + 60s;
+  while (Clock::now() < end && read_text(metrics).find("\"step\":10,") == std::string::npos)
+    std::this_thread::sleep_for(50ms);
+  const std::string out = launch.output();
+  ASSERT_NE(read_text(metrics).find("\"step\":10,"), std::string::npos) << out;
+  const int coordinator = number_after(out, "coordinator 127.0.0.1:");
+  const int http = number_after(out, "on http://127.0.0.1:");
+  ASSERT_NE(coordinator, 0) << out;
+  ASSERT_NE(http, 0) << out;
+  std::vector<Process> ranks(2);
+  ranks[0].pid = child_with_argument(launch.pid, "west");
+  ranks[1].pid = child_with_argument(launch.pid, "east");
+  ASSERT_GT(ranks[0].pid, 0);
+  ASSERT_GT(ranks[1].pid, 0);
+  ::kill(launch.pid, SIGKILL);
+  EXPECT_EQ(launch.wait(10s), 128 + SIGKILL);
+  EXPECT_TRUE(can_listen(coordinator)) << "a rank holds the coordinator's port";
+  EXPECT_TRUE(can_listen(http)) << "a rank holds the status endpoint's port";
+  for (Process& r : ranks) EXPECT_EQ(r.wait(60s), 130) << "a rank trained on without launch";
+  std::vector<std::int64_t> steps;
+  for (const fs::path& d : {dir / "out", dir / "out" / "ranks" / "east-0"}) {
+    const auto found = train::find_latest_checkpoint((d / "checkpoints").string());
+    ASSERT_TRUE(found.has_value()) << d;
+    steps.push_back(found->checkpoint.step);
+  }
+  EXPECT_EQ(steps[0], steps[1]);
+  EXPECT_GT(steps[0], 0);
+  EXPECT_LT(steps[0], 200000);
+}
 
 TEST(Launch, CtrlCStopsEveryRankAtOneStepWithACheckpoint) {
   const fs::path dir = fresh_dir("sigint");

@@ -15,11 +15,6 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
-std::string read_file_text(const fs::path& path) {
-  const auto b = desloc::read_file(path.string());
-  return {b.begin(), b.end()};
-}
-
 // A tiny job trained for 20 steps; returns its checkpoint.
 fs::path trained_checkpoint(const fs::path& dir, const std::string& data = DESLOC_TEST_BROWN,
                             int vocab = 256, int seed = 3) {
@@ -64,8 +59,13 @@ TEST(ModelUse, BadInputIsRefusedByName) {
   refused(run_command(sample + "--prompt a --temperature -1"), "--temperature");
   refused(run_command(sample + "--prompt a --top-k 0"), "--top-k");
   refused(run_command(sample + "--prompt ''"), "empty");
-  refused(run_command(sample + "--prompt '" + std::string(33, 'x') + "'"),
-          "the model's context is 32");
+  const auto too_long = run_command(sample + "--prompt '" + std::string(33, 'x') + "'");
+  refused(too_long, "the model's context is 32");
+  // Refused before anything is printed: not the prompt, then an error.
+  EXPECT_FALSE(contains(too_long.output, std::string(33, 'x') + "\n")) << too_long.output;
+  const auto seed = run_command(sample + "--prompt a --seed -1");
+  refused(seed, "--seed: must be a whole number, at least 0 (a random seed), got -1");
+  EXPECT_FALSE(seed.output.starts_with("a")) << seed.output;
   refused(run_command(sample + "--prompt a --site 1"), "--site 1");
 
   // A corrupt and a truncated checkpoint, for both commands, named with the reason.
@@ -143,7 +143,7 @@ TEST(ModelUse, ARunDirectoryMeansItsNewestStepThatEverySiteHolds) {
                   "'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "exported step 10 (the mean of 2 sites)")) << r.output;
-  const std::string record = read_file_text(out / "desloc_export.json");
+  const std::string record = read_text(out / "desloc_export.json");
   EXPECT_TRUE(contains(record, "ranks/east-0/checkpoints/step_00000010.ckpt")) << record;
   // A run whose sites share no step is refused, naming it.
   fs::remove(run / "ranks/east-0/checkpoints/step_00000010.ckpt");
@@ -201,7 +201,7 @@ TEST(ModelUse, ACheckpointIsNeverPairedWithAnotherVocabulary) {
   // Resuming the run with the other vocabulary's data is refused by the config hash.
   fs::copy_file(dir / "moved.model", dir / "bpe" / "tokenizer.model",
                 fs::copy_options::overwrite_existing);
-  std::string toml = read_file_text(dir / "run" / "job.toml");
+  std::string toml = read_text(dir / "run" / "job.toml");
   toml.replace(toml.find((dir / "bpe").string()), (dir / "bpe").string().size(),
                (dir / "unigram").string());
   toml.replace(toml.find("steps = 20"), 10, "steps = 30");

@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -261,6 +263,109 @@ TEST(StatusHttp, BadClientsAreRefusedOrTimedOutAndTheJobTrainsOn) {
   EXPECT_EQ(code("/api/state"), "200");
   ::kill(job.pid, SIGINT);
   EXPECT_EQ(job.wait(std::chrono::seconds(60)), 130) << job.output();
+}
+
+// Clients that open connections and send nothing, more than the coordinator has descriptors
+// (its limit set to 256 here, 400 connections): the endpoint holds at most its cap of them and
+// answers the rest 503 at once, so the coordinator neither runs out of descriptors for its
+// ranks nor spins on failed accepts, and says so once. (Before, its accept loop failed on
+// every retry, logging each.)
+TEST(StatusHttp, ManyIdleConnectionsNeitherSpinTheCoordinatorNorHoldItsRanksUp) {
+  DESLOC_REQUIRE_PROGRAM("/usr/bin/curl", "curl");
+  DESLOC_REQUIRE_PROGRAM("/usr/bin/prlimit", "util-linux");
+  ASSERT_TRUE(have_prepared_corpus());
+  const auto dir = fresh_dir("status_http_flood");
+  std::string toml = endless_two_site_job(dir / "out");
+  toml.replace(toml.find("steps = 100000"), 14, "steps = 40");
+  const auto cfg = write_text(dir / "job.toml", toml + "token = \"flood\"\n");
+  Cluster c{dir, {}, 0};
+  c.coordinator =
+      Process::start({"/usr/bin/prlimit", "--nofile=256:256", DESLOC_CLI, "coordinator", "--config",
+                      cfg.string(), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"},
+                     dir / "coordinator.log");
+  const int port = http_port(c.coordinator);
+  ASSERT_NE(port, 0) << c.coordinator.output();
+  ASSERT_TRUE(eventually(
+      [&] {
+        const std::string out = c.coordinator.output();
+        const auto at = out.find("listening on 127.0.0.1:");
+        if (at != std::string::npos) c.port = std::atoi(out.c_str() + at + 23);
+        return c.port != 0;
+      },
+      10));
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (int i = 0; i < 400; ++i) idle.push_back(std::make_unique<RawClient>(port));
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const std::string busy =
+      run_command("curl -s --max-time 5 -o /dev/null -w '%{http_code}' 'http://127.0.0.1:" +
+                  std::to_string(port) + "/metrics'")
+          .output;
+  EXPECT_EQ(busy, "503");
+  // The ranks still register and train to the end.
+  Process west = c.worker(cfg, "west", 0), east = c.worker(cfg, "east", 0);
+  EXPECT_EQ(west.wait(std::chrono::seconds(60)), 0) << west.output();
+  EXPECT_EQ(east.wait(std::chrono::seconds(60)), 0) << east.output();
+  idle.clear();
+  EXPECT_TRUE(eventually(
+      [&] {
+        return run_command(
+                   "curl -s --max-time 5 -o /dev/null -w '%{http_code}' "
+                   "'http://127.0.0.1:" +
+                   std::to_string(port) + "/metrics'")
+                   .output == "200";
+      },
+      15));
+  EXPECT_EQ(c.coordinator.wait(std::chrono::seconds(30)), 0) << c.coordinator.output();
+  const std::string log = c.coordinator.output();
+  std::size_t warnings = 0;
+  for (std::size_t at = log.find("turning new ones away"); at != std::string::npos;
+       at = log.find("turning new ones away", at + 1))
+    ++warnings;
+  EXPECT_GE(warnings, 1u) << log;
+  EXPECT_LE(warnings, 3u) << log;
+  EXPECT_EQ(log.find("accept failed"), std::string::npos) << log.substr(0, 4000);
+  EXPECT_LT(log.size(), 64u * 1024) << log.substr(0, 4000);
+}
+
+// Loopback by name and in IPv6 is loopback: no token is needed for either.
+TEST(StatusHttp, LocalhostAndIpv6LoopbackServeWithoutAToken) {
+  DESLOC_REQUIRE_PROGRAM("/usr/bin/curl", "curl");
+  const auto dir = fresh_dir("status_http_localhost");
+  const auto cfg = write_text(dir / "job.toml", tiny_job_toml(dir / "out") +
+                                                    "[job]\nsites = [\"west\", \"east\"]\n"
+                                                    "token = \"t\"\n");
+  for (const std::string& host : {std::string("localhost"), std::string("[::1]")}) {
+    if (host == "[::1]" && read_text("/proc/net/if_inet6").find(" lo") == std::string::npos)
+      GTEST_SKIP() << "no IPv6 on the loopback interface";
+    Process coord = Process::start({DESLOC_CLI, "coordinator", "--config", cfg.string(), "--listen",
+                                    "127.0.0.1:0", "--http", host + ":0"},
+                                   dir / ("coordinator_" + host + ".log"));
+    const int port = http_port(coord, host, 20);
+    ASSERT_NE(port, 0) << coord.output();
+    const std::string url = "http://" + host + ":" + std::to_string(port) + "/api/state";
+    EXPECT_EQ(
+        run_command("curl -g -s --max-time 10 -o /dev/null -w '%{http_code}' '" + url + "'").output,
+        "200")
+        << coord.output();
+    ::kill(coord.pid, SIGTERM);
+    EXPECT_EQ(coord.wait(std::chrono::seconds(30)), 130) << coord.output();
+  }
+}
+
+// A topology of other sites gives the dashboard nothing to hold the job's links to: refused,
+// naming both lists.
+TEST(StatusHttp, ATopologyOfNoneOfTheJobsSitesIsRefused) {
+  const auto dir = fresh_dir("status_http_topology");
+  const auto cfg = write_text(dir / "job.toml", tiny_job_toml(dir / "out") +
+                                                    "[job]\nsites = [\"west\", \"east\"]\n"
+                                                    "token = \"t\"\n");
+  const auto topology = write_topology(dir / "topology.toml", {"A", "B"}, 100.0);
+  const auto r =
+      run_command(std::string(DESLOC_CLI) + " coordinator --config " + cfg.string() +
+                  " --listen 127.0.0.1:0 --http 127.0.0.1:0 --topology " + topology.string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "it describes sites [A, B], none of the job's [west, east]"))
+      << r.output;
 }
 
 TEST(StatusHttp, OnAnotherAddressRequestsMustPresentTheJobToken) {

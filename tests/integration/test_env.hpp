@@ -90,6 +90,11 @@ inline fs::path write_text(const fs::path& path, const std::string& text) {
   return path;
 }
 
+inline std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
 struct CommandResult {
   int exit_code = -1;
   std::string output;  // stdout and stderr together

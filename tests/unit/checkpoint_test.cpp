@@ -21,7 +21,8 @@ namespace {
 // The file's parts, in bytes: the header (magic, version, reserved, payload length, CRC), and
 // at the payload's end version 6's period switches (a count and 32 entries of four int64s),
 // version 5's model description and version 3's writer name.
-constexpr std::size_t kHeader = 28, kSwitches = 8 + 32 * 4 * 8, kModel = 556, kWriter = 64;
+constexpr std::size_t kHeader = 28, kRunId = 8, kSwitches = 8 + 32 * 4 * 8, kModel = 556,
+                      kWriter = 64;
 
 // After an edit of the payload: its length and CRC32C in the header again, so that only the
 // edit is left for a reader to object to.
@@ -309,7 +310,7 @@ TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
   train::save_checkpoint(path("v3.ckpt"), sample());
   mutate(path("v3.ckpt"), [](auto& b) {
     constexpr std::size_t kCodecHead = 48;
-    downgrade(b, 3, kWriter, kModel + kSwitches + kCodecHead);
+    downgrade(b, 3, kWriter, kModel + kSwitches + kRunId + kCodecHead);
   });
   const auto old = train::load_checkpoint(path("v3.ckpt"));
   EXPECT_EQ(old.workers[2].params, sample().workers[2].params);
@@ -321,7 +322,7 @@ TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
   mutate(path("v4.ckpt"), [](auto& b) {
     // The sizes sit before the codec data (1000 + 1000 + 3 x 1000 floats), the period
     // switches, the model description and the writer.
-    const std::size_t sizes_at = b.size() - kWriter - kModel - kSwitches - 5000 * 4 - 48;
+    const std::size_t sizes_at = b.size() - kWriter - kModel - kSwitches - kRunId - 5000 * 4 - 48;
     const std::uint64_t wrong = 999;
     std::memcpy(b.data() + sizes_at, &wrong, 8);  // ref_n of x
     reseal(b);
@@ -361,7 +362,7 @@ TEST_F(CheckpointFile, TheModelDescriptionRoundTripsAndVersion4FilesHaveNone) {
   // Without a description (and in a version 4 file, which has no field for it): nullopt.
   train::save_checkpoint(path("none.ckpt"), sample());
   EXPECT_FALSE(train::load_checkpoint(path("none.ckpt")).model.has_value());
-  mutate(path("none.ckpt"), [](auto& b) { downgrade(b, 4, kWriter, kModel + kSwitches); });
+  mutate(path("none.ckpt"), [](auto& b) { downgrade(b, 4, kWriter, kModel + kSwitches + kRunId); });
   const auto v4 = train::load_checkpoint(path("none.ckpt"));
   EXPECT_FALSE(v4.model.has_value());
   EXPECT_EQ(v4.workers[1].params, sample().workers[1].params);
@@ -376,6 +377,37 @@ TEST_F(CheckpointFile, TheModelDescriptionRoundTripsAndVersion4FilesHaveNone) {
   EXPECT_NE(msg.find("impossible model"), std::string::npos) << msg;
 }
 
+TEST_F(CheckpointFile, TheRunIdRoundTripsAndVersion6FilesHaveNone) {
+  auto ck = sample();
+  ck.run_id = 0x0123456789abcdefull;
+  train::save_checkpoint(path("v7.ckpt"), ck);
+  EXPECT_EQ(train::load_checkpoint(path("v7.ckpt")).run_id, ck.run_id);
+  EXPECT_EQ(train::validate_checkpoint(path("v7.ckpt")).run_id, ck.run_id);
+  // Version 6: the same file without the run id; read back as 0, "unknown".
+  mutate(path("v7.ckpt"), [](auto& b) { downgrade(b, 6, kWriter + kModel + kSwitches, kRunId); });
+  const auto v6 = train::load_checkpoint(path("v7.ckpt"));
+  EXPECT_EQ(v6.run_id, 0u);
+  EXPECT_EQ(v6.workers[1].params, sample().workers[1].params);
+  EXPECT_EQ(train::validate_checkpoint(path("v7.ckpt")).run_id, 0u);
+}
+
+TEST_F(CheckpointFile, AScanWithTheJobsConfigHashRejectsAnotherConfigsFileAsForeign) {
+  auto ck = sample();
+  train::save_checkpoint(path("step_00000042.ckpt"), ck);
+  ck.step = 43;
+  ck.config_hash = 0x1111;
+  train::save_checkpoint(path("step_00000043.ckpt"), ck);
+  const auto scan = train::scan_checkpoints(dir_.string(), "", 0xfeedbeefcafef00dull);
+  ASSERT_EQ(scan.valid.size(), 1u);
+  EXPECT_EQ(scan.valid[0].step, 42);
+  ASSERT_EQ(scan.rejected.size(), 1u);
+  EXPECT_TRUE(scan.rejected[0].foreign);
+  EXPECT_NE(scan.rejected[0].reason.find("belongs to another config"), std::string::npos)
+      << scan.rejected[0].reason;
+  // Without a hash to compare, both are this job's.
+  EXPECT_EQ(train::scan_checkpoints(dir_.string()).valid.size(), 2u);
+}
+
 TEST_F(CheckpointFile, PeriodSwitchesRoundTripAndVersion5FilesHaveNone) {
   auto ck = sample();
   ck.switches = {{96, 64, 192, 384}, {160, 8, 0, 0}};
@@ -388,7 +420,7 @@ TEST_F(CheckpointFile, PeriodSwitchesRoundTripAndVersion5FilesHaveNone) {
   // Version 5: the same file without the switch block.
   ck.switches = {{96, 64, 192, 384}};
   train::save_checkpoint(path("v5.ckpt"), ck);
-  mutate(path("v5.ckpt"), [](auto& b) { downgrade(b, 5, kWriter + kModel, kSwitches); });
+  mutate(path("v5.ckpt"), [](auto& b) { downgrade(b, 5, kWriter + kModel, kSwitches + kRunId); });
   const auto v5 = train::load_checkpoint(path("v5.ckpt"));
   EXPECT_TRUE(v5.switches.empty());
   EXPECT_EQ(v5.workers[2].params, sample().workers[2].params);

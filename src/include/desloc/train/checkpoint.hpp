@@ -14,6 +14,7 @@
 //            | (version 5) i32 vocab, context, layers, heads, d_model | char[16] tokenizer
 //                          | u64 tokenizer_hash | char[512] tokenizer_file: what export and
 //                          sample need to rebuild the model without the config (NUL-padded)
+//            | (version 7) u64 run_id: the run that wrote it (TrainingRun's run id)
 //            | (version 6) u64 switch_n | 32 x { i64 after, kx, ku, kv }: the period switches
 //                          in force (sync.switches and re-plans; entries past switch_n are 0)
 //            | char[64] writer, NUL-padded (version >= 3; version 2 files end before it)
@@ -34,8 +35,8 @@ namespace desloc::train {
 
 inline constexpr char kCheckpointMagic[8] = {'D', 'S', 'L', 'C', 'C', 'K', 'P', '1'};
 // 3: the writer's name; 4: the compressed states' references and error feedback; 5: the
-// model's sizes and its tokenizer; 6: the period switches.
-inline constexpr std::uint32_t kCheckpointVersion = 6;
+// model's sizes and its tokenizer; 6: the period switches; 7: the run id.
+inline constexpr std::uint32_t kCheckpointVersion = 7;
 
 // What a checkpoint says about the model it holds (version 5): enough to export or sample it.
 struct CheckpointModel {
@@ -68,6 +69,9 @@ struct Checkpoint {
   std::optional<CheckpointModel> model;
   // The period switches in force at `step`, in order (none before version 6).
   std::vector<sync::PeriodSwitch> switches;
+  // The run it belongs to: drawn when a run starts afresh, kept through resumes, the same on
+  // every rank. 0: unknown (a file written before version 7).
+  std::uint64_t run_id = 0;
 };
 
 void save_checkpoint(const std::string& path, const Checkpoint& ck);
@@ -97,12 +101,16 @@ struct CheckpointInfo {
   std::string path;
   std::string writer;                    // Checkpoint::writer
   std::optional<CheckpointModel> model;  // Checkpoint::model
+  std::uint64_t run_id = 0;              // Checkpoint::run_id
 };
 // A "step_<N>.ckpt" file that failed validation, and why (the DataError's message).
 struct RejectedCheckpoint {
   std::int64_t step = 0;  // from the file name
   std::string path;
   std::string reason;
+  // Intact, but written by a job of another config: not a torn write to roll back past, but
+  // another job's file (resume_agreement treats the two differently).
+  bool foreign = false;
 };
 struct CheckpointScan {
   std::vector<CheckpointInfo> valid;         // newest step first
@@ -118,9 +126,11 @@ CheckpointInfo validate_checkpoint(const std::string& path);
 // for every resume. A file is rejected (log::warn naming it and the reason) when it fails
 // validate_checkpoint (also when it is a directory), holds another step than its name says,
 // or (when `writer` is not empty) was written by someone else, e.g. another rank's checkpoint
-// copied over this one's. Other files (temporaries of an interrupted write, user files) are
-// ignored. An absent directory yields an empty scan.
-CheckpointScan scan_checkpoints(const std::string& dir, const std::string& writer = "");
+// copied over this one's, or (when `config_hash` is not 0) was written by a job of another
+// config (then marked `foreign`). Other files (temporaries of an interrupted write, user files)
+// are ignored. An absent directory yields an empty scan.
+CheckpointScan scan_checkpoints(const std::string& dir, const std::string& writer = "",
+                                std::uint64_t config_hash = 0);
 std::vector<CheckpointInfo> list_valid_checkpoints(const std::string& dir);
 
 }  // namespace desloc::train

@@ -20,7 +20,8 @@ struct RunRecord {  // the first line of a fresh run
   int batch = 0, seq_len = 0;
   std::int64_t steps = 0;
   std::uint64_t config_hash = 0;
-  std::string sites;  // comma-separated
+  std::uint64_t run_id = 0;  // the run's identity, which its checkpoints carry too
+  std::string sites;         // comma-separated
   int ranks_per_site = 1;
   std::string rank;      // "site/r", or "all" in-process
   std::string wan_link;  // "west/0->east/0": the link this rank's wire bytes crossed

@@ -29,6 +29,9 @@ struct ResumeAgreementOptions {
   std::string who;
   // log::info the chosen step and, for each newer step some rank holds, who lacks it.
   bool log = true;
+  // The run this rank's metrics.jsonl records (recorded_run_id), 0 if none: a resume joins the
+  // checkpoints to the history they continue.
+  std::uint64_t history_run_id = 0;
 };
 
 // What a rank of a networked job brings to the start of a run, before it writes anything.
@@ -37,8 +40,12 @@ struct StartIntent {
   bool force = false;                 // given --force
   std::uint32_t checkpoints = 0;      // step_*.ckpt entries in its checkpoint directory
   std::uint32_t metrics_records = 0;  // non-empty lines in its metrics.jsonl
+  std::uint64_t run_id = 0;           // its draw of a fresh run's id (new_run_id())
   bool holds_results() const { return checkpoints > 0 || metrics_records > 0; }
 };
+
+// A random 64-bit run id, never 0 (0 stands for "unknown" in checkpoints and metrics).
+std::uint64_t new_run_id();
 
 // Called first by every rank of a networked job, --resume or not: every rank's intent travels
 // through the site group, then the WAN group (the same two all-gathers as the resume
@@ -48,8 +55,10 @@ struct StartIntent {
 //     overwrite its results while its peers resumed: the run would mix two runs);
 //   - when a rank without --resume and without --force holds another run's results (its
 //     checkpoints and metrics would be overwritten).
-void agree_on_start(const StartIntent& mine, transport::Collective* site_group,
-                    transport::Collective* wan_group, const ResumeAgreementOptions& options);
+// Returns the run id of a fresh start: the first rank's (site 0, rank 0) draw, on every rank.
+std::uint64_t agree_on_start(const StartIntent& mine, transport::Collective* site_group,
+                             transport::Collective* wan_group,
+                             const ResumeAgreementOptions& options);
 
 // The same refusal for one process (`desloc train`): ConfigError naming `dir` and its contents
 // when intent holds results, is not a resume and is not forced.
@@ -70,6 +79,7 @@ struct ResumeChoice {
   // write) is the designed case for rolling back: neither counts.
   bool diverged = false;
   std::optional<std::int64_t> newest;  // the newest step any rank holds intact
+  std::uint64_t run_id = 0;            // the run every rank's checkpoint at `step` belongs to
 };
 
 // Called by every rank of the job with its own scan (scan_checkpoints of its checkpoint dir).
@@ -78,7 +88,11 @@ struct ResumeChoice {
 // offer, so each rank sees all S x R offers and decides alone, deterministically. One more
 // 4-byte all-gather on the WAN group first checks that every site has the same R (ConfigError
 // otherwise). Each operation is bounded by its group's CollectiveOptions::deadline (a
-// TimeoutError names the awaited peer). Throws DataError if a peer's offer is malformed.
+// TimeoutError names the awaited peer). Throws DataError if a peer's offer is malformed, and
+// ConfigError (on every rank alike) when a rank's checkpoints were all written by another
+// config, or when the checkpoints at the chosen step or the ranks' metrics name different runs.
+// `mine` is scanned with this job's config hash (scan_checkpoints), so another config's files
+// are rejected as `foreign`: they count as missing, not torn, for `diverged`.
 ResumeChoice agree_on_resume_step(const CheckpointScan& mine, transport::Collective* site_group,
                                   transport::Collective* wan_group,
                                   const ResumeAgreementOptions& options);

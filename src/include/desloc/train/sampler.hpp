@@ -27,6 +27,10 @@ struct SampleResult {
   int rewinds = 0;       // times the context filled and the newest half was run again
 };
 
+// The refusals of sample_text, on their own: the command checks before it prints the prompt.
+void check_sample_options(const TrainedModel& m, const std::vector<std::uint16_t>& prompt,
+                          const SampleOptions& opts);
+
 // Encodes the prompt, runs it, then draws opts.tokens tokens, handing each one's text to
 // `emit` as soon as it is drawn. Only ids the tokenizer can decode are drawn. When the context
 // fills, the newest context/2 tokens are run again from position 0 (learned positions cannot

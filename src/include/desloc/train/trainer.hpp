@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "desloc/data/prepare.hpp"
 #include "desloc/sync/averager.hpp"
 #include "desloc/train/config.hpp"
 #include "desloc/transport/collective.hpp"
@@ -43,6 +44,7 @@ struct TrainResult {
   bool interrupted = false;                 // stopped by SIGINT/SIGTERM after saving a checkpoint
   bool already_finished = false;  // resumed a run that had reached train.steps: nothing ran
   std::string last_checkpoint;
+  std::string metrics;  // this process's metrics.jsonl (a networked rank's own: metrics_path)
 };
 
 // One networked rank of a multi-site job (set up by `desloc worker`): it holds its site's
@@ -89,12 +91,21 @@ struct RankContext {
       recover;
 };
 
+// The run's dataset (cfg.data.dir), checked against the model: DataError naming the file when
+// it is missing or does not match what dataset.toml records, ConfigError when its vocabulary
+// exceeds model.vocab. A networked rank calls it before it registers, so that bad data ends it
+// before the job counts on it.
+data::DatasetInfo load_training_data(const JobConfig& cfg);
+
 // Runs training. Throws ConfigError/DataError with context (file, key, step) on bad input,
 // and Error("loss is not finite at step N ...") if training diverges.
 TrainResult run_training(const JobConfig& cfg, const TrainOptions& opts,
                          RankContext* rank = nullptr);
 
-// Where run_training puts things inside cfg.train.out_dir.
+// Where run_training puts things inside cfg.train.out_dir. A rank's own directory: out_dir for
+// the leader (site 0, rank 0), out_dir/ranks/<site>-<rank> for the others (`site` indexes
+// cfg.site_names()).
+std::string output_dir(const JobConfig& cfg, int site, int rank);
 std::string metrics_path(const JobConfig& cfg, const RankContext* rank = nullptr);
 std::string checkpoint_dir(const JobConfig& cfg, const RankContext* rank = nullptr);
 
