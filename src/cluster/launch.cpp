@@ -405,6 +405,7 @@ int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::u
   SignalCounter signals;
   const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.rendezvous_timeout_s);
   auto last_report = Clock::now();
+  auto settle_by = Clock::time_point::max();  // see below: a recovery the ranks' exit began
   for (;;) {
     std::this_thread::sleep_for(200ms);
     coord.rethrow_if_failed();
@@ -426,8 +427,16 @@ int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::u
       const auto ranks = coord.progress();
       const auto membership = coord.membership();
       const bool ended = membership && membership->sites.empty();
-      if (ended ||
-          std::none_of(ranks.begin(), ranks.end(), [](const auto& r) { return r.connected; })) {
+      const bool gone =
+          std::none_of(ranks.begin(), ranks.end(), [](const auto& r) { return r.connected; });
+      const bool finished =
+          std::all_of(ranks.begin(), ranks.end(), [](const auto& r) { return r.finished; });
+      // Ranks that left without finishing are failures the roster is still judging: its next
+      // ticks close the recovery (and end the job when no site is left). Its verdict, not
+      // the half-counted ranks, says why the job ended.
+      if (gone && !ended && !finished && settle_by == Clock::time_point::max())
+        settle_by = Clock::now() + std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms);
+      if (ended || (gone && (finished || Clock::now() >= settle_by))) {
         const JobOutcome outcome = job_outcome(cfg, ranks, *membership, coord.departed());
         coord.stop();
         if (outcome.ok) {
