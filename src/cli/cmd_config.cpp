@@ -1,5 +1,5 @@
-// `desloc config`: print every key with its default, or check a config file (its hash and the
-// memory the job needs).
+// `desloc config`: print every key with its default, the table of sync features that go
+// together, or check a config file (its hashes and the memory the job needs).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -32,10 +32,15 @@ void print_memory(const train::JobConfig& cfg) {
 
 struct ConfigOptions {
   bool defaults = false;
+  bool features = false;
   std::string check_path;
 };
 
 int run_config(const ConfigOptions& o) {
+  if (o.features) {
+    std::fputs(train::sync_feature_table().c_str(), stdout);
+    return 0;
+  }
   if (o.check_path.empty()) {
     std::fputs(train::default_config_toml().c_str(), stdout);
     return 0;
@@ -56,6 +61,9 @@ Command add_config(CLI::App& app) {
   auto opts = std::make_shared<ConfigOptions>();
   auto* cmd = app.add_subcommand("config", "print the default config or check a config file");
   cmd->add_flag("--defaults", opts->defaults, "print every key with its default and meaning");
+  cmd->add_flag("--features", opts->features,
+                "print which sync features go together: every feature against every other, "
+                "with the reason for each pair that is refused (as docs/sync.md shows it)");
   cmd->add_option("--check", opts->check_path,
                   "parse and validate a config, print its hash and the memory it needs per "
                   "rank and in one process (refused if a rank cannot fit this machine)");

@@ -8,9 +8,11 @@
 #include <toml++/toml.h>
 #include <algorithm>
 #include <filesystem>
-#include <set>
+#include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -35,6 +37,37 @@ void apply_overrides(const ConfigSection& sec, const std::vector<KeyOverride>& o
   }
 }
 
+// The rules between keys, once every key is read: the sites first (they set sync.workers),
+// then the features against each other (the table of sync_features.cpp), then each
+// subject's own cross-key rules.
+void check_rules(const toml::table& root, const std::string& file,
+                 const std::map<std::string, Binder>& binders, JobConfig& job) {
+  const auto in = [&](const char* section) -> const Binder& { return binders.at(section); };
+  if (job.train.out_dir.empty())
+    throw ConfigError(fmt::format(
+        "{}: train.out_dir = \"\" names no directory; metrics and checkpoints need one (e.g. "
+        "\"runs/my_job\")",
+        in("train").location_of("out_dir")));
+  check_sites(in("job"), root, file, job);
+  check_features(job, [&](const std::string& key) {
+    const auto dot = key.find('.');
+    return binders.at(key.substr(0, dot)).location_of(key.substr(dot + 1).c_str());
+  });
+  check_sync(in("sync"), job.sync);
+  check_fragments(in("sync"), job.sync, job.model);
+  check_codecs(in("sync"), job.sync);
+  check_switches(in("sync"), job.sync);
+  check_regions(in("job"), root, file, job);
+  check_liveness(in("job"), job);
+  if (job.model.d_model % job.model.heads != 0)
+    throw ConfigError(fmt::format("{}: model.heads = {} does not divide model.d_model = {}",
+                                  in("model").location_of("heads"), job.model.heads,
+                                  job.model.d_model));
+  if (job.seq_len() > job.model.context)
+    throw ConfigError(fmt::format("{}: data.seq_len = {} exceeds model.context = {}", file,
+                                  job.data.seq_len, job.model.context));
+}
+
 JobConfig from_table(const toml::table& root, const std::string& file,
                      const std::vector<KeyOverride>& overrides) {
   for (const KeyOverride& o : overrides)
@@ -43,49 +76,29 @@ JobConfig from_table(const toml::table& root, const std::string& file,
       throw ConfigError(fmt::format("{}: overrides unknown table '{}'", o.flag, o.section));
   JobConfig job;
   job.source = file;
-  std::set<std::string> known;
-  std::string heads_at = file;
+  std::map<std::string, Binder> binders;  // by table, kept for the rules' locations
   for (const auto& sec : config_sections()) {
-    known.insert(sec.name);
     const toml::node* node = root.get(sec.name);
     if (node != nullptr && !node->is_table())
       throw ConfigError(fmt::format("{}: '{}' must be a table ([{}])", where(file, node->source()),
                                     sec.name, sec.name));
-    Binder b(file, sec.name, node ? node->as_table() : nullptr, nullptr);
+    Binder& b = binders
+                    .emplace(std::piecewise_construct, std::forward_as_tuple(sec.name),
+                             std::forward_as_tuple(file, sec.name,
+                                                   node ? node->as_table() : nullptr, nullptr))
+                    .first->second;
     sec.bind(b, job);
     b.reject_unknown_keys();
     apply_overrides(sec, overrides, job);
-    if (std::string(sec.name) == "model") heads_at = b.location_of("heads");
-    if (std::string(sec.name) == "sync") {
-      check_sync(b, job.sync);
-      check_fragments(b, job.sync, job.model);
-      check_codecs(b, job.sync);
-      check_switches(b, job.sync);
-    }
-    if (std::string(sec.name) == "train" && job.train.out_dir.empty())
-      throw ConfigError(fmt::format(
-          "{}: train.out_dir = \"\" names no directory; metrics and checkpoints need one (e.g. "
-          "\"runs/my_job\")",
-          b.location_of("out_dir")));
-    if (std::string(sec.name) == "job") {
-      check_sites(b, root, file, job);
-      check_regions(b, root, file, job);
-      check_liveness(b, job);
-    }
   }
   for (auto&& [k, v] : root) {
-    if (!known.contains(std::string(k.str())))
+    if (!binders.contains(std::string(k.str())))
       throw ConfigError(
           fmt::format("{}: unknown table or key '{}' (valid tables: model, optim, schedule, data, "
                       "train, sync, job, transport)",
                       where(file, k.source()), k.str()));
   }
-  if (job.model.d_model % job.model.heads != 0)
-    throw ConfigError(fmt::format("{}: model.heads = {} does not divide model.d_model = {}",
-                                  heads_at, job.model.heads, job.model.d_model));
-  if (job.seq_len() > job.model.context)
-    throw ConfigError(fmt::format("{}: data.seq_len = {} exceeds model.context = {}", file,
-                                  job.data.seq_len, job.model.context));
+  check_rules(root, file, binders, job);
   job.model.validate();
   job.optim.validate();
   job.clip.validate();

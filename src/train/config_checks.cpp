@@ -64,21 +64,6 @@ void check_delays(const Binder& b, const sync::SyncConfig& s) {
         "state's next average starts before its last one is folded in)",
         b.location_of(key), key, r.tau, r.period_key, r.period));
   }
-  if (s.outer != "none")
-    throw ConfigError(fmt::format(
-        "{}: sync.outer = \"{}\" steps on the parameter average at once; it cannot be combined "
-        "with overlap = \"{}\"",
-        b.location_of("outer"), s.outer, s.overlap));
-  if (s.method == SyncMethod::kFavgReset)
-    throw ConfigError(fmt::format(
-        "{}: sync.overlap = \"{}\" with method = \"favg_reset\": the reset of u and v belongs "
-        "to the parameter average's step, which a delay moves; use favg, local_adam or desloc",
-        b.location_of("overlap"), s.overlap));
-  if (s.join_step > 0)
-    throw ConfigError(fmt::format(
-        "{}: sync.join_step with overlap = \"{}\" is not supported (a joining worker has no "
-        "share of the averages in flight)",
-        b.location_of("join_step"), s.overlap));
 }
 
 }  // namespace
@@ -100,11 +85,6 @@ void check_fragments(const Binder& b, const sync::SyncConfig& s, const model::Gp
                     : sched.parts_u() == most ? "fragments_u"
                                               : "fragments_v";
   const std::string at = b.location_of(b.has(key) ? key : "fragments");
-  if (!s.averages_params())
-    throw ConfigError(fmt::format(
-        "{}: sync.{} = {} splits the averages of x, u and v, but method = \"{}\" has none; "
-        "remove it",
-        at, key, most, to_string(s.method)));
   struct Rule {
     const char* key;
     int parts;
@@ -123,21 +103,6 @@ void check_fragments(const Binder& b, const sync::SyncConfig& s, const model::Gp
           "apart at most, so at most {} fit",
           b.location_of(b.has(r.key) ? r.key : "fragments"), r.key, r.parts, r.period_key, r.period,
           r.period));
-  if (s.outer != "none")
-    throw ConfigError(fmt::format(
-        "{}: sync.fragments with outer = \"{}\" is not supported (the outer step acts on the "
-        "whole parameter average)",
-        at, s.outer));
-  if (s.method == SyncMethod::kFavgReset)
-    throw ConfigError(fmt::format(
-        "{}: sync.fragments with method = \"favg_reset\" is not supported (its reset of u and "
-        "v acts on the whole buffers at the parameter average)",
-        at));
-  if (s.join_step > 0)
-    throw ConfigError(fmt::format(
-        "{}: sync.fragments with join_step is not supported (a joining worker starts from a "
-        "whole average)",
-        at));
   const double params = model::parameter_count(model);
   if (static_cast<double>(most) > params)
     throw ConfigError(fmt::format("{}: sync.{} = {} exceeds the model's {} parameters", at, key,
@@ -173,24 +138,6 @@ void check_codecs(const Binder& b, const sync::SyncConfig& s) {
         "{}: sync.error_feedback = true without a codec: an fp32 average drops nothing to feed "
         "back; set codec_x, codec_u or codec_v",
         b.location_of("error_feedback")));
-  if (!c.any()) return;
-  const char* key = c.compresses(optim::StateKind::kX)   ? "codec_x"
-                    : c.compresses(optim::StateKind::kU) ? "codec_u"
-                                                         : "codec_v";
-  if (s.outer != "none")
-    throw ConfigError(fmt::format(
-        "{}: sync.{} with outer = \"{}\" is not supported (the outer step keeps its own "
-        "reference of the parameter average)",
-        b.location_of(key), key, s.outer));
-  if (s.method == SyncMethod::kFavgReset)
-    throw ConfigError(fmt::format(
-        "{}: sync.{} with method = \"favg_reset\" is not supported (its reset of u and v "
-        "moves them away from the shared reference); use favg",
-        b.location_of(key), key));
-  if (s.join_step > 0)
-    throw ConfigError(fmt::format(
-        "{}: sync.{} with join_step is not supported (a joining worker holds no reference)",
-        b.location_of(key), key));
 }
 
 // Cross-key rules of [sync]; each error points at the offending key.
@@ -217,16 +164,6 @@ void check_sync(const Binder& b, const sync::SyncConfig& s) {
   phase("phase_x", s.phase_x, s.kx, "kx");
   phase("phase_u", s.phase_u, s.effective_ku(), "ku");
   phase("phase_v", s.phase_v, s.effective_kv(), "kv");
-  if (s.outer != "none" && !s.averages_params())
-    throw ConfigError(fmt::format(
-        "{}: sync.outer = \"{}\" needs a parameter average, but method = \"{}\" has none",
-        b.location_of("outer"), s.outer, to_string(s.method)));
-  if (s.overlaps() && !s.averages_params())
-    throw ConfigError(fmt::format(
-        "{}: sync.overlap = \"{}\" overlaps averages of x, u and v with compute, but method = "
-        "\"{}\" has none{}",
-        b.location_of("overlap"), s.overlap, to_string(s.method),
-        s.method == SyncMethod::kDdp ? " (DDP's gradient average needs the step's gradient)" : ""));
   check_delays(b, s);
   if (s.join_step > 0 && s.join_workers <= s.workers)
     throw ConfigError(fmt::format(
@@ -279,11 +216,6 @@ void check_regions(const Binder& b, const toml::table& root, const std::string& 
                     "period of the averages inside a region",
                     at));
   const bool desloc = s.method == SyncMethod::kDesloc;
-  if (s.method != SyncMethod::kFavg && s.method != SyncMethod::kLocalAdam && !desloc)
-    throw ConfigError(
-        fmt::format("{}: job.regions needs sync.method = \"desloc\", \"local_adam\" "
-                    "or \"favg\" (got \"{}\")",
-                    at, to_string(s.method)));
   for (const char* key : {"region_ku", "region_kv"})
     if (root.at_path(std::string("sync.") + key).node() != nullptr && !desloc)
       throw ConfigError(
@@ -311,25 +243,6 @@ void check_regions(const Binder& b, const toml::table& root, const std::string& 
       throw ConfigError(fmt::format("{}: sync.{} = {} must be smaller than sync.{} = {}",
                                     sync_at(l.phase_key), l.phase_key, l.phase, l.key, l.region));
   }
-  // Built so far: blocking or step-overlapped fp32 averages of whole states.
-  const auto refuse = [&](const char* key, const std::string& value) {
-    throw ConfigError(
-        fmt::format("{}: sync.{} = {} with job.regions is not supported yet "
-                    "(regions average whole fp32 states, blocking or with "
-                    "overlap = \"step\")",
-                    sync_at(key), key, value));
-  };
-  if (s.delays()) refuse("overlap", "\"" + s.overlap + "\"");
-  if (s.fragments > 1) refuse("fragments", std::to_string(s.fragments));
-  if (s.fragments_u > 0) refuse("fragments_u", std::to_string(s.fragments_u));
-  if (s.fragments_v > 0) refuse("fragments_v", std::to_string(s.fragments_v));
-  for (const auto& [key, codec] : {std::pair{"codec_x", s.codec_x}, std::pair{"codec_u", s.codec_u},
-                                   std::pair{"codec_v", s.codec_v}})
-    if (codec != "fp32") refuse(key, "\"" + codec + "\"");
-  if (s.outer != "none") refuse("outer", "\"" + s.outer + "\"");
-  if (s.join_step > 0) refuse("join_step", std::to_string(s.join_step));
-  if (!s.switches.empty()) refuse("switches", "[...]");
-  if (s.replan) refuse("replan", "true");
 }
 
 // job.sites: valid names, each once, as many as sync.workers says if it says; sync.workers then
@@ -384,29 +297,8 @@ void check_liveness(const Binder& b, const JobConfig& job) {
 // mode can run; re-planning only where there is a parameter average to switch at.
 void check_switches(const Binder& b, const sync::SyncConfig& s) {
   const bool desloc = s.method == SyncMethod::kDesloc;
-  const auto refuse_fragments = [&](const char* key) {
-    if (s.fragments > 1)
-      throw ConfigError(
-          fmt::format("{}: sync.{} with sync.fragments = {} is not supported yet "
-                      "(a switch keeps whole-state averages)",
-                      b.location_of(key), key, s.fragments));
-  };
-  if (s.replan) {
-    if (!s.averages_params())
-      throw ConfigError(
-          fmt::format("{}: sync.replan re-plans the periods of the parameter "
-                      "average, but method = \"{}\" has none",
-                      b.location_of("replan"), to_string(s.method)));
-    refuse_fragments("replan");
-  }
   if (s.switches.empty()) return;
   const std::string at = b.location_of("switches");
-  if (!s.averages_params())
-    throw ConfigError(
-        fmt::format("{}: sync.switches changes the periods of the parameter "
-                    "average, but method = \"{}\" has none",
-                    at, to_string(s.method)));
-  refuse_fragments("switches");
   if (s.switches.size() > sync::kMaxPeriodSwitches)
     throw ConfigError(fmt::format("{}: sync.switches has {} entries, at most {}", at,
                                   s.switches.size(), sync::kMaxPeriodSwitches));

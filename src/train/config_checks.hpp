@@ -4,6 +4,7 @@
 
 #include <toml++/toml.h>
 
+#include <functional>
 #include <string>
 
 #include "config_binder.hpp"
@@ -12,6 +13,13 @@
 #include "desloc/train/config.hpp"
 
 namespace desloc::train {
+
+// "file:line:column" of a key ("sync.overlap") as the config gave it, or the file's name.
+using KeyLocator = std::function<std::string(const std::string& key)>;
+
+// The sync features against each other (sync_features.cpp): ConfigError at the first pair the
+// config turns on that the table refuses, naming both settings and the reason.
+void check_features(const JobConfig& job, const KeyLocator& where);
 
 // [sync] on its own: periods, phases, the outer step, overlap and delays.
 void check_sync(const Binder& b, const sync::SyncConfig& s);

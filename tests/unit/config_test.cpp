@@ -180,10 +180,14 @@ TEST(Config, RegionsAreRefusedWhenTheyDoNotPartitionTheSitesOrThePeriodsDoNotNes
       {desloc + "region_ku = 5\n" + sites + two, "sync.region_ku = 5 must divide sync.ku = 12"},
       {"[sync]\nmethod = \"local_adam\"\nkx = 4\nregion_kx = 2\nregion_ku = 2\n" + sites + two,
        "sync.region_ku is set, but method = \"local_adam\""},
-      {"[sync]\nmethod = \"ddp\"\nregion_kx = 2\n" + sites + two, "job.regions needs sync.method"},
+      {"[sync]\nmethod = \"ddp\"\nregion_kx = 2\n" + sites + two,
+       "job.regions (regions) with sync.method = \"ddp\" (no parameter average) cannot be "
+       "combined"},
       {desloc + "overlap = \"delayed\"\ndelay = 1\n" + sites + two,
-       "sync.overlap = \"delayed\" with job.regions is not supported yet"},
-      {desloc + "codec_x = \"int8\"\n" + sites + two, "sync.codec_x = \"int8\" with job.regions"},
+       "sync.overlap = \"delayed\" (delayed averages) with job.regions (regions) is not "
+       "supported yet"},
+      {desloc + "codec_x = \"int8\"\n" + sites + two,
+       "sync.codec_x = \"int8\" (codecs) with job.regions (regions)"},
       {desloc + "phase_x = 3\n" + sites + two,
        "sync.phase_x = 3 must be smaller than sync.region_kx"},
   };
@@ -218,16 +222,20 @@ TEST(Config, PeriodSwitchesAreRefusedOffAnAverageOutOfOrderOrWithModesTheyCannot
       {"[sync]\nmethod = \"local_adam\"\nkx = 4\nswitches = [{ after = 4, kx = 2, ku = 4 }]\n",
        "sync.switches[1] sets ku or kv, but method = \"local_adam\""},
       {"[sync]\nmethod = \"ddp\"\nswitches = [{ after = 4, kx = 2 }]\n",
-       "method = \"ddp\" has none"},
-      {"[sync]\nmethod = \"none\"\nreplan = true\n", "sync.replan re-plans"},
-      {desloc + "fragments = 2\nreplan = true\n", "sync.replan with sync.fragments = 2"},
+       "sync.switches (period switches) with sync.method = \"ddp\" (no parameter average) "
+       "cannot be combined"},
+      {"[sync]\nmethod = \"none\"\nreplan = true\n",
+       "sync.replan = true (re-planning) with sync.method = \"none\""},
+      {desloc + "fragments = 2\nreplan = true\n",
+       "sync.replan = true (re-planning) with sync.fragments = 2 (fragments) is not supported "
+       "yet"},
       {desloc + "overlap = \"delayed\"\ndelay = 3\nswitches = [{ after = 4, kx = 3 }]\n",
        "makes kx = 3, not longer than its delay 3"},
       {desloc + "replan_drift = 1\n", "sync.replan_drift = 1 is out of range"},
       {desloc + "replan_syncs = 0\n", "sync.replan_syncs = 0 is out of range"},
       {desloc + "region_kx = 2\nreplan = true\n[job]\nsites = [\"A\", \"B\", \"C\", \"D\"]\n"
                 "regions = [[\"A\", \"B\"], [\"C\", \"D\"]]\n",
-       "sync.replan = true with job.regions is not supported yet"},
+       "sync.replan = true (re-planning) with job.regions (regions) is not supported yet"},
   };
   for (const auto& c : cases) {
     const std::string e = error_of(c.text);

@@ -636,8 +636,9 @@ TEST(SyncConfig, BadInputNamesTheKey) {
   EXPECT_NE(sync_error("method = \"local_adam\"\nku = 64\n").find("sync.ku is set"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"ddp\"\nouter = \"nesterov\"\n")
-                .find("job.toml:3:9: sync.outer = \"nesterov\" needs a parameter average, but "
-                      "method = \"ddp\""),
+                .find("job.toml:3:9: sync.outer = \"nesterov\" (outer step) with sync.method = "
+                      "\"ddp\" (no parameter average) cannot be combined: it acts on the "
+                      "parameter average"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"none\"\nouter = \"nesterov\"\n").find("sync.outer"),
             std::string::npos);
@@ -645,8 +646,10 @@ TEST(SyncConfig, BadInputNamesTheKey) {
                 .find("sync.phase_x = 4 must be smaller"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"ddp\"\noverlap = \"step\"\n")
-                .find("job.toml:3:11: sync.overlap = \"step\" overlaps averages of x, u and v "
-                      "with compute, but method = \"ddp\" has none (DDP's gradient average"),
+                .find("job.toml:3:11: sync.overlap = \"step\" (step overlap) with sync.method = "
+                      "\"ddp\" (no parameter average) cannot be combined: it overlaps the "
+                      "averages of x, u and v with compute, and the method has none (DDP's "
+                      "gradient average"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"none\"\noverlap = \"step\"\n").find("sync.overlap"),
             std::string::npos);
@@ -672,15 +675,17 @@ TEST(SyncConfig, BadInputNamesTheKey) {
             std::string::npos);
   EXPECT_NE(sync_error("method = \"desloc\"\nkx = 8\nouter = \"nesterov\"\noverlap = "
                        "\"delayed\"\ndelay = 2\n")
-                .find("job.toml:4:9: sync.outer = \"nesterov\" steps on the parameter average at "
-                      "once; it cannot be combined with overlap = \"delayed\""),
+                .find("job.toml:4:9: sync.outer = \"nesterov\" (outer step) with sync.overlap = "
+                      "\"delayed\" (delayed averages) is not supported yet: the outer step acts "
+                      "on the parameter average at once"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"favg_reset\"\nkx = 8\noverlap = \"delayed\"\ndelay = 2\n")
-                .find("with method = \"favg_reset\""),
+                .find("with sync.method = \"favg_reset\" (favg_reset) cannot be combined"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"ddp\"\nfragments = 4\n")
-                .find("job.toml:3:13: sync.fragments = 4 splits the averages of x, u and v, but "
-                      "method = \"ddp\" has none"),
+                .find("job.toml:3:13: sync.fragments = 4 (fragments) with sync.method = \"ddp\" "
+                      "(no parameter average) cannot be combined: it splits the averages of x, u "
+                      "and v, and the method has none"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"none\"\nfragments = 2\n").find("sync.fragments"),
             std::string::npos);
@@ -691,7 +696,8 @@ TEST(SyncConfig, BadInputNamesTheKey) {
                 .find("sync.fragments = 6 exceeds the period ku = 4"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"favg\"\nkx = 8\nouter = \"nesterov\"\nfragments = 2\n")
-                .find("sync.fragments with outer = \"nesterov\" is not supported"),
+                .find("sync.outer = \"nesterov\" (outer step) with sync.fragments = 2 "
+                      "(fragments) is not supported yet"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"local_adam\"\nkx = 8\nfragments_u = 2\n")
                 .find("job.toml:4:15: sync.fragments_u is set, but method = \"local_adam\" "
@@ -704,7 +710,8 @@ TEST(SyncConfig, BadInputNamesTheKey) {
                 .find("sync.fragments_v = 49 exceeds the period kv = 48"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"favg_reset\"\nkx = 8\nfragments = 2\n")
-                .find("sync.fragments with method = \"favg_reset\""),
+                .find("with sync.fragments = 2 (fragments) is not supported yet: its reset of u "
+                      "and v acts on the whole buffers"),
             std::string::npos);
   try {
     train::parse_config(
@@ -731,7 +738,9 @@ TEST(SyncConfig, BadInputNamesTheKey) {
                       "never averages across sites"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"ddp\"\ncodec_x = \"int8\"\n")
-                .find("sync.codec_x compresses a state that method = \"ddp\" never averages"),
+                .find("sync.codec_x = \"int8\" (codecs) with sync.method = \"ddp\" (no "
+                      "parameter average) cannot be combined: it compresses a state the method "
+                      "never averages"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"desloc\"\nerror_feedback = true\n")
                 .find("job.toml:3:18: sync.error_feedback = true without a codec"),
@@ -745,14 +754,18 @@ TEST(SyncConfig, BadInputNamesTheKey) {
                 .find("job.toml:4:15: sync.codec_block = 30 must be a multiple of 4"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"favg\"\nouter = \"nesterov\"\ncodec_x = \"bf16\"\n")
-                .find("sync.codec_x with outer = \"nesterov\" is not supported"),
+                .find("sync.outer = \"nesterov\" (outer step) with sync.codec_x = \"bf16\" "
+                      "(codecs) is not supported yet: the outer step keeps its own reference"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"favg_reset\"\ncodec_x = \"int8\"\n")
-                .find("sync.codec_x with method = \"favg_reset\" is not supported"),
+                .find("sync.codec_x = \"int8\" (codecs) with sync.method = \"favg_reset\" "
+                      "(favg_reset) is not supported yet"),
             std::string::npos);
   EXPECT_NE(sync_error("method = \"desloc\"\nworkers = 2\njoin_step = 10\njoin_workers = 3\n"
                        "codec_v = \"int4\"\n")
-                .find("job.toml:6:11: sync.codec_v with join_step is not supported"),
+                .find("job.toml:4:13: sync.join_step = 10 (elastic join) with sync.codec_v = "
+                      "\"int4\" (codecs) is not supported yet: a joining worker holds no "
+                      "reference"),
             std::string::npos);
   const auto ok = train::parse_config(
       "[sync]\nmethod = \"local_adam\"\ncodec_u = \"int4\"\ncodec_block = 128\n"
