@@ -150,6 +150,12 @@ void DelayedAverages::fold(Pending& p, std::int64_t n, std::span<Replica> replic
     throw Error("sync engine: " + std::to_string(dst.size()) + " replicas fold the average of " +
                 describe(p.kind, p.fragment, p.fragments) + " started at step " +
                 std::to_string(p.start) + " by " + std::to_string(p.mean.size()));
+  if (p.kind == optim::StateKind::kX && opts_.outer != nullptr && !dst.empty()) {
+    // The outer step on this fragment's mean, once (every replica holds the same mean), at the
+    // fold: the sites step in the order their averages complete, which every rank shares.
+    opts_.outer->step(p.mean[0], static_cast<std::size_t>(dst[0].data() - replicas[0].x.data()));
+    for (std::size_t w = 1; w < p.mean.size(); ++w) p.mean[w] = p.mean[0];
+  }
   for (std::size_t w = 0; w < dst.size(); ++w) {
     const std::span<float> s = dst[w];
     const std::vector<float>& mean = p.mean[w];

@@ -102,7 +102,8 @@ StepOptions step_options(const SyncConfig& cfg, const optim::ClipConfig* clip, O
 SyncEngine::SyncEngine(const SyncPolicy& policy, StepOptions opts)
     : policy_(policy),
       opts_(opts),
-      delayed_({opts.overlap == Overlap::kDelayedNaive, opts.delay, compresses_moments(opts)}) {}
+      delayed_({opts.overlap == Overlap::kDelayedNaive, opts.delay, compresses_moments(opts),
+                opts.outer}) {}
 
 SyncEngine::~SyncEngine() { abandon(); }
 
@@ -212,9 +213,11 @@ SyncEngine::DueViews SyncEngine::due_views(std::span<Replica> replicas) const {
 // bound after u when v's same fragment is not averaged with it.
 void SyncEngine::apply(optim::StateKind kind, std::span<Replica> replicas) const {
   if (kind == optim::StateKind::kX && opts_.outer != nullptr && !replicas.empty()) {
-    opts_.outer->step(replicas[0].x);
-    for (std::size_t w = 1; w < replicas.size(); ++w)
-      std::copy(replicas[0].x.begin(), replicas[0].x.end(), replicas[w].x.begin());
+    // On the fragment just averaged (the whole of x without fragments).
+    const Fragment f = fragment_of(due_, kind);
+    const std::vector<std::span<float>> x = state_views(replicas, kind, f.index, f.parts);
+    opts_.outer->step(x[0], static_cast<std::size_t>(x[0].data() - replicas[0].x.data()));
+    for (std::size_t w = 1; w < x.size(); ++w) std::copy(x[0].begin(), x[0].end(), x[w].begin());
   }
   if (kind == optim::StateKind::kU &&
       !(due_.v && due_.frag_v == due_.frag_u && due_.parts_v == due_.parts_u))

@@ -377,6 +377,17 @@ TEST(Launch, StreamingCompressedFragmentsReproduceTheInProcessRunBitForBit) {
                               std::string(kStreamingSync) + kCodecSync);
 }
 
+// Streaming DiLoCo: the outer Nesterov step on each fragment at its delayed fold. The outer
+// state (reference and momentum) is every rank's own copy, stepped at the same folds.
+TEST(Launch, StreamingWithTheOuterStepReproducesTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x1_outer_streaming", {"west", "east", "north"}, 1, "",
+                              std::string(kStreamingSync) + "outer = \"nesterov\"\n");
+}
+TEST(Launch, TwoSitesOfTwoRanksStreamingWithTheOuterStepReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch2x2_outer_streaming", {"west", "east"}, 2, "",
+                              std::string(kStreamingSync) + "outer = \"nesterov\"\n");
+}
+
 // Port 1 (tcpmux) is reserved and nothing listens there: connecting is refused at once.
 constexpr int kClosedPort = 1;
 

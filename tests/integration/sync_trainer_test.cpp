@@ -181,6 +181,22 @@ TEST_F(SyncTrainer, FragmentsMoveTheSameBytesOverlapExactlyAndStreamingResumesBi
   test::expect_bitwise_equal(final_state(straight), final_state(resumed));
   EXPECT_EQ(d.last_val_loss, e.last_val_loss);
   EXPECT_TRUE(std::isfinite(d.last_val_loss));
+
+  // Streaming with the outer step (Streaming DiLoCo's form): its reference and momentum move
+  // at each fragment's fold, and the checkpoint, written after the folds in flight, resumes
+  // bit-exact.
+  const std::string diloco = streaming + "outer = \"nesterov\"\n";
+  auto outer_straight = job(fresh_dir("f_outer_straight"), diloco, 14);
+  auto outer_resumed = job(fresh_dir("f_outer_resumed"), diloco, 14);
+  outer_straight.train.checkpoint_every = outer_resumed.train.checkpoint_every = 7;
+  const auto f = train::run_training(outer_straight, {.progress = 0});
+  train::run_training(outer_resumed, {.stop_after = 7, .progress = 0});
+  const auto g = train::run_training(outer_resumed, {.resume = true, .progress = 0});
+  test::expect_bitwise_equal(final_state(outer_straight), final_state(outer_resumed));
+  EXPECT_EQ(f.last_val_loss, g.last_val_loss);
+  EXPECT_NE(final_state(outer_straight).workers[0].params, final_state(straight).workers[0].params)
+      << "the outer step changed nothing";
+  EXPECT_FALSE(final_state(outer_straight).outer_momentum.empty());
 }
 
 // sync.codec_*: compressed averages send fewer bytes, stay within reach of the fp32 run, overlap

@@ -8,7 +8,8 @@
 // decay's factor (1 - lr wd) per step is left out). v stays non-negative: v - beta2^n v_t is
 // what the updates added, >= 0, and mean(v_t) >= 0 (a float rounding below 0 is clamped).
 // docs/sync.md derives it. The naive delay (`naive`) sets s <- mean(s_t), losing the progress:
-// the comparison arXiv 2502.12996 reports as clearly worse.
+// the comparison arXiv 2502.12996 reports as clearly worse. With an outer step (Options::outer)
+// mean(x_t) is first replaced by the outer step's result on it, as a blocking average's is.
 //
 // With fragments (sync.fragments = P) each average is one fragment of its state; fragments of
 // the same state started at different steps may wait for their folds together (they cover
@@ -41,6 +42,7 @@
 #include "desloc/core/cpu_time.hpp"
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/averager.hpp"
+#include "desloc/sync/outer_optimizer.hpp"
 
 namespace desloc::sync {
 
@@ -54,6 +56,10 @@ class DelayedAverages {
     // Bound u after every fold of it, also with v's: u or v travels compressed, so the
     // averaged pair no longer satisfies Jensen's bound by construction.
     bool always_bound_u = false;
+    // The outer step (sync.outer): taken on each average of x (each fragment) when it is
+    // folded in, on the mean of the snapshots, in Streaming DiLoCo's manner; the fold then
+    // carries the outer step's parameters, with the local progress since the snapshot kept.
+    OuterNesterov* outer = nullptr;
   };
   explicit DelayedAverages(Options opts) : opts_(opts) {}
   ~DelayedAverages() { abandon(); }

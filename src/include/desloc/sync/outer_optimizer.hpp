@@ -3,6 +3,7 @@
 // parameter value all workers agreed on at the previous average.
 #pragma once
 
+#include <cstddef>
 #include <span>
 #include <vector>
 
@@ -17,6 +18,10 @@ class OuterNesterov {
   //   delta = x_ref - mean_x; m = mu m + delta; x_new = x_ref - lr (delta + mu m);  x_ref = x_new
   // With lr = 1 and mu = 0 this is plain averaging (x_new = mean_x).
   void step(std::span<float> mean_x);
+  // The same on elements [offset, offset + mean_x.size()) of x: one fragment of the parameters
+  // (sync.fragments), whose x_ref and momentum alone move (Streaming DiLoCo's outer step per
+  // fragment).
+  void step(std::span<float> mean_x, std::size_t offset);
   std::vector<float>& reference() { return x_ref_; }
   std::vector<float>& momentum() { return m_; }
   const std::vector<float>& reference() const { return x_ref_; }
