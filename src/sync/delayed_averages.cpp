@@ -155,6 +155,9 @@ void DelayedAverages::fold(Pending& p, std::int64_t n, std::span<Replica> replic
     // fold: the sites step in the order their averages complete, which every rank shares.
     opts_.outer->step(p.mean[0], static_cast<std::size_t>(dst[0].data() - replicas[0].x.data()));
     for (std::size_t w = 1; w < p.mean.size(); ++w) p.mean[w] = p.mean[0];
+    // A compressed x's next difference is from the outer step's parameters (SyncEngine::apply).
+    if (p.codec && !p.codec->reference.empty())
+      std::copy(p.mean[0].begin(), p.mean[0].end(), p.codec->reference.begin());
   }
   for (std::size_t w = 0; w < dst.size(); ++w) {
     const std::span<float> s = dst[w];

@@ -218,6 +218,12 @@ void SyncEngine::apply(optim::StateKind kind, std::span<Replica> replicas) const
     const std::vector<std::span<float>> x = state_views(replicas, kind, f.index, f.parts);
     opts_.outer->step(x[0], static_cast<std::size_t>(x[0].data() - replicas[0].x.data()));
     for (std::size_t w = 1; w < x.size(); ++w) std::copy(x[0].begin(), x[0].end(), x[w].begin());
+    // A compressed x then sends its difference from the outer step's parameters, which every
+    // site shares: the local progress since the outer step, DiLoCo's pseudo-gradient.
+    if (opts_.compression != nullptr && opts_.compression->config().compresses(kind)) {
+      const std::span<float> ref = opts_.compression->views(kind, f.index, f.parts).reference;
+      std::copy(x[0].begin(), x[0].end(), ref.begin());
+    }
   }
   if (kind == optim::StateKind::kU &&
       !(due_.v && due_.frag_v == due_.frag_u && due_.parts_v == due_.parts_u))

@@ -556,6 +556,50 @@ TEST(SyncEngine, ADelayedFoldOfACompressedVBoundsU) {
   EXPECT_GE(v_folds, 4);
 }
 
+// A compressed x with the outer step: after each average (blocking, and delayed at its fold)
+// the codec's reference is the outer step's parameters, so the next payload is the local
+// progress since the outer step (DiLoCo's pseudo-gradient), on every site alike.
+TEST(SyncEngine, ACompressedXSendsItsProgressSinceTheOuterStep) {
+  for (const bool delayed : {false, true}) {
+    optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+    const std::size_t n = 32;
+    optim::Optimizer o0(cfg, n), o1(cfg, n);
+    std::vector<float> x0(n, 0.0f), x1(n, 0.0f), g0(n), g1(n);
+    std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
+    sync::CompressionConfig cc;
+    cc.codec[static_cast<std::size_t>(optim::StateKind::kX)] = sync::Codec::kInt8;
+    cc.block = 16;
+    sync::CompressionState codecs(cc, n, 2);
+    codecs.reset(x0);
+    sync::OuterNesterov outer(0.7f, 0.9f);
+    outer.reset(x0);
+    SyncConfig sc{.method = SyncMethod::kFavg, .workers = 2, .kx = 4};
+    if (delayed) {
+      sc.overlap = "delayed";
+      sc.delay = 1;
+    }
+    const SyncPolicy policy(sc);
+    sync::VirtualAverager avg(2);
+    sync::SyncEngine engine(policy, sync::step_options(sc, nullptr, &outer, &codecs));
+    int checked = 0;
+    for (std::int64_t t = 1; t <= 12; ++t) {
+      engine.begin(t, avg, reps, false);
+      for (std::size_t w = 0; w < 2; ++w)
+        for (std::size_t i = 0; i < n; ++i)
+          reps[w].g[i] = (w == 0 ? 1.0f : -0.5f) * (1.0f + 0.1f * float(i % 7));
+      engine.finish(reps);
+      const bool applied = delayed ? t % 4 == 1 && t > 1 : t % 4 == 0;
+      if (applied) {
+        EXPECT_EQ(codecs.reference(optim::StateKind::kX), outer.reference())
+            << (delayed ? "delayed" : "blocking") << ", step " << t;
+        ++checked;
+      }
+      engine.update(reps, 1e-2f);
+    }
+    EXPECT_EQ(checked, delayed ? 2 : 3);
+  }
+}
+
 // A delayed average that is drained (a checkpoint after step t's update) is folded with the
 // updates made so far; a state due again before its fold is refused.
 TEST(SyncEngine, DelayedAveragesDrainEarlyAndRefuseAnOverlap) {
