@@ -70,7 +70,9 @@ $target nats. Method none is the compute-only reference (no communication at all
   --no-slow-start-after-idle  net.ipv4.tcp_slow_start_after_idle = 0 in every site, as
              desloc profile advises where round trips are long (the bed keeps Linux's 1)
   --results  keep configs, logs and metrics there (default: a temporary directory, removed)
-  --methods  any of none, ddp, local_adam, desloc, favg, favg_reset; NAME-overlap runs NAME
+  --methods  any of none, ddp, local_adam, desloc, favg, favg_reset; a suffix -outerLR (or
+             -outerLRmMU) adds the outer Nesterov step at that learning rate (and momentum),
+             e.g. desloc-delayed-outer0.5m0.8; NAME-overlap runs NAME
              with sync.overlap = "step" (e.g. desloc-overlap), NAME-delayed with
              sync.overlap = "delayed" (desloc-delayed: with --plan, Kx and tau from
              \`desloc plan --delayed\`; else --kx and --delay)
@@ -209,22 +211,38 @@ coord_addr=$("$netbed" env --name "$bed" --site "${site_list[0]}" | sed -n 's/^D
 quoted=$(printf '"%s", ' "${site_list[@]}")
 quoted=${quoted%, }
 
-base_method() { local m=${1%-overlap}; m=${m%-regions}; echo "${m%-delayed}"; }
+# NAME[-regions][-overlap|-delayed][-outerLR[mMU]]: the method, and the sync keys its suffixes add.
+outer_part() { [[ $1 == *-outer* ]] && echo "${1##*-outer}"; }
+without_outer() { echo "${1%-outer*}"; }
+base_method() {
+  local m
+  m=$(without_outer "$1")
+  m=${m%-overlap}
+  m=${m%-regions}
+  echo "${m%-delayed}"
+}
 
 
-write_config() {  # $1 = method (NAME, NAME-overlap or NAME-delayed), $2 = file, $3 = steps
+write_config() {  # $1 = method (NAME, NAME-overlap, NAME-delayed, ...-outerLR), $2 = file, $3 = steps
   local period='' lanes_line='' name overlap='' job_regions='' tau tau_u tau_v phase_lines=''
+  local mode outer outer_lines=''
   [[ -z $phases ]] || phase_lines=$'\n'"phase_u = ${phases%,*}"$'\n'"phase_v = ${phases#*,}"
   name=$(base_method "$1")
-  case $1 in
+  mode=$(without_outer "$1")
+  outer=$(outer_part "$1")
+  if [[ -n $outer ]]; then  # -outer0.5 or -outer0.5m0.8: the outer Nesterov step
+    outer_lines=$'outer = "nesterov"\n'"outer_lr = ${outer%m*}"
+    [[ $outer != *m* ]] || outer_lines+=$'\n'"outer_momentum = ${outer#*m}"
+  fi
+  case $mode in
     *-overlap) overlap='overlap = "step"' ;;
     *-delayed) IFS=, read -r tau tau_u tau_v <<<"$delay"
       overlap=$'overlap = "delayed"\n'"delay = $tau"
       [[ -z $tau_u ]] || overlap+=$'\n'"delay_u = $tau_u"
       [[ -z $tau_v ]] || overlap+=$'\n'"delay_v = $tau_v" ;;
   esac
-  [[ $1 != *-overlap && $1 != *-delayed ]] || overlap+=$'\n'"fragments = $fragments"
-  case $1 in
+  [[ $mode != *-overlap && $mode != *-delayed ]] || overlap+=$'\n'"fragments = $fragments"
+  case $mode in
     desloc-delayed) period=${delayed_sync:-"kx = $kx$phase_lines"}
       [[ -z $delayed_sync ]] || overlap=$delayed_overlap ;;
     desloc-regions*)
@@ -281,6 +299,7 @@ threads = 1
 method = "$name"
 $period
 $overlap
+$outer_lines
 [job]
 sites = [$quoted]
 $job_regions
@@ -347,7 +366,7 @@ if [[ $plan -eq 1 ]]; then
   ring=$(sed -n 's/^sites *= *\[\([^]]*\)\].*/\1/p' "$results/plan.toml")
   [[ -z $ring ]] || quoted=$ring
   say "plan: DES-LOC $(echo "$desloc_sync" | tr '\n' ' ')(target overhead $overhead); Local Adam K = $la_kx"
-  if [[ ,$methods, == *-delayed,* ]]; then
+  if [[ ,$methods, == *-delayed,* || ,$methods, == *-delayed-outer* ]]; then
     "$desloc" plan --delayed --max-delay "$max_delay" --topology "$results/topology.toml" \
       --config "$results/profile.toml" --target-overhead "$overhead" --out "$results/plan-delayed.toml" >"$results/plan-delayed.txt" ||
       { cat "$results/plan-delayed.txt" >&2; die "desloc plan --delayed refused the profiled bed"; }

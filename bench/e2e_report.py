@@ -183,7 +183,7 @@ def desloc_analysis(a, name, d, base, payload_rate):
     # Delayed averages leave the wire steps after their sync step: nothing to price there; a
     # hierarchical run's sync steps are mostly the regions', on other links.
     if (d["synced"] and d["sync_bytes"] and statistics.median(d["sync_bytes"]) > 0
-            and not name.endswith("-delayed") and "-regions" not in name):
+            and "-delayed" not in name and "-regions" not in name):
         # A sync starts when the last site arrives; the others wait for it first. The last
         # site to arrive (the smallest step time at that sync) sees the sync alone.
         per_rank = rank_steps(a.results, name)

@@ -113,8 +113,10 @@ struct OpState {
   CollectiveOp op{};
   std::uint32_t seq = 0;
   Clock::time_point start;
-  // Moved out by the waits when this process stalls (UcxWorker::wait_until).
+  // Moved out by the waits when this process stalls (UcxWorker::wait_until), which track the
+  // operation's last look at the clock in `looked`.
   mutable Clock::time_point deadline;
+  mutable Clock::time_point looked;
   int root = -1;                    // broadcast only
   const std::byte* base = nullptr;  // the operation's buffer, for chunk offsets
   OpLabel label;
@@ -339,6 +341,7 @@ class UcxCollective final : public Collective {
     s.seq = seq_++;
     s.start = Clock::now();
     s.deadline = s.start + options_.deadline;
+    s.looked = s.start;
     s.label = label_;
     return s;
   }
@@ -620,7 +623,7 @@ class UcxCollective final : public Collective {
           sample_backlog(op);
           return !t.pending() || successor_failed() || abort_requested();
         },
-        op.deadline);
+        op.deadline, op.looked);
     if (t.pending() && aborted) {
       throw PeerFailure("rank " + std::to_string(rank_) + ": " + std::string(op_name(op.op)) +
                         " #" + std::to_string(op.seq) +

@@ -40,13 +40,13 @@ class UcxWorker {
   //
   // A stall, a gap between two looks at the clock far longer than any sleep here, means this
   // process did not run (SIGSTOP, a suspended host or VM): the deadline moves out by the gap,
-  // which is no peer's silence. The caller's deadline is updated, so an operation of several
-  // waits keeps the extension.
+  // which is no peer's silence. `looked` is the caller's last look (an operation's start, or
+  // where its previous wait left it), so a stall between two waits of one operation counts
+  // too; both are updated, and the operation keeps the extension.
   template <class Done>
-  bool wait_until(Done&& done, Clock::time_point& deadline) {
+  bool wait_until(Done&& done, Clock::time_point& deadline, Clock::time_point& looked) {
     int idle = 0;
     bool linger_next = linger_.count() > 0;
-    Clock::time_point looked = Clock::now();
     const auto expired = [&](Clock::time_point now) {
       if (now - looked > kStall) deadline += now - looked;
       looked = now;
@@ -77,8 +77,8 @@ class UcxWorker {
   }
   template <class Done>
   bool wait_until(Done&& done, Clock::time_point&& deadline) {
-    Clock::time_point d = deadline;
-    return wait_until(std::forward<Done>(done), d);
+    Clock::time_point d = deadline, looked = Clock::now();
+    return wait_until(std::forward<Done>(done), d, looked);
   }
 
   // Arms the worker and sleeps on its event fd until an event or the deadline (capped at
