@@ -212,7 +212,7 @@ quoted=$(printf '"%s", ' "${site_list[@]}")
 quoted=${quoted%, }
 
 # NAME[-regions][-overlap|-delayed][-outerLR[mMU]]: the method, and the sync keys its suffixes add.
-outer_part() { [[ $1 == *-outer* ]] && echo "${1##*-outer}"; }
+outer_part() { if [[ $1 == *-outer* ]]; then echo "${1##*-outer}"; fi; }
 without_outer() { echo "${1%-outer*}"; }
 base_method() {
   local m
