@@ -57,6 +57,10 @@ void wire_seeds(const fs::path& dir) {
   wire::Hello reconnect{1, "north", 0, {0x01, 0x02}, 42};
   reconnect.epoch = 7;
   put(dir / "hello_reconnect.bin", wire::encode(reconnect));
+  // The keys the agreement hash digests, for the coordinator to name one that differs.
+  wire::Hello with_config{1, "east", 0, {0x03}, 42};
+  with_config.config = {{"sync.kx", "16"}, {"sync.codec_x", "\"int4\""}, {"job.sites", "[A, B]"}};
+  put(dir / "hello_config.bin", wire::encode(with_config));
   put(dir / "challenge.bin", wire::encode(challenge));
   put(dir / "auth_response.bin",
       wire::encode(wire::AuthResponse{std::vector<std::uint8_t>(32, 7)}));
