@@ -926,6 +926,34 @@ TEST(Membership, ASlowInboundLinkIsNamedFromThePeersBacklogs) {
   EXPECT_EQ(local.live(5000ms, kSites).find("link is slow"), std::string::npos);
 }
 
+// North's ingress throttled: west's sends to it waited, east's happened to finish before the
+// average broke, so only west's Recover carries a backlog toward north, and on that alone the
+// rule names the sender. East's latest heartbeat still reports its backlog toward north; with
+// it north is the end both other sites' links corroborate.
+TEST(Membership, AHeartbeatsBacklogIsEvidenceWhereARecoverSawNone) {
+  const auto recover = [](Job& job) {
+    job.saw("west", 0, 8000, 0, 8000);
+    job.saw("east", 0, 300, 0, 0);
+    job.saw("north", 0, 8000, 0, 0);
+    job.backlog_to[{"west", 0}] = "north";
+    job.backlog_to[{"east", 0}] = "north";
+    job.report("west", 0, {60});
+    job.report("east", 0, {60});
+    return job.report("north", 0, {60});
+  };
+  Job without = Job::formed(kSites, 1);
+  const auto blamed = recover(without);
+  EXPECT_EQ(departed_sites(without.roster), (std::vector<std::string>{"west"})) << logged(blamed);
+
+  Job job = Job::formed(kSites, 1);
+  job.backlog_ms[{"east", 0}] = 7000;
+  job.backlog_to[{"east", 0}] = "north";
+  job.heartbeat("east", 0, 60);
+  const auto d = recover(job);
+  EXPECT_EQ(departed_sites(job.roster), (std::vector<std::string>{"north"})) << logged(d);
+  EXPECT_NE(logged(d).find("dropping site north"), std::string::npos) << logged(d);
+}
+
 TEST(Membership, SiteAddressesLeaveOutAnAddressSeveralSitesShare) {
   std::map<RankId, RankRecord> ranks;
   const IpAddress a = parse_ip_address("10.0.0.1"), b = parse_ip_address("10.0.0.2"),

@@ -629,8 +629,22 @@ bool Roster::Step::drop_lost_and_late(bool timed_out) {
 // sites would fail the same step again until the ranks give up.
 void Roster::Step::drop_straggler() {
   if (!s_.failing_sites.empty()) return;
+  // A Recover's backlog is the longest its rank saw while an operation waited, and a rank
+  // whose operations were short saw none: with one site's ingress throttled, the sender that
+  // happened to finish its sends reported no backlog toward it, and the straggler rule named
+  // the other sender. Each rank's latest heartbeat carries its backlog too (what the slow-link
+  // watch judges); the longer of the two is the evidence.
+  std::map<RankId, Recover> seen = s_.reports;
+  for (auto& [id, rep] : seen) {
+    const auto r = s_.ranks.find(id);
+    if (r == s_.ranks.end() || r->second.silent ||
+        r->second.report.tcp_backlog_ms <= rep.backlog_ms)
+      continue;
+    rep.backlog_ms = r->second.report.tcp_backlog_ms;
+    rep.backlog_peer = r->second.report.tcp_backlog_peer;
+  }
   const std::optional<Straggler> s =
-      find_straggler(s_.reports, rules_.straggler_ratio, site_addresses(s_.ranks));
+      find_straggler(seen, rules_.straggler_ratio, site_addresses(s_.ranks));
   if (!s) return;
   const auto secs = [](std::chrono::milliseconds d) { return d.count() / 1000.0; };
   const std::string evidence =
