@@ -146,7 +146,7 @@ std::vector<Outcome> train_all(const Options& o, const std::vector<Method>& meth
         o.data, o.steps, int(std::max<std::int64_t>(1, o.steps / 24)), o.threads, o.workers);
     cfg.sync.method = *desloc::parse_sync_method(m.method);
     cfg.sync.kx = m.kx;
-    cfg.sync.overlap = m.overlap;
+    cfg.sync.overlap = desloc::parse_overlap(m.overlap).value();
     cfg.sync.delay = m.delay;
     cfg.sync.fragments = m.fragments;
     if (m.codec != "fp32") {

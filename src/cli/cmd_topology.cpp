@@ -351,7 +351,7 @@ int run_simulate(const SimulateOptions& o) {
   base.wire_ratio = codecs.ratio;
   base.codec_s = codecs.seconds;
   base.overlap = o.overlap;
-  base.overlap_step = cfg.sync.overlap == "step";
+  base.mode = cfg.sync.overlap;
   base.delay = cfg.sync.effective_delays();
   if (o.jitter >= 0) base.jitter = o.jitter;
   base.ring = cfg.site_names();
@@ -378,10 +378,10 @@ int run_simulate(const SimulateOptions& o) {
       topo.sites.size(), params, base.state_bytes / 1e6, static_cast<long long>(base.steps),
       static_cast<long long>(base.schedule.kx), static_cast<long long>(base.schedule.ku),
       static_cast<long long>(base.schedule.kv),
-      o.overlap           ? "overlapped (what-if)"
-      : base.overlap_step ? "step-overlapped (sync.overlap)"
-      : base.delayed()    ? "delayed (sync.overlap)"
-                          : "blocking",
+      o.overlap                     ? "overlapped (what-if)"
+      : base.mode == Overlap::kStep ? "step-overlapped (sync.overlap)"
+      : base.delayed()              ? "delayed (sync.overlap)"
+                                    : "blocking",
       ((base.delayed() && !o.overlap
             ? fmt::format(" tau {}/{}/{}", base.delay[0], base.delay[1], base.delay[2])
             : std::string()) +

@@ -111,7 +111,7 @@ transport::JobDescription describe_job(const train::JobConfig& cfg, const std::s
       add("region kx, ku, kv",
           fmt::format("{}, {}, {}", s.region_kx, s.effective_region_ku(), s.effective_region_kv()));
     }
-    add("overlap", s.overlap);
+    add("overlap", to_string(s.overlap));
     if (s.delays()) {
       const auto tau = s.effective_delays();
       add("delay (x, u, v)", fmt::format("{}, {}, {}", tau[0], tau[1], tau[2]));

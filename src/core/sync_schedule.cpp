@@ -29,6 +29,26 @@ std::optional<SyncMethod> parse_sync_method(std::string_view name) {
   return std::nullopt;
 }
 
+std::string_view to_string(Overlap o) {
+  switch (o) {
+    case Overlap::kNone:
+      return "none";
+    case Overlap::kStep:
+      return "step";
+    case Overlap::kDelayed:
+      return "delayed";
+    case Overlap::kDelayedNaive:
+      return "delayed_naive";
+  }
+  return "?";
+}
+
+std::optional<Overlap> parse_overlap(std::string_view name) {
+  for (const Overlap o : kOverlaps)
+    if (to_string(o) == name) return o;
+  return std::nullopt;
+}
+
 bool due_at(std::int64_t t, std::int64_t period, std::int64_t phase) {
   return t >= 1 && period > 0 && (t - phase) % period == 0;
 }

@@ -88,10 +88,7 @@ StepOptions step_options(const SyncConfig& cfg, const optim::ClipConfig* clip, O
   o.clip = clip;
   o.outer = outer;
   o.compression = compression != nullptr && compression->active() ? compression : nullptr;
-  o.overlap = cfg.overlap == "step"            ? Overlap::kStep
-              : cfg.overlap == "delayed"       ? Overlap::kDelayed
-              : cfg.overlap == "delayed_naive" ? Overlap::kDelayedNaive
-                                               : Overlap::kNone;
+  o.overlap = cfg.overlap;
   const std::array<std::int64_t, 3> tau = cfg.effective_delays();  // x, u, v
   o.delay[static_cast<std::size_t>(optim::StateKind::kX)] = tau[0];
   o.delay[static_cast<std::size_t>(optim::StateKind::kU)] = tau[1];

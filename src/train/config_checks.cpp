@@ -32,12 +32,12 @@ void check_delays(const Binder& b, const sync::SyncConfig& s) {
       throw ConfigError(fmt::format(
           "{}: sync.{} is set, but overlap = \"{}\" has no delay; use overlap = \"delayed\" "
           "or remove it",
-          b.location_of(key), key, s.overlap));
+          b.location_of(key), key, to_string(s.overlap)));
   if (!s.delays()) return;
   if (s.delay < 1)
     throw ConfigError(fmt::format("{}: sync.overlap = \"{}\" needs sync.delay >= 1 (got {})",
-                                  b.location_of(b.has("delay") ? "delay" : "overlap"), s.overlap,
-                                  s.delay));
+                                  b.location_of(b.has("delay") ? "delay" : "overlap"),
+                                  to_string(s.overlap), s.delay));
   const bool desloc = s.method == SyncMethod::kDesloc;
   for (const char* key : {"delay_u", "delay_v"})
     if (b.has(key) && !desloc)

@@ -111,12 +111,14 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
   b.integer64("join_step", s.join_step,
               "elastic join: from this step on, grow to join_workers (0 = never)", 0);
   b.integer("join_workers", s.join_workers, "elastic join: worker count after the join", 0, 4096);
-  b.string("overlap", s.overlap,
+  std::string overlap(to_string(s.overlap));
+  b.string("overlap", overlap,
            "\"none\": averages block the step; \"step\": the averages of x, u and v run during "
            "the step's forward and backward pass (the same numbers); \"delayed\": an average "
            "started at step t is folded in at t + delay, keeping the progress made meanwhile; "
            "\"delayed_naive\": the same, replacing the state by the stale mean (comparison only)",
            {"none", "step", "delayed", "delayed_naive"});
+  s.overlap = parse_overlap(overlap).value_or(s.overlap);  // the list above checked it
   b.comment_next();
   b.integer64("delay", s.delay,
               "overlap = \"delayed\": steps tau from an average's start to its "

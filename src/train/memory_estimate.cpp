@@ -152,7 +152,7 @@ MemoryEstimate estimate_memory(const JobConfig& cfg, ProcessRole role) {
     e.parts.push_back(
         {fmt::format("{} of x, u and v of {} for averages that overlap the "
                      "step (sync.overlap = \"{}\")",
-                     copies == 2 ? "two copies" : "copies", site_keys, cfg.sync.overlap),
+                     copies == 2 ? "two copies" : "copies", site_keys, to_string(cfg.sync.overlap)),
          pkeys, copies * 3 * P * sites * kFloat});
   }
   if (cfg.sync.outer != "none")

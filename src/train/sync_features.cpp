@@ -45,11 +45,11 @@ const std::vector<Feature>& features() {
        [](const JobConfig& c) { return c.sync.method == SyncMethod::kFavgReset; },
        [](const JobConfig&) { return std::string("sync.method = \"favg_reset\""); }},
       {"step overlap", "overlap = \"step\"",
-       [](const JobConfig& c) { return c.sync.overlap == "step"; },
+       [](const JobConfig& c) { return c.sync.overlap == Overlap::kStep; },
        [](const JobConfig&) { return std::string("sync.overlap = \"step\""); }},
       {"delayed averages", "overlap = \"delayed\" or \"delayed_naive\"",
        [](const JobConfig& c) { return c.sync.delays(); },
-       [](const JobConfig& c) { return "sync.overlap = " + quoted(c.sync.overlap); }},
+       [](const JobConfig& c) { return "sync.overlap = " + quoted(to_string(c.sync.overlap)); }},
       {"fragments", "fragments (or fragments_u, fragments_v) > 1",
        [](const JobConfig& c) {
          const SyncSchedule s = c.sync.schedule();

@@ -563,9 +563,9 @@ void TrainingRun::replan_reset(std::int64_t next, bool keep_target) {
     o.syncs = cfg_.sync.replan_syncs;
     o.min_kx = *std::max_element(tau.begin(), tau.end()) + 1;
     o.max_kx = std::max<std::int64_t>(1, total_);
-    o.hidden_steps = cfg_.sync.overlap == "step" ? 1.0
-                     : cfg_.sync.delays()        ? double(tau[0] + 1)
-                                                 : 0.0;
+    o.hidden_steps = cfg_.sync.overlap == Overlap::kStep ? 1.0
+                     : cfg_.sync.delays()                ? double(tau[0] + 1)
+                                                         : 0.0;
     replanner_.emplace(cfg_.sync.method, sync::Periods{base.kx, base.ku, base.kv}, o);
   }
   replanner_->reset(in_force, keep_target);

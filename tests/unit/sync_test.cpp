@@ -462,7 +462,7 @@ TEST(SyncEngine, DelayedFragmentsTakeTheOuterStepAtTheirFold) {
   const std::vector<float> start(n, 0.0f);
   outer.reset(start);  // the agreed start: all zeros, so the first d is -mean
   SyncConfig sc{.method = SyncMethod::kFavg, .workers = 2, .kx = 4};
-  sc.overlap = "delayed";
+  sc.overlap = Overlap::kDelayed;
   sc.delay = 1;
   sc.fragments = 2;
   const SyncPolicy policy(sc);
@@ -575,7 +575,7 @@ TEST(SyncEngine, ACompressedXSendsItsProgressSinceTheOuterStep) {
     outer.reset(x0);
     SyncConfig sc{.method = SyncMethod::kFavg, .workers = 2, .kx = 4};
     if (delayed) {
-      sc.overlap = "delayed";
+      sc.overlap = Overlap::kDelayed;
       sc.delay = 1;
     }
     const SyncPolicy policy(sc);

@@ -73,6 +73,7 @@ double simulated_overhead(const Topology& t, const PlanRequest& req, const Plan&
   job.ring = p.chosen.order;
   job.lanes = p.chosen.lanes;
   job.lane_share = p.chosen.lane_share;
+  job.mode = p.delay > 0 ? Overlap::kDelayed : Overlap::kNone;  // a blocking plan has no delay
   job.delay = {p.delay, p.delay, p.delay};
   const SimResult r = simulate(t, job);
   return r.total_s / r.compute_s - 1;
@@ -233,13 +234,16 @@ TEST(Planner, DelayedAveragesHideUnderComputeAtAMuchShorterPeriod) {
   job.state_bytes = req.state_bytes;
   job.steps = 60 * p.kx;
   job.schedule = {SyncMethod::kDesloc, p.kx, p.ku, p.kv, 0, p.phase_u, p.phase_v};
+  job.mode = Overlap::kDelayed;
   job.delay = {p.delay, p.delay, p.delay};
   const auto r = simulate(t, job);
   EXPECT_LE(r.total_s, job.steps * 0.08 * 1.03 + sync) << "one batch may drain at the end";
   EXPECT_GT(r.total_s, job.steps * 0.08);
   // The same periods blocking: every average on the critical path.
+  job.mode = Overlap::kNone;
   job.delay = {};
   EXPECT_GT(simulate(t, job).total_s, job.steps * 0.08 * 1.3);
+  job.mode = Overlap::kDelayed;
   job.delay = {1, 1, 1};
   const auto short_tau = simulate(t, job);
   // tau too short: each fold (two steps of compute after its start) waits for the rest of
@@ -271,6 +275,7 @@ TEST(Planner, StreamingFragmentsShortenThePeriodAndTheDelay) {
   job.steps = 20 * p.kv;
   job.schedule = {SyncMethod::kDesloc, p.kx,      p.ku,        p.kv,          0,
                   p.phase_u,           p.phase_v, p.fragments, p.fragments_u, p.fragments_v};
+  job.mode = Overlap::kDelayed;
   job.delay = {p.delay, p.delay, p.delay};
   const auto r = simulate(t, job);
   EXPECT_LE(r.total_s, job.steps * 0.08 * 1.03 + p.chosen.seconds) << "one batch may drain";
@@ -303,6 +308,7 @@ TEST(Planner, StreamingFragmentsShortenThePeriodAndTheDelay) {
                   short_delay.fragments_u,
                   short_delay.fragments_v};
   job.steps = 20 * short_delay.kv;
+  job.mode = Overlap::kDelayed;
   job.delay = {1, 1, 1};
   EXPECT_LE(simulate(t, job).total_s, job.steps * 0.08 * 1.03 + p.chosen.seconds);
   req.fragments = 1;  // whole averages cannot keep tau at 1
@@ -489,7 +495,7 @@ TEST(Simulator, StepOverlapHidesAveragesUnderOneStepOfCompute) {
   job.state_bytes = 3e6;
   job.steps = 600;
   job.schedule = {SyncMethod::kDesloc, 16, 48, 96, 0, 0, 0};
-  job.overlap_step = true;
+  job.mode = Overlap::kStep;
   const double sync = ring_seconds(t, {"A", "B", "C"}, 3e6);
   ASSERT_GT(sync, 0.1);  // one state's average outlasts the 0.1 s step: only the rest hides
   const auto d = simulate(t, job);
@@ -524,10 +530,12 @@ TEST(Simulator, ADelayedAverageWaitsOnlyAtAFoldThatComesBeforeIt) {
   const double exchange = exchange_seconds(t, {"A", "B", "C"});
   ASSERT_GT(exchange, 0.03);
   ASSERT_LT(exchange + 3 * sync, 1.0);
+  job.mode = Overlap::kDelayed;
   job.delay = {8, 12, 14};
   EXPECT_NEAR(simulate(t, job).total_s, 95.0, 1e-9);
   // u folded two steps after its start (after that step's compute: 0.3 s) waits for the
   // exchange, x's average and its own, not for v's.
+  job.mode = Overlap::kDelayed;
   job.delay = {8, 2, 14};
   std::int64_t u_starts = 0;
   for (std::int64_t step = 1; step + 2 <= job.steps; ++step) u_starts += job.schedule.at(step).u;
@@ -545,6 +553,7 @@ TEST(Simulator, OverlappedAveragesTakeTheStealAndTheCodecFromTheCompute) {
   job.state_bytes = 1e6;
   job.steps = 950;
   job.schedule = {SyncMethod::kDesloc, 16, 48, 96, 0, 0, 0};
+  job.mode = Overlap::kDelayed;
   job.delay = {8, 12, 14};
   const SimResult free = simulate(t, job);
   ASSERT_NEAR(free.total_s, 95.0, 1e-9);
@@ -563,6 +572,7 @@ TEST(Simulator, OverlappedAveragesTakeTheStealAndTheCodecFromTheCompute) {
   job.codec_s = {0.004, 0.004, 0.004};
   EXPECT_NEAR(simulate(t, job).steal_s, expect * (per_average + 0.004) / per_average, 1e-9);
   job.codec_s = {};
+  job.mode = Overlap::kNone;
   job.delay = {};  // blocking: the steal costs nothing beyond the wire
   const SimResult blocking = simulate(t, job);
   EXPECT_EQ(blocking.steal_s, 0.0);
@@ -640,10 +650,11 @@ TEST(Simulator, RegionsAverageOverTheirOwnRingsAndOnlyTheirSitesWait) {
   EXPECT_GT(simulate(t, flat).total_s, r.total_s * 3);
   // Overlapped with the step: a region average (2 x 32 ms on 1 Gbit) hides under 100 ms.
   SimJob step = job;
-  step.overlap_step = true;
+  step.mode = Overlap::kStep;
   EXPECT_LT(simulate(t, step).total_s, r.total_s - 10 * region);
   // Delayed averages are not modelled with regions.
   SimJob delayed = job;
+  delayed.mode = Overlap::kDelayed;
   delayed.delay = {1, 1, 1};
   EXPECT_THROW(simulate(t, delayed), ConfigError);
 }

@@ -71,6 +71,7 @@ double simulated_overhead(const Topology& t, const PlanRequest& req, const Sched
   job.ring = ring.order;
   job.lanes = ring.lanes;
   job.lane_share = ring.lane_share;
+  job.mode = tau > 0 ? Overlap::kDelayed : Overlap::kNone;
   job.delay = {tau, tau, tau};
   const SimResult r = simulate(t, job);
   return r.compute_s > 0 ? r.total_s / r.compute_s - 1 : 0;

@@ -88,7 +88,7 @@ SimResult simulate(const Topology& t, const SimJob& job) {
   std::vector<Fold> folds;
   // Overlapped averages take CPU from the compute: steal per byte times the bytes a site sends,
   // plus the codec's work (blocking averages cost no compute: the sites wait for them anyway).
-  const bool overlapped = job.delayed() || job.overlap_step || job.overlap;
+  const bool overlapped = job.delayed() || (job.mode == Overlap::kStep) || job.overlap;
   std::vector<std::vector<Steal>> steals(n);
   double stolen = 0;
   for (std::int64_t step = 1; step <= job.steps; ++step) {
@@ -135,7 +135,7 @@ SimResult simulate(const Topology& t, const SimJob& job) {
     if (regional) {
       const SyncDecision rd = job.region_schedule.at(step);
       const bool only[3] = {rd.x && !due.x, rd.u && !due.u, rd.v && !due.v};
-      const bool under_step = job.overlap_step && states == 0;
+      const bool under_step = (job.mode == Overlap::kStep) && states == 0;
       double longest = 0;
       for (const Region& g : regions) {
         double cost_g = 0;
@@ -200,7 +200,7 @@ SimResult simulate(const Topology& t, const SimJob& job) {
       }
       continue;
     }
-    if (states > 0 && job.overlap_step && !job.overlap && !due.grad) {
+    if (states > 0 && (job.mode == Overlap::kStep) && !job.overlap && !due.grad) {
       // The control exchange at the step's start is a barrier; the averages then run under
       // every site's compute, and the update waits for both.
       const double start = *std::max_element(clock.begin(), clock.end());

@@ -43,13 +43,7 @@ struct Replica {
   optim::Optimizer* opt = nullptr;  // holds u and v
 };
 
-// sync.overlap.
-enum class Overlap : std::uint8_t {
-  kNone,          // "none": averages block the step
-  kStep,          // "step": they run during the step's gradient, finish before its update
-  kDelayed,       // "delayed": folded in tau steps later, keeping the local progress
-  kDelayedNaive,  // "delayed_naive": the stale mean replaces the state tau steps later
-};
+using desloc::Overlap;  // sync.overlap (desloc/core/sync_schedule.hpp)
 
 struct StepOptions {
   const optim::ClipConfig* clip = nullptr;  // nullptr = no clipping
@@ -60,7 +54,7 @@ struct StepOptions {
   CompressionState* compression = nullptr;
   Overlap overlap = Overlap::kNone;
   std::array<std::int64_t, 4> delay{};  // tau by StateKind (kDelayed, kDelayedNaive)
-  bool delays() const { return overlap == Overlap::kDelayed || overlap == Overlap::kDelayedNaive; }
+  bool delays() const { return desloc::delays(overlap); }
 };
 
 // Whether u or v travels compressed: then u is bounded after every average of v (the quantised

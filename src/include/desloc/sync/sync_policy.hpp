@@ -54,7 +54,7 @@ struct SyncConfig {
   // meanwhile: s <- s + c (mean(s_t) - s_t), c_x = 1, c_u = beta1^tau, c_v = beta2^tau
   // (docs/sync.md derives it). Up to tau + 1 steps of compute hide the wire time.
   // "delayed_naive": for comparison only, s <- mean(s_t) at step t + tau, losing the progress.
-  std::string overlap = "none";
+  Overlap overlap = Overlap::kNone;
   std::int64_t delay = 0;    // tau of every state (overlap = "delayed"), >= 1
   std::int64_t delay_u = 0;  // tau of u when it differs (0 = delay)
   std::int64_t delay_v = 0;  // tau of v when it differs (0 = delay)
@@ -102,8 +102,8 @@ struct SyncConfig {
     return region_kv > 0 ? region_kv : 6 * region_kx;
   }
   bool averages_params() const { return desloc::averages_params(method); }
-  bool overlaps() const { return overlap != "none"; }
-  bool delays() const { return overlap == "delayed" || overlap == "delayed_naive"; }
+  bool overlaps() const { return overlap != Overlap::kNone; }
+  bool delays() const { return desloc::delays(overlap); }
   std::int64_t effective_delay_u() const { return delay_u > 0 ? delay_u : delay; }
   std::int64_t effective_delay_v() const { return delay_v > 0 ? delay_v : delay; }
   // tau of x, u and v with overlap = "delayed" (or "delayed_naive"); all 0 otherwise.

@@ -1,12 +1,12 @@
 // The simulator: a discrete-event model of a whole job on a topology. Each site advances its
 // own clock by its compute step; a due average is a barrier (it starts when the last site
 // arrives) followed by the all-reduce time of the schedule (planner.hpp's cost model), one
-// all-reduce per averaged state. With overlap_step (sync.overlap = "step") the averages of a
+// all-reduce per averaged state. With mode Overlap::kStep (sync.overlap = "step") the averages of a
 // step start when the last site begins it and run under its compute: each site ends the step
 // at the later of its compute and the averages (the gradient's average, DDP, still blocks).
-// With delay (sync.overlap = "delayed") a site's step with averages first waits for the batch
-// still on the wire; the new batch (its control exchange, then each state's all-reduce) leaves
-// when the last site has started it and occupies the link while the sites compute, and a
+// With a delayed mode (sync.overlap = "delayed") a site's step with averages first waits for the
+// batch still on the wire; the new batch (its control exchange, then each state's all-reduce)
+// leaves when the last site has started it and occupies the link while the sites compute, and a
 // state's fold tau steps later waits, at each site, for that state's average to be done (the
 // last step drains every batch). No step is a barrier between the sites.
 // With overlap (a what-if beyond what desloc does: averages that may run under any number of
@@ -45,13 +45,13 @@ struct SimJob {
   // codec's seconds per average of the whole state, added to that average's time.
   std::array<double, 3> wire_ratio{1.0, 1.0, 1.0};
   std::array<double, 3> codec_s{};
-  int lanes = 1;              // 2 = also the reversed ring (3+ sites)
-  double lane_share = 0.5;    // with 2 lanes: the part on the ring (transport.lane_share)
-  bool overlap = false;       // the unbounded what-if
-  bool overlap_step = false;  // sync.overlap = "step"
-  // sync.overlap = "delayed": tau of x, u and v (all 0 = not delayed).
+  int lanes = 1;            // 2 = also the reversed ring (3+ sites)
+  double lane_share = 0.5;  // with 2 lanes: the part on the ring (transport.lane_share)
+  bool overlap = false;     // the unbounded what-if (beyond any sync.overlap)
+  // sync.overlap as the job runs it, and with delayed averages the tau of x, u and v.
+  Overlap mode = Overlap::kNone;
   std::array<std::int64_t, 3> delay{};
-  bool delayed() const { return delay[0] > 0; }
+  bool delayed() const { return delays(mode); }
   // Step-to-step compute noise: at site s each step takes step_s * exp(N(-j^2 / 2, j)), whose
   // mean is step_s, with j = jitter, or the site's measured step_jitter when jitter is unset;
   // drawn from a fixed seed, so a slow step makes the others wait at the next sync.

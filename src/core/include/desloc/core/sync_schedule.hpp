@@ -27,6 +27,22 @@ inline constexpr std::array<SyncMethod, 6> kSyncMethods{
 std::string_view to_string(SyncMethod m);
 std::optional<SyncMethod> parse_sync_method(std::string_view name);
 
+// How an average meets the step (sync.overlap), parsed once: the config, the sync engine and
+// the planner's and simulator's models of a job all take this one type.
+enum class Overlap : std::uint8_t {
+  kNone,          // "none": averages block the step
+  kStep,          // "step": they run during the step's gradient, finish before its update
+  kDelayed,       // "delayed": folded in tau steps later, keeping the local progress
+  kDelayedNaive,  // "delayed_naive": the stale mean replaces the state tau steps later
+};
+inline constexpr std::array<Overlap, 4> kOverlaps{Overlap::kNone, Overlap::kStep, Overlap::kDelayed,
+                                                  Overlap::kDelayedNaive};
+// The config's spelling: "none", "step", "delayed", "delayed_naive".
+std::string_view to_string(Overlap o);
+std::optional<Overlap> parse_overlap(std::string_view name);
+// Whether averages are folded in steps after they start (delayed and delayed_naive).
+constexpr bool delays(Overlap o) { return o == Overlap::kDelayed || o == Overlap::kDelayedNaive; }
+
 // Whether the method averages x (every method but none and ddp).
 constexpr bool averages_params(SyncMethod m) {
   return m != SyncMethod::kNone && m != SyncMethod::kDdp;
