@@ -2,6 +2,7 @@
 #include "desloc/sync/regional_averager.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -49,8 +50,20 @@ Rejection RegionalAverager::by_job_index(Rejection r) const {
   return r;
 }
 
+void RegionalAverager::forward_codec(optim::StateKind kind) {
+  std::optional<CodecViews>& codec = codec_[static_cast<std::size_t>(kind)];
+  if (!codec) return;
+  if (!job_wide(kind))
+    throw Error("regional averager: step " + std::to_string(step_) +
+                " averages a state inside each region, and a region's average is fp32; it "
+                "takes no codec");
+  global_.set_codec(kind, std::move(*codec));
+  codec.reset();
+}
+
 void RegionalAverager::average(optim::StateKind kind, std::span<const std::span<float>> local) {
   open_step();
+  forward_codec(kind);
   route(kind).average(kind, local);
   collect_rejections(rejections_);
 }
@@ -58,6 +71,7 @@ void RegionalAverager::average(optim::StateKind kind, std::span<const std::span<
 void RegionalAverager::average_across_sites(optim::StateKind kind,
                                             std::span<const std::span<float>> local) {
   open_step();
+  forward_codec(kind);
   route(kind).average_across_sites(kind, local);
 }
 

@@ -126,6 +126,7 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager) {
   abandon();  // a step abandoned by an exception may have left averages behind
   averager_ = &averager;
   due_ = policy_.at(t);
+  global_due_ = policy_.global_at(t);
   t_ = t;
   averager.begin_step(t);
   return due_;
@@ -136,6 +137,7 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
   if (opts_.delays()) {
     // The averager is left alone on steps with nothing due: a batch may be on the wire.
     due_ = policy_.at(t);
+    global_due_ = policy_.global_at(t);
     t_ = t;
     if (due_.any()) {
       const DueViews d = due_views(replicas);
@@ -191,9 +193,10 @@ SyncEngine::DueViews SyncEngine::due_views(std::span<Replica> replicas) const {
     d.due.push_back({kind, {}});
     d.fragment.push_back(f.index);
     d.parts.push_back(f.parts);
-    // The gradient's codec is always fp32 (CompressionConfig has none for it).
-    const bool compressed =
-        opts_.compression != nullptr && opts_.compression->config().compresses(kind);
+    // The gradient's codec is always fp32 (CompressionConfig has none for it), and so is a
+    // region's average.
+    const bool compressed = opts_.compression != nullptr &&
+                            opts_.compression->config().compresses(kind) && job_wide(kind);
     d.codec.push_back(compressed ? std::optional(opts_.compression->views(kind, f.index, f.parts))
                                  : std::nullopt);
   }
@@ -208,8 +211,24 @@ SyncEngine::DueViews SyncEngine::due_views(std::span<Replica> replicas) const {
 
 // What follows an average of `kind` in Alg. 1's order: the outer step after x, the momentum
 // bound after u when v's same fragment is not averaged with it.
+bool SyncEngine::job_wide(optim::StateKind kind) const {
+  if (!policy_.config().regional()) return true;
+  switch (kind) {
+    case optim::StateKind::kX:
+      return global_due_.x;
+    case optim::StateKind::kU:
+      return global_due_.u;
+    case optim::StateKind::kV:
+      return global_due_.v;
+    case optim::StateKind::kGrad:
+      break;
+  }
+  return true;
+}
+
 void SyncEngine::apply(optim::StateKind kind, std::span<Replica> replicas) const {
-  if (kind == optim::StateKind::kX && opts_.outer != nullptr && !replicas.empty()) {
+  if (kind == optim::StateKind::kX && opts_.outer != nullptr && !replicas.empty() &&
+      job_wide(kind)) {
     // On the fragment just averaged (the whole of x without fragments).
     const Fragment f = fragment_of(due_, kind);
     const std::vector<std::span<float>> x = state_views(replicas, kind, f.index, f.parts);

@@ -105,8 +105,8 @@ constexpr const char* kNeedsAverage =
     "it acts on the parameter average, and the method has none (ddp averages the gradient "
     "every step; none, nothing)";
 constexpr const char* kRegionsBuilt =
-    "regions average whole fp32 states, blocking or with overlap = \"step\"; this level of "
-    "the combination is not built yet";
+    "regions average whole states, blocking or with overlap = \"step\"; this level of the "
+    "combination is not built yet";
 
 const std::vector<Conflict>& conflicts() {
   static const std::vector<Conflict> c = {
@@ -149,9 +149,6 @@ const std::vector<Conflict>& conflicts() {
       {"fragments", "re-planning", Verdict::kNotBuilt, "a re-plan switches whole-state averages"},
       {"regions", "delayed averages", Verdict::kNotBuilt, kRegionsBuilt},
       {"regions", "fragments", Verdict::kNotBuilt, kRegionsBuilt},
-      {"regions", "error feedback", Verdict::kNotBuilt, kRegionsBuilt},
-      {"regions", "codecs", Verdict::kNotBuilt, kRegionsBuilt},
-      {"regions", "outer step", Verdict::kNotBuilt, kRegionsBuilt},
       {"regions", "period switches", Verdict::kNotBuilt, kRegionsBuilt},
       {"regions", "re-planning", Verdict::kNotBuilt, kRegionsBuilt},
       {"regions", "elastic join", Verdict::kNotBuilt, kRegionsBuilt},

@@ -181,6 +181,17 @@ TEST(Launch, HierarchicalDeslocOfTwoRanksOverlappingReproducesTheInProcessRunBit
                               "overlap = \"step\"\n", "region_kx = 1\n", "", kRegions);
 }
 
+// Regions with the slow level compressed (x in int4, u in int8, with error feedback) and the
+// outer step on every job-wide average, two ranks per site: the region rings stay fp32, and the
+// launched ranks (overlapping each step's averages) equal the blocking in-process run.
+TEST(Launch, HierarchicalDeslocWithCodecsAndTheOuterStepReproducesTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch4x2_regions_int4_outer", {"west", "east", "north", "south"}, 2,
+                              "overlap = \"step\"\n",
+                              "region_kx = 1\ncodec_x = \"int4\"\ncodec_u = \"int8\"\n"
+                              "error_feedback = true\nouter = \"nesterov\"\n",
+                              "", kRegions);
+}
+
 // Capacity-weighted lanes (issue 15, item 3): 70% of every shard round the ring, 30% round the
 // reversed ring; the in-process run splits and sums alike.
 TEST(Launch, WeightedLanesReproduceTheInProcessRunBitForBit) {

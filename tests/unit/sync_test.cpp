@@ -13,6 +13,7 @@
 #include "desloc/sync/averager.hpp"
 #include "desloc/sync/compression.hpp"
 #include "desloc/sync/outer_optimizer.hpp"
+#include "desloc/sync/regional_averager.hpp"
 #include "desloc/sync/sync_engine.hpp"
 #include "desloc/sync/sync_policy.hpp"
 #include "desloc/sync/synced_step.hpp"
@@ -597,6 +598,61 @@ TEST(SyncEngine, ACompressedXSendsItsProgressSinceTheOuterStep) {
       engine.update(reps, 1e-2f);
     }
     EXPECT_EQ(checked, delayed ? 2 : 3);
+  }
+}
+
+// With regions, the codec and the outer step belong to the job-wide averages: a region's
+// average is the plain fp32 mean of its sites and leaves the codec's reference and the outer
+// step's parameters alone; a job-wide average is compressed, takes the outer step, and leaves
+// both equal to its result on every site.
+TEST(SyncEngine, WithRegionsTheCodecAndTheOuterStepActOnTheJobWideAveragesOnly) {
+  optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+  constexpr std::size_t n = 32;
+  constexpr int M = 4;
+  std::vector<optim::Optimizer> opts(M, optim::Optimizer(cfg, n));
+  std::vector<std::vector<float>> x(M, std::vector<float>(n, 0.0f)), g(M, std::vector<float>(n));
+  std::vector<sync::Replica> reps;
+  for (int w = 0; w < M; ++w) reps.push_back({x[w], g[w], &opts[w]});
+  sync::CompressionConfig cc;
+  cc.codec[static_cast<std::size_t>(optim::StateKind::kX)] = sync::Codec::kInt8;
+  cc.block = 16;
+  sync::CompressionState codecs(cc, n, M);
+  codecs.reset(x[0]);
+  sync::OuterNesterov outer(0.7f, 0.9f);
+  outer.reset(x[0]);
+  const SyncConfig sc{.method = SyncMethod::kFavg, .workers = M, .kx = 4, .region_kx = 2};
+  const SyncPolicy policy(sc);
+  sync::VirtualAverager global(M, sync::SumOrder::kRing);
+  sync::GroupedAverager regions({{0, 1}, {2, 3}}, M, 1, sync::PayloadGuard{});
+  sync::RegionalAverager avg(global, regions, sc.schedule());
+  sync::SyncEngine engine(policy, sync::step_options(sc, nullptr, &outer, &codecs));
+  for (std::int64_t t = 1; t <= 8; ++t) {
+    const std::vector<float> ref_before = codecs.reference(optim::StateKind::kX);
+    const std::vector<float> outer_before = outer.reference();
+    const std::vector<std::vector<float>> before = x;
+    engine.begin(t, avg, reps, false);
+    for (std::size_t w = 0; w < M; ++w)
+      for (std::size_t i = 0; i < n; ++i)
+        reps[w].g[i] =
+            (1.0f + float(w)) * (w % 2 == 0 ? 1.0f : -0.3f) * (1.0f + 0.1f * float(i % 7));
+    engine.finish(reps);
+    if (t % 4 == 0) {  // job-wide: compressed, then the outer step, shared by every site
+      for (int w = 1; w < M; ++w) EXPECT_EQ(x[w], x[0]) << "step " << t << " site " << w;
+      EXPECT_EQ(x[0], outer.reference()) << "step " << t;
+      EXPECT_EQ(codecs.reference(optim::StateKind::kX), outer.reference()) << "step " << t;
+      EXPECT_NE(outer.reference(), outer_before) << "step " << t;
+    } else if (t % 2 == 0) {  // inside each region: the fp32 mean, nothing shared moves
+      for (std::size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(x[0][i], (before[0][i] + before[1][i]) / 2.0f) << "step " << t << " i " << i;
+        EXPECT_EQ(x[2][i], (before[2][i] + before[3][i]) / 2.0f) << "step " << t << " i " << i;
+      }
+      EXPECT_EQ(x[1], x[0]);
+      EXPECT_EQ(x[3], x[2]);
+      EXPECT_NE(x[2], x[0]);
+      EXPECT_EQ(codecs.reference(optim::StateKind::kX), ref_before) << "step " << t;
+      EXPECT_EQ(outer.reference(), outer_before) << "step " << t;
+    }
+    engine.update(reps, 1e-2f);
   }
 }
 

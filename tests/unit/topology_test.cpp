@@ -652,6 +652,15 @@ TEST(Simulator, RegionsAverageOverTheirOwnRingsAndOnlyTheirSitesWait) {
   SimJob step = job;
   step.mode = Overlap::kStep;
   EXPECT_LT(simulate(t, step).total_s, r.total_s - 10 * region);
+  // A codec compresses the job-wide averages only: int4 (1/8 of the bytes) shortens those and
+  // adds its seconds; a region's averages stay fp32.
+  SimJob int4 = job;
+  int4.wire_ratio = {0.125, 0.125, 0.125};
+  int4.codec_s = {0.01, 0.01, 0.01};
+  const SimResult c = simulate(t, int4);
+  EXPECT_NEAR(c.total_s,
+              24 * 0.1 + 14 * region + 4 * (ring_seconds(t, job.ring, 4e6 * 0.125) + 0.01), 1e-9);
+  EXPECT_NEAR(c.bytes_per_site, 14 * 4e6 + 4 * 4e6 * 0.125 * 1.5, 1.0);
   // Delayed averages are not modelled with regions.
   SimJob delayed = job;
   delayed.mode = Overlap::kDelayed;

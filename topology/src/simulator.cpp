@@ -62,11 +62,10 @@ SimResult simulate(const Topology& t, const SimJob& job) {
     Region g;
     for (const auto& name : names)  // t.site() throws naming a site the topology lacks
       g.sites.push_back(static_cast<std::size_t>(&t.site(name) - t.sites.data()));
-    const double m = double(names.size());
+    // A region's averages are fp32: the codecs compress the job-wide ones only.
     for (std::size_t k = 0; k < 3; ++k) {
-      const double bytes = job.state_bytes * job.wire_ratio[k];
-      g.seconds[k] = ring_seconds(t, names, bytes, 1) + (m > 1 ? job.codec_s[k] : 0.0);
-      g.bytes[k] = site_bytes(bytes, names.size());
+      g.seconds[k] = ring_seconds(t, names, job.state_bytes, 1);
+      g.bytes[k] = site_bytes(job.state_bytes, names.size());
     }
     regions.push_back(std::move(g));
   }

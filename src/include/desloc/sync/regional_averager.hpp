@@ -3,6 +3,8 @@
 // the regions' schedule is averaged over the sites of each region (`region`). The sync engine
 // sees one Averager and the union of the two schedules (SyncPolicy::at), so blocking and
 // step-overlapped averages work unchanged, and so does the payload guard, judged per level.
+// Codecs compress the job-wide averages only (SyncEngine compresses nothing else): the fast
+// level inside a region stays fp32, and the codecs' references stay the last job-wide means.
 //
 // Stop requests travel with the job-wide control exchange only: every site must stop after the
 // same step, and a region's exchange reaches only its own sites. So a stop takes effect at the
@@ -45,6 +47,9 @@ class RegionalAverager final : public Averager {
   void open_step();
   bool job_wide(optim::StateKind kind) const;
   Averager& route(optim::StateKind kind) { return job_wide(kind) ? global_ : region_; }
+  // Hands a codec set on this averager (set_codec) to the job-wide one, whose average it
+  // compresses; a region's average is fp32, and a codec set for one is an Error.
+  void forward_codec(optim::StateKind kind);
   // Moves what the two averagers' guards rejected into `into` (rejections_, or a
   // ControlAnswer's), the regions' named by job-wide index.
   void collect_rejections(std::vector<Rejection>& into);

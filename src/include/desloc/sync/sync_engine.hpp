@@ -153,11 +153,17 @@ class SyncEngine {
   bool finish_started(std::span<Replica> replicas);
   void apply(optim::StateKind kind, std::span<Replica> replicas) const;
   void reset_moments(std::span<Replica> replicas) const;
+  // Whether the step's average of `kind` spans every site: always without job.regions; with
+  // them, only on the job-wide schedule's steps (the others average inside each region). Codecs
+  // and the outer step belong to the job-wide averages: a region's average is fp32 and leaves
+  // the outer step's parameters and the codecs' references, which every site shares, alone.
+  bool job_wide(optim::StateKind kind) const;
 
   const SyncPolicy& policy_;
   StepOptions opts_;
   Averager* averager_ = nullptr;
   SyncDecision due_;
+  SyncDecision global_due_;  // of due_, the averages that span every site (policy.global_at)
   std::vector<Started> started_;
   std::array<std::vector<std::vector<float>>, 4> copies_;  // by StateKind, kept across steps
   std::thread comm_;               // runs the started averages' wide-area halves

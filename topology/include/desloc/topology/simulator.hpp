@@ -59,7 +59,8 @@ struct SimJob {
   std::uint64_t seed = 1;
   // Hierarchical DES-LOC (job.regions): each region's sites in its ring order, and the
   // regions' schedule. A state due there but not in `schedule` is averaged by every region
-  // over its own ring, at once: only a region's sites wait for each other. Blocking and
+  // over its own ring, at once: only a region's sites wait for each other, and in fp32 (the
+  // codecs of wire_ratio and codec_s compress the job-wide averages only). Blocking and
   // step-overlapped syncs only (ConfigError otherwise).
   std::vector<std::vector<std::string>> regions;
   SyncSchedule region_schedule{};
