@@ -405,9 +405,10 @@ int run_simulate(const SimulateOptions& o) {
     std::string line = codecs.keys;
     std::replace(line.begin(), line.end(), '\n', ' ');
     std::printf(
-        "codecs on every method's averages of x, u and v: %s (x %.3fx, u %.3fx, v %.3fx of fp32 "
-        "on the wire, %.3f s of codec work per average of a state)\n",
-        line.c_str(), codecs.ratio[0], codecs.ratio[1], codecs.ratio[2],
+        "codecs on every method's %saverages of x, u and v: %s (x %.3fx, u %.3fx, v %.3fx of "
+        "fp32 on the wire, %.3f s of codec work per average of a state)\n",
+        base.regions.empty() ? "" : "job-wide (the regions' stay fp32) ", line.c_str(),
+        codecs.ratio[0], codecs.ratio[1], codecs.ratio[2],
         std::max({codecs.seconds[0], codecs.seconds[1], codecs.seconds[2]}));
   }
   std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s %9s\n", "method", "ms/step", "total",

@@ -23,7 +23,7 @@ std::string describe(optim::StateKind kind, int fragment, int fragments) {
 
 void DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
                             std::span<const int> fragment, std::span<const int> parts,
-                            Averager& averager, bool stop) {
+                            Averager& averager, bool stop, Averager* record) {
   settle();
   if (fragment.size() != due.size() || parts.size() != due.size())
     throw Error("sync engine: step " + std::to_string(t) + " starts " + std::to_string(due.size()) +
@@ -43,6 +43,7 @@ void DelayedAverages::start(std::int64_t t, std::span<const DueAverage> due,
   }
   if (due.empty()) return;
   averager_ = &averager;
+  record_ = record != nullptr ? record : &averager;
   averager.begin_step(t);
   std::vector<DueAverage> control;
   for (std::size_t k = 0; k < due.size(); ++k) {
@@ -121,7 +122,7 @@ void DelayedAverages::complete_through(std::size_t count) {
   if (!answered_) {  // the exchange's answer came before any average
     stop_agreed_ = stop_agreed_ || answer_.stop;
     measure_ = std::exchange(answer_.measure, std::nullopt);
-    averager_->record_rejections(answer_.rejections);
+    record_->record_rejections(answer_.rejections);
     answer_ = {};
     answered_ = true;
   }

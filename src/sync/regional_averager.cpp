@@ -82,6 +82,21 @@ void RegionalAverager::complete_average(optim::StateKind kind,
   collect_rejections(rejections_);
 }
 
+void RegionalAverager::average_in_regions(std::int64_t t, std::span<const DueAverage> due) {
+  if (due.empty()) return;
+  region_.begin_step(t);
+  region_.exchange_control(due, false);
+  for (const DueAverage& d : due) {
+    if (d.codec != nullptr)
+      throw Error("regional averager: step " + std::to_string(t) +
+                  " averages a state inside each region, and a region's average is fp32; it "
+                  "takes no codec");
+    region_.average(d.kind, d.local);
+  }
+  for (Rejection r : region_.rejections()) rejections_.push_back(by_job_index(std::move(r)));
+  region_.clear_rejections();
+}
+
 bool RegionalAverager::exchange_control(std::span<const DueAverage> due, bool stop) {
   open_control(due, stop);
   const ControlAnswer answer = close_control();

@@ -139,9 +139,18 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
     due_ = policy_.at(t);
     global_due_ = policy_.global_at(t);
     t_ = t;
-    if (due_.any()) {
-      const DueViews d = due_views(replicas);
-      delayed_.start(t, d.due, d.fragment, d.parts, averager, stop);
+    Averager* job = &averager;
+    if (const std::optional<SyncDecision> in_regions = policy_.region_at(t)) {
+      auto* regional = dynamic_cast<RegionalAverager*>(&averager);
+      if (regional == nullptr)
+        throw Error("sync engine: step " + std::to_string(t) +
+                    " has averages inside regions, and the averager has no regions");
+      average_in_regions(*in_regions, *regional, replicas);
+      job = &regional->job_level();
+    }
+    if (global_due_.any()) {
+      const DueViews d = due_views(replicas, global_due_, true);
+      delayed_.start(t, d.due, d.fragment, d.parts, *job, stop, &averager);
     }
     return due_;
   }
@@ -150,7 +159,7 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
   if (due_.grad)  // the config refuses overlap with DDP; a gradient does not exist yet
     throw Error("sync engine: step " + std::to_string(t) +
                 " averages the gradient, which cannot start before the step's backward pass");
-  const DueViews d = due_views(replicas);
+  const DueViews d = due_views(replicas, due_, true);
   stop_agreed_ = averager.exchange_control(d.due, stop);
   // Copies: x is read by the forward pass at its un-averaged value until the update. The
   // buffers of each state kind are kept from one sync to the next.
@@ -181,21 +190,22 @@ const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
 }
 
 // The due states in Alg. 1's order (g, x, u, v), each with its replicas' views.
-SyncEngine::DueViews SyncEngine::due_views(std::span<Replica> replicas) const {
+SyncEngine::DueViews SyncEngine::due_views(std::span<Replica> replicas, const SyncDecision& due,
+                                           bool compress) const {
   using optim::StateKind;
   DueViews d;
   for (const auto& [kind, is_due] :
-       {std::pair{StateKind::kGrad, due_.grad}, std::pair{StateKind::kX, due_.x},
-        std::pair{StateKind::kU, due_.u}, std::pair{StateKind::kV, due_.v}}) {
+       {std::pair{StateKind::kGrad, due.grad}, std::pair{StateKind::kX, due.x},
+        std::pair{StateKind::kU, due.u}, std::pair{StateKind::kV, due.v}}) {
     if (!is_due) continue;
-    const Fragment f = fragment_of(due_, kind);
+    const Fragment f = fragment_of(due, kind);
     d.views.push_back(state_views(replicas, kind, f.index, f.parts));
     d.due.push_back({kind, {}});
     d.fragment.push_back(f.index);
     d.parts.push_back(f.parts);
     // The gradient's codec is always fp32 (CompressionConfig has none for it), and so is a
     // region's average.
-    const bool compressed = opts_.compression != nullptr &&
+    const bool compressed = compress && opts_.compression != nullptr &&
                             opts_.compression->config().compresses(kind) && job_wide(kind);
     d.codec.push_back(compressed ? std::optional(opts_.compression->views(kind, f.index, f.parts))
                                  : std::nullopt);
@@ -249,6 +259,16 @@ void SyncEngine::apply(optim::StateKind kind, std::span<Replica> replicas) const
   if (kind == optim::StateKind::kV && compresses_moments(opts_)) bound_momentum(replicas);
 }
 
+void SyncEngine::average_in_regions(const SyncDecision& due, RegionalAverager& regional,
+                                    std::span<Replica> replicas) const {
+  if (!(due.x || due.u || due.v)) return;
+  const DueViews d = due_views(replicas, due, false);
+  regional.average_in_regions(t_, d.due);
+  // As after a blocking average (apply): u averaged without v is bounded, and with compressed
+  // moments u is bounded after every average of v.
+  if ((due.u && !due.v) || (due.v && compresses_moments(opts_))) bound_momentum(replicas);
+}
+
 void SyncEngine::reset_moments(std::span<Replica> replicas) const {
   if (!due_.reset_uv) return;
   for (auto& r : replicas) {
@@ -291,7 +311,7 @@ bool SyncEngine::finish(std::span<Replica> replicas, bool stop) {
   if (comm_.joinable()) return finish_started(replicas);
   if (!due_.any()) return false;
   // Every view the averages use, taken once: the exchange judges exactly these payloads.
-  const DueViews d = due_views(replicas);
+  const DueViews d = due_views(replicas, due_, true);
   const bool stop_agreed = averager_->exchange_control(d.due, stop);
   for (const DueAverage& a : d.due) {
     if (a.codec != nullptr) averager_->set_codec(a.kind, *a.codec);

@@ -28,6 +28,10 @@ SyncSchedule SyncConfig::region_schedule() const {
   s.kx = region_kx;
   s.ku = effective_region_ku();
   s.kv = effective_region_kv();
+  // A region's links are fast: its averages carry whole states (fragments stream the job-wide
+  // ones).
+  s.fragments = 1;
+  s.fragments_u = s.fragments_v = 0;
   return s;
 }
 

@@ -99,14 +99,15 @@ struct Conflict {
   const char* second;
   Verdict verdict;
   const char* reason;
+  const char* unless = nullptr;  // a feature with which the pair works after all
 };
 
 constexpr const char* kNeedsAverage =
     "it acts on the parameter average, and the method has none (ddp averages the gradient "
     "every step; none, nothing)";
 constexpr const char* kRegionsBuilt =
-    "regions average whole states, blocking or with overlap = \"step\"; this level of the "
-    "combination is not built yet";
+    "regions average whole states, blocking or with overlap = \"step\"; with delayed averages "
+    "the job-wide level streams; this level of the combination is not built yet";
 
 const std::vector<Conflict>& conflicts() {
   static const std::vector<Conflict> c = {
@@ -147,8 +148,10 @@ const std::vector<Conflict>& conflicts() {
        "a joining worker starts from a whole average"},
       {"fragments", "period switches", Verdict::kNotBuilt, "a switch keeps whole-state averages"},
       {"fragments", "re-planning", Verdict::kNotBuilt, "a re-plan switches whole-state averages"},
-      {"regions", "delayed averages", Verdict::kNotBuilt, kRegionsBuilt},
-      {"regions", "fragments", Verdict::kNotBuilt, kRegionsBuilt},
+      {"regions", "fragments", Verdict::kNotBuilt,
+       "a region averages whole states; fragments stream the job-wide averages, with delayed "
+       "averages only",
+       "delayed averages"},
       {"regions", "period switches", Verdict::kNotBuilt, kRegionsBuilt},
       {"regions", "re-planning", Verdict::kNotBuilt, kRegionsBuilt},
       {"regions", "elastic join", Verdict::kNotBuilt, kRegionsBuilt},
@@ -176,6 +179,7 @@ void check_features(const JobConfig& job, const KeyLocator& where) {
     const Feature& first = feature(c.first);
     const Feature& second = feature(c.second);
     if (!first.on(job) || !second.on(job) || c.verdict == Verdict::kOneKey) continue;
+    if (c.unless != nullptr && feature(c.unless).on(job)) continue;
     const std::string setting = second.setting(job);
     const std::string key = setting.substr(0, setting.find(' '));
     throw ConfigError(fmt::format(
@@ -195,6 +199,12 @@ std::optional<std::string> sync_feature_conflict(const std::string& a, const std
   const Conflict* c = conflict_of(a, b);
   if (c == nullptr) return std::nullopt;
   return std::string(c->reason);
+}
+
+std::optional<std::string> sync_feature_unless(const std::string& a, const std::string& b) {
+  const Conflict* c = conflict_of(a, b);
+  if (c == nullptr || c->unless == nullptr) return std::nullopt;
+  return std::string(c->unless);
 }
 
 std::string sync_feature_table() {
@@ -219,8 +229,13 @@ std::string sync_feature_table() {
       } else {
         auto [it, fresh] = number.try_emplace(c, reasons.size() + 1);
         if (fresh) reasons.push_back(fmt::format("{} with {}: {}", c->second, c->first, c->reason));
-        out += fmt::format("{} [{}] | ", c->verdict == Verdict::kNotBuilt ? "not yet" : "no",
-                           it->second);
+        const auto with = std::find_if(f.begin(), f.end(), [&](const Feature& g) {
+          return c->unless != nullptr && c->unless == std::string(g.name);
+        });
+        const std::string verdict = with != f.end() ? fmt::format("with {}", with - f.begin() + 1)
+                                    : c->verdict == Verdict::kNotBuilt ? "not yet"
+                                                                       : "no";
+        out += fmt::format("{} [{}] | ", verdict, it->second);
       }
     }
     out.pop_back();
@@ -230,8 +245,9 @@ std::string sync_feature_table() {
   for (std::size_t i = 0; i < f.size(); ++i)
     out += fmt::format("{}. {}: {}\n", i + 1, f[i].name, f[i].how);
   out +=
-      "\n\"no\": the combination has no meaning; \"not yet\": it has one, and is not built. "
-      "\"-\": two values of one key.\n\n";
+      "\n\"no\": the combination has no meaning; \"not yet\": it has one, and is not built; "
+      "\"with N\": it works with feature N on as well, and is not built without it. \"-\": two "
+      "values of one key.\n\n";
   for (std::size_t k = 0; k < reasons.size(); ++k)
     out += fmt::format("[{}] {}\n", k + 1, reasons[k]);
   return out;

@@ -278,6 +278,30 @@ TEST(FaultSuite, SiteKilledInsideARegionIsDroppedAndTheSurvivorsFinish) {
              "dropped east, west alone in its region, finished on 2 sites");
 }
 
+// The same loss while the job-wide level streams (delayed by 1, x in 2 fragments, int4 with
+// error feedback) and the regions average at the start of their steps: the job-wide batch in
+// flight when east dies is dropped with the epoch, and the survivors finish near the fault-free
+// run.
+TEST(FaultSuite, SiteKilledInsideARegionWhileTheJobWideAveragesStreamIsDropped) {
+  Job job("kill_region_streaming", 1, 3, kRegionsJob, {}, "",
+          "region_kx = 2\noverlap = \"delayed\"\ndelay = 1\nfragments = 2\ncodec_x = \"int4\"\n"
+          "error_feedback = true\n");
+  ASSERT_TRUE(job.reach(kSteps / 3)) << job.ranks[0][0].output();
+  ::kill(job.ranks[1][0].pid, SIGKILL);
+  EXPECT_EQ(job.ranks[1][0].wait(5s), 128 + SIGKILL);
+  ASSERT_TRUE(wait_for_text(job.ranks[0][0], "rolled back to step", 30s))
+      << job.ranks[0][0].output();
+  const double val = expect_leader_finishes(job);
+  EXPECT_EQ(job.ranks[2][0].wait(60s), 0) << job.ranks[2][0].output();
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_NEAR(val, ref, kLossTolerance);
+  report_row(
+      "kill -9 a site of a 2-site region while the job-wide averages stream (delayed, 2 "
+      "fragments, int4 + EF)",
+      -1, -1, val - ref, last_field(job.leader_metrics(), "recovery", "bytes_resent").value_or(-1),
+      "dropped east, west alone in its region, finished on 2 sites");
+}
+
 // east dies halfway through its region's ring at a step only the regions average (602: x is
 // due every 2 steps inside regions, every 4 over all sites): west's partial region sum is
 // never applied. The survivors roll back to the point kept before the last job-wide average

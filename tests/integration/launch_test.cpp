@@ -26,6 +26,7 @@
 #include "cluster_env.hpp"
 #include "desloc/core/file_io.hpp"
 #include "desloc/train/checkpoint.hpp"
+#include "desloc/transport/ring_order.hpp"
 #include "test_env.hpp"
 
 namespace desloc::test {
@@ -85,6 +86,11 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
   // Step for step: every rank's site loss equals the in-process site's, as printed floats
   // that round-trip (%.9g), and the leader's validation losses are equal.
   const auto ref_losses = train_field(dir / "train" / "metrics.jsonl", "loss_by_site");
+  // Fragments of x (and of u and v, which take x's count here): each rank encodes its block of
+  // every fragment.
+  int fragments = 1;
+  if (const auto at = both_sync.find("fragments = "); at != std::string::npos)
+    fragments = std::stoi(both_sync.substr(at + 12));
   ASSERT_EQ(ref_losses.size(), 12u);
   for (std::size_t s = 0; s < sites.size(); ++s)
     for (int r = 0; r < ranks; ++r) {
@@ -118,19 +124,21 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
                                 [](float e) { return e != 0.0f; }));
       }
       // Compressed states: the shared references whole; the error feedback on the block this
-      // rank encodes (the other ranks of its site keep the rest).
+      // rank encodes of each fragment (the other ranks of its site keep the rest).
       for (std::size_t k = 0; k < 3; ++k) {
         ASSERT_EQ(mine.codec_ref[k].size(), ref.codec_ref[k].size()) << "state " << k;
         EXPECT_TRUE(mine.codec_ref[k] == ref.codec_ref[k])
             << sites[s] << "/" << r << " reference " << k;
         ASSERT_EQ(b.codec_feedback[k].size(), a.codec_feedback[k].size()) << "state " << k;
-        const std::size_t n = a.codec_feedback[k].size();
-        const std::size_t blk = (n + std::size_t(ranks) - 1) / std::size_t(ranks);
-        const std::size_t lo = std::min(n, blk * std::size_t(r)), hi = std::min(n, lo + blk);
-        EXPECT_TRUE(std::equal(a.codec_feedback[k].begin() + std::ptrdiff_t(lo),
-                               a.codec_feedback[k].begin() + std::ptrdiff_t(hi),
-                               b.codec_feedback[k].begin() + std::ptrdiff_t(lo)))
-            << sites[s] << "/" << r << " feedback " << k;
+        for (int f = 0; f < fragments; ++f) {
+          const transport::Range part = transport::block(a.codec_feedback[k].size(), fragments, f);
+          const transport::Range mine_of = transport::block(part.count, ranks, r);
+          const auto lo = std::ptrdiff_t(part.offset + mine_of.offset);
+          const auto hi = lo + std::ptrdiff_t(mine_of.count);
+          EXPECT_TRUE(std::equal(a.codec_feedback[k].begin() + lo, a.codec_feedback[k].begin() + hi,
+                                 b.codec_feedback[k].begin() + lo))
+              << sites[s] << "/" << r << " feedback " << k << ", fragment " << f;
+        }
       }
     }
   const auto val = train_field(dir / "train" / "metrics.jsonl", "val_loss");
@@ -189,6 +197,17 @@ TEST(Launch, HierarchicalDeslocWithCodecsAndTheOuterStepReproducesTheInProcessRu
                               "overlap = \"step\"\n",
                               "region_kx = 1\ncodec_x = \"int4\"\ncodec_u = \"int8\"\n"
                               "error_feedback = true\nouter = \"nesterov\"\n",
+                              "", kRegions);
+}
+
+// Every sync feature that composes with regions at once: the job-wide level streams (delayed
+// by 1, x in 2 fragments, int4 with error feedback, the outer step at each fragment's fold)
+// while the regions average whole fp32 states at the start of their steps; two ranks per site.
+TEST(Launch, HierarchicalStreamingDeslocWithEveryFeatureReproducesTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch4x2_regions_streaming", {"west", "east", "north", "south"}, 2,
+                              "",
+                              "region_kx = 1\noverlap = \"delayed\"\ndelay = 1\nfragments = 2\n"
+                              "codec_x = \"int4\"\nerror_feedback = true\nouter = \"nesterov\"\n",
                               "", kRegions);
 }
 

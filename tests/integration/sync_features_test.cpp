@@ -120,36 +120,16 @@ std::vector<train::WorkerState> final_sites(const fs::path& run, bool launched) 
   return out;
 }
 
-class SyncFeatures : public ::testing::TestWithParam<Pair> {};
-
-TEST_P(SyncFeatures, ThePairIsRefusedWithTheTablesReasonOrTrainsAndLaunchEqualsTrain) {
-  const Pair& p = GetParam();
-  const auto conflict = train::sync_feature_conflict(p.a, p.b);
-  if (conflict && conflict->starts_with("two values of"))
-    GTEST_SKIP() << p.a << " and " << p.b << " are " << *conflict << ": no config sets both";
-  const auto a = turn_on().find(p.a), b = turn_on().find(p.b);
-  ASSERT_TRUE(a != turn_on().end() && b != turn_on().end())
-      << "no way to turn on " << p.a << " or " << p.b;
-  Sections sections = base();
-  apply(sections, a->second);
-  apply(sections, b->second);
-  const fs::path dir = fresh_dir("features_" + test_name(p));
+// The job of `sections` in `dir` loads, trains in one process, and where `networked`,
+// `desloc launch` reproduces it bit for bit.
+void expect_trains_and_launch_equals_train(const fs::path& dir, const Sections& sections,
+                                           bool networked) {
   const fs::path cfg = write_text(dir / "job.toml", job_toml(dir / "run", sections));
-  if (conflict) {
-    try {
-      train::load_config(cfg.string());
-      ADD_FAILURE() << "the table refuses " << p.a << " with " << p.b << ", the loader not:\n"
-                    << read_text(cfg);
-    } catch (const ConfigError& e) {
-      EXPECT_NE(e.message().find(*conflict), std::string::npos) << e.message();
-    }
-    return;
-  }
   ASSERT_NO_THROW(train::load_config(cfg.string())) << read_text(cfg);
   const auto trained = run_command(std::string(DESLOC_CLI) + " train --no-progress --config " +
                                    cfg.string() + " --out-dir " + (dir / "train").string());
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
-  if (!a->second.networked || !b->second.networked) return;
+  if (!networked) return;
   const auto launched = run_command(std::string(DESLOC_CLI) + " launch --quiet --config " +
                                     cfg.string() + " --out-dir " + (dir / "launch").string());
   ASSERT_EQ(launched.exit_code, 0) << launched.output;
@@ -168,6 +148,41 @@ TEST_P(SyncFeatures, ThePairIsRefusedWithTheTablesReasonOrTrainsAndLaunchEqualsT
     EXPECT_EQ(0, std::memcmp(x.v.data(), y.v.data(), bytes)) << kSites[s] << " v";
     EXPECT_EQ(x.optim_t, y.optim_t) << kSites[s];
   }
+}
+
+class SyncFeatures : public ::testing::TestWithParam<Pair> {};
+
+TEST_P(SyncFeatures, ThePairIsRefusedWithTheTablesReasonOrTrainsAndLaunchEqualsTrain) {
+  const Pair& p = GetParam();
+  const auto conflict = train::sync_feature_conflict(p.a, p.b);
+  if (conflict && conflict->starts_with("two values of"))
+    GTEST_SKIP() << p.a << " and " << p.b << " are " << *conflict << ": no config sets both";
+  const auto a = turn_on().find(p.a), b = turn_on().find(p.b);
+  ASSERT_TRUE(a != turn_on().end() && b != turn_on().end())
+      << "no way to turn on " << p.a << " or " << p.b;
+  Sections sections = base();
+  apply(sections, a->second);
+  apply(sections, b->second);
+  const fs::path dir = fresh_dir("features_" + test_name(p));
+  const fs::path cfg = write_text(dir / "job.toml", job_toml(dir / "run", sections));
+  bool networked = a->second.networked && b->second.networked;
+  if (conflict) {
+    try {
+      train::load_config(cfg.string());
+      ADD_FAILURE() << "the table refuses " << p.a << " with " << p.b << ", the loader not:\n"
+                    << read_text(cfg);
+    } catch (const ConfigError& e) {
+      EXPECT_NE(e.message().find(*conflict), std::string::npos) << e.message();
+    }
+    // A pair that works with a third feature on: the three train, and launch equals train.
+    const auto unless = train::sync_feature_unless(p.a, p.b);
+    if (!unless) return;
+    const auto c = turn_on().find(*unless);
+    ASSERT_NE(c, turn_on().end()) << "no way to turn on " << *unless;
+    apply(sections, c->second);
+    networked = networked && c->second.networked;
+  }
+  expect_trains_and_launch_equals_train(dir, sections, networked);
 }
 
 INSTANTIATE_TEST_SUITE_P(Pairs, SyncFeatures, ::testing::ValuesIn(all_pairs()),

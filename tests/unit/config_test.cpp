@@ -161,6 +161,12 @@ TEST(Config, RegionsAreRefusedWhenTheyDoNotPartitionTheSitesOrThePeriodsDoNotNes
   const std::string two = "regions = [[\"A\", \"B\"], [\"C\", \"D\"]]\n";
   const std::string desloc = "[sync]\nmethod = \"desloc\"\nkx = 4\nregion_kx = 2\n";
   EXPECT_EQ(error_of(desloc + sites + two), "<no error>");
+  // The slow level streams, compressed, with the outer step and fragments.
+  EXPECT_EQ(error_of(desloc +
+                     "overlap = \"delayed\"\ndelay = 1\nfragments = 2\ncodec_x = \"int4\"\n"
+                     "error_feedback = true\nouter = \"nesterov\"\n" +
+                     sites + two),
+            "<no error>");
   const struct {
     std::string text, needle;
   } cases[] = {
@@ -183,11 +189,12 @@ TEST(Config, RegionsAreRefusedWhenTheyDoNotPartitionTheSitesOrThePeriodsDoNotNes
       {"[sync]\nmethod = \"ddp\"\nregion_kx = 2\n" + sites + two,
        "job.regions (regions) with sync.method = \"ddp\" (no parameter average) cannot be "
        "combined"},
-      {desloc + "overlap = \"delayed\"\ndelay = 1\n" + sites + two,
-       "sync.overlap = \"delayed\" (delayed averages) with job.regions (regions) is not "
-       "supported yet"},
-      {desloc + "codec_x = \"int8\"\n" + sites + two,
-       "sync.codec_x = \"int8\" (codecs) with job.regions (regions)"},
+      {desloc + "fragments = 2\n" + sites + two,
+       "sync.fragments = 2 (fragments) with job.regions (regions) is not supported yet: a "
+       "region averages whole states; fragments stream the job-wide averages, with delayed "
+       "averages only"},
+      {desloc + "switches = [{ after = 4, kx = 8 }]\n" + sites + two,
+       "sync.switches (period switches) with job.regions (regions) is not supported yet"},
       {desloc + "phase_x = 3\n" + sites + two,
        "sync.phase_x = 3 must be smaller than sync.region_kx"},
   };

@@ -656,6 +656,60 @@ TEST(SyncEngine, WithRegionsTheCodecAndTheOuterStepActOnTheJobWideAveragesOnly) 
   }
 }
 
+// Delayed averages with regions: the regions average at the start of every step they are
+// due, before a job-wide average takes its snapshot, so the sites of a region start that
+// average from one snapshot and fold in one correction. With the regions averaging every step,
+// a region's sites then agree bit for bit after every step's folds, while the job-wide average
+// (x every 4 steps, folded a step later) pulls the two regions together.
+TEST(SyncEngine, DelayedAveragesWithRegionsFoldOneCorrectionPerRegion) {
+  optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+  constexpr std::size_t n = 16;
+  constexpr int M = 4;
+  std::vector<optim::Optimizer> opts(M, optim::Optimizer(cfg, n));
+  std::vector<std::vector<float>> x(M, std::vector<float>(n)), g(M, std::vector<float>(n));
+  std::vector<sync::Replica> reps;
+  for (int w = 0; w < M; ++w) {
+    for (std::size_t i = 0; i < n; ++i) x[w][i] = float(w) + 0.1f * float(i);
+    reps.push_back({x[w], g[w], &opts[w]});
+  }
+  SyncConfig sc{.method = SyncMethod::kFavg, .workers = M, .kx = 4, .region_kx = 1};
+  sc.overlap = Overlap::kDelayed;
+  sc.delay = 1;
+  const SyncPolicy policy(sc);
+  sync::VirtualAverager global(M, sync::SumOrder::kRing);
+  sync::GroupedAverager regions({{0, 1}, {2, 3}}, M, 1, sync::PayloadGuard{});
+  sync::RegionalAverager avg(global, regions, sc.schedule());
+  sync::SyncEngine engine(policy, sync::step_options(sc, nullptr, nullptr));
+  const auto gap = [&] {  // between the regions
+    float most = 0.0f;
+    for (std::size_t i = 0; i < n; ++i) most = std::max(most, std::abs(x[0][i] - x[2][i]));
+    return most;
+  };
+  float before_fold = 0.0f, first = 0.0f;
+  for (std::int64_t t = 1; t <= 9; ++t) {
+    engine.begin(t, avg, reps, false);
+    EXPECT_EQ(x[0], x[1]) << "step " << t << ": the region averaged at the step's start";
+    EXPECT_EQ(x[2], x[3]) << "step " << t;
+    if (t % 4 == 1 && t > 1) {
+      before_fold = gap();
+      if (t == 5) first = before_fold;
+    }
+    for (std::size_t w = 0; w < M; ++w)
+      for (std::size_t i = 0; i < n; ++i)
+        reps[w].g[i] = (w < 2 ? 1.0f : -0.7f) * (1.0f + 0.2f * float(w)) * float(i % 3 + 1);
+    engine.finish(reps);
+    EXPECT_EQ(x[0], x[1]) << "step " << t << ": one correction per region";
+    EXPECT_EQ(x[2], x[3]) << "step " << t;
+    if (t % 4 == 1 && t > 1) {  // the fold of the job-wide average started at t - 1
+      // What is left is the one step of updates since the snapshot (lr 0.01 each way).
+      EXPECT_LT(gap(), 0.025f) << "step " << t << ", " << before_fold << " before";
+    }
+    engine.update(reps, 1e-2f);
+  }
+  EXPECT_GT(first, 1.0f) << "the regions start 2 apart";
+  EXPECT_GT(before_fold, 0.02f) << "the regions drift apart between the job-wide averages";
+}
+
 // A delayed average that is drained (a checkpoint after step t's update) is folded with the
 // updates made so far; a state due again before its fold is refused.
 TEST(SyncEngine, DelayedAveragesDrainEarlyAndRefuseAnOverlap) {

@@ -661,11 +661,29 @@ TEST(Simulator, RegionsAverageOverTheirOwnRingsAndOnlyTheirSitesWait) {
   EXPECT_NEAR(c.total_s,
               24 * 0.1 + 14 * region + 4 * (ring_seconds(t, job.ring, 4e6 * 0.125) + 0.01), 1e-9);
   EXPECT_NEAR(c.bytes_per_site, 14 * 4e6 + 4 * 4e6 * 0.125 * 1.5, 1.0);
-  // Delayed averages are not modelled with regions.
+  // Delayed averages: the regions average every state they are due at the step's start (18
+  // averages each, the job-wide steps included), the job-wide batches stream. With a state
+  // small enough that a batch (its exchange and its averages) takes less than the two steps of
+  // compute before its fold, nothing waits for the wide-area links.
   SimJob delayed = job;
   delayed.mode = Overlap::kDelayed;
   delayed.delay = {1, 1, 1};
-  EXPECT_THROW(simulate(t, delayed), ConfigError);
+  delayed.state_bytes = 4e4;
+  const double small_region = ring_seconds(t, {"A", "B"}, 4e4);
+  ASSERT_LT(exchange_seconds(t, job.ring) + 2 * ring_seconds(t, job.ring, 4e4), 0.2);
+  const SimResult d = simulate(t, delayed);
+  EXPECT_EQ(d.syncs, 4 + 2 * 18);
+  EXPECT_NEAR(d.total_s, 24 * 0.1 + 18 * small_region, 1e-9);
+  EXPECT_NEAR(d.bytes_per_site, 18 * 4e4 + 4 * 4e4 * 1.5, 1e-3);
+  // At the full state each batch outlasts the steps before its fold, which waits for it.
+  delayed.state_bytes = 4e6;
+  EXPECT_GT(simulate(t, delayed).total_s, 24 * 0.1 + 18 * region + 3 * global);
+  // Fragments stream the job-wide averages (with delayed averages only, as the trainer runs).
+  delayed.schedule.fragments = 2;
+  EXPECT_NO_THROW(simulate(t, delayed));
+  SimJob fragments = job;
+  fragments.schedule.fragments = 2;
+  EXPECT_THROW(simulate(t, fragments), ConfigError);
 }
 
 // The hierarchical price beside a flat plan (issue 15, item 4): on 1 Gbit regions under

@@ -71,9 +71,10 @@ class DelayedAverages {
   // any) is settled, then the snapshots, the control exchange's half inside the site (`stop`
   // is this process's stop request), and on the thread its wide-area half and the averages'.
   // Throws Error for a gradient, and when a fragment is due again before its last average was
-  // folded in.
+  // folded in. The exchange's rejections are recorded on `record` (the averager the trainer
+  // reads them from; `averager` when null).
   void start(std::int64_t t, std::span<const DueAverage> due, std::span<const int> fragment,
-             std::span<const int> parts, Averager& averager, bool stop);
+             std::span<const int> parts, Averager& averager, bool stop, Averager* record = nullptr);
   // Before step t's update: folds every average whose fold step is t, in Alg. 1's order (x, u,
   // v), and bounds u (bound_momentum) when u was folded without v. An error raised on the wire
   // is thrown here or by settle().
@@ -136,6 +137,7 @@ class DelayedAverages {
 
   Options opts_;
   Averager* averager_ = nullptr;
+  Averager* record_ = nullptr;  // where the exchange's rejections go (start's `record`)
   // Started, not yet folded, in start order. A list: folding one never moves another, which the
   // thread may be averaging.
   std::list<Pending> pending_;

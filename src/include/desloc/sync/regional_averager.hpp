@@ -9,6 +9,10 @@
 // Stop requests travel with the job-wide control exchange only: every site must stop after the
 // same step, and a region's exchange reaches only its own sites. So a stop takes effect at the
 // next step with a job-wide average.
+//
+// Delayed averages (sync.overlap = "delayed") use the two levels apart: the job-wide averages
+// stream on the sync engine's thread over job_level(), while the regions average whole fp32
+// states blocking, on the caller's thread, at the start of their step (average_in_regions).
 #pragma once
 
 #include <memory>
@@ -41,6 +45,14 @@ class RegionalAverager final : public Averager {
   }
   // The job-wide averager's traffic, with the region averager's wide-area bytes as region_wire.
   Traffic traffic(int w) const override;
+
+  // Delayed averages: the job-wide level, which the engine's thread drives on its own.
+  Averager& job_level() { return global_; }
+  // Delayed averages: step t's averages inside the regions (`due`, whole states, no codec),
+  // each over its region's sites: their control exchange (no stop request), then the averages
+  // in order, on the caller's thread. Rejections are recorded here, by job-wide index. Uses
+  // only the regions' level, so the job-wide one may be on the wire meanwhile.
+  void average_in_regions(std::int64_t t, std::span<const DueAverage> due);
 
  private:
   // Opens step_ on both averagers once (begin_step is the engine's call on this one).

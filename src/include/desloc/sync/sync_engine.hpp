@@ -16,7 +16,11 @@
 // With Overlap::kDelayed (sync.overlap = "delayed") the averages started at step t are folded
 // in at step t + tau, keeping the progress made meanwhile (DelayedAverages), and the control
 // exchange's wide-area half runs on the thread with them; the owner drains them before a
-// checkpoint and settles them before using the averager's groups itself.
+// checkpoint and settles them before using the averager's groups itself. With regions (a
+// RegionalAverager) only the job-wide averages stream: the regions average their sites at the
+// start of each step they are due (blocking: their links are fast), before the job-wide
+// averages of that step take their snapshots, so every site of a region starts from the same
+// snapshot and folds in the same correction.
 #pragma once
 
 #include <array>
@@ -33,6 +37,7 @@
 #include "desloc/sync/compression.hpp"
 #include "desloc/sync/delayed_averages.hpp"
 #include "desloc/sync/outer_optimizer.hpp"
+#include "desloc/sync/regional_averager.hpp"
 #include "desloc/sync/sync_policy.hpp"
 
 namespace desloc::sync {
@@ -149,7 +154,13 @@ class SyncEngine {
     std::vector<int> fragment, parts;                  // per due state, its fragment of parts
     std::vector<std::optional<CodecViews>> codec;      // per due state, when compressed
   };
-  DueViews due_views(std::span<Replica> replicas) const;
+  // The states `due` decides, each with its replicas' views and, where `compress` and its codec
+  // says so, its codec views.
+  DueViews due_views(std::span<Replica> replicas, const SyncDecision& due, bool compress) const;
+  // Delayed averages with regions: step t_'s averages inside the regions (`due`), blocking,
+  // then the momentum bound they call for.
+  void average_in_regions(const SyncDecision& due, RegionalAverager& regional,
+                          std::span<Replica> replicas) const;
   bool finish_started(std::span<Replica> replicas);
   void apply(optim::StateKind kind, std::span<Replica> replicas) const;
   void reset_moments(std::span<Replica> replicas) const;

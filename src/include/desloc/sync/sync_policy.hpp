@@ -114,7 +114,7 @@ struct SyncConfig {
   // The schedule these settings describe (ku and kv resolved), as the simulator takes it.
   SyncSchedule schedule() const;
   // The schedule of the averages inside a region (regional() only): the region periods, the
-  // same method and phases.
+  // same method and phases, whole states.
   SyncSchedule region_schedule() const;
   // The schedule from `sw.after` on: its periods (ku and kv resolved), every phase at `after`.
   SyncSchedule schedule_after(const PeriodSwitch& sw) const;
@@ -132,6 +132,12 @@ class SyncPolicy {
   // The averages due at t that span every site: without regions, at(t). Only these are a
   // barrier for the whole job (a region's averages wait for its own sites only).
   SyncDecision global_at(std::int64_t t) const { return schedule_at(t).at(t); }
+  // The averages due inside the regions at t, on the regions' schedule alone (nullopt without
+  // regions): with delayed averages the regions average these at the start of step t, and
+  // the job-wide averages of global_at(t) start from their result.
+  std::optional<SyncDecision> region_at(std::int64_t t) const {
+    return region_ ? std::optional(region_->at(t)) : std::nullopt;
+  }
   // The job-wide schedule in force at step t (the last switch with after < t, else the
   // config's periods).
   const SyncSchedule& schedule_at(std::int64_t t) const;

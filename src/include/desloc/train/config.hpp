@@ -170,13 +170,15 @@ JobConfig parse_config(std::string_view text, const std::string& source_name,
 std::string default_config_toml();
 
 // Which sync features go together (`desloc config --features`, docs/sync.md): a Markdown table
-// of every feature against every other, each cell "works", "no" (no meaning) or "not yet" (not
-// built), with the reasons, and how each feature is turned on. parse_config refuses exactly the
-// pairs it refuses.
+// of every feature against every other, each cell "works", "no" (no meaning), "not yet" (not
+// built) or "with N" (works only with feature N on too), with the reasons, and how each
+// feature is turned on. parse_config refuses exactly the pairs it refuses.
 std::string sync_feature_table();
 // The table's features, in its order, and the reason a pair of them is refused: nullopt when
 // the pair works, "two values of <key>" for a pair no config can set at once.
 std::vector<std::string> sync_feature_names();
 std::optional<std::string> sync_feature_conflict(const std::string& a, const std::string& b);
+// The feature with which a refused pair works after all (nullopt: none).
+std::optional<std::string> sync_feature_unless(const std::string& a, const std::string& b);
 
 }  // namespace desloc::train

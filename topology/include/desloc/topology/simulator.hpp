@@ -8,7 +8,8 @@
 // batch still on the wire; the new batch (its control exchange, then each state's all-reduce)
 // leaves when the last site has started it and occupies the link while the sites compute, and a
 // state's fold tau steps later waits, at each site, for that state's average to be done (the
-// last step drains every batch). No step is a barrier between the sites.
+// last step drains every batch). No step is a barrier between the sites. Each mode is one step
+// function of the simulation (simulator.cpp).
 // With overlap (a what-if beyond what desloc does: averages that may run under any number of
 // following steps) a sync runs in the background and only delays the sites if the previous one
 // has not finished.
@@ -60,8 +61,10 @@ struct SimJob {
   // Hierarchical DES-LOC (job.regions): each region's sites in its ring order, and the
   // regions' schedule. A state due there but not in `schedule` is averaged by every region
   // over its own ring, at once: only a region's sites wait for each other, and in fp32 (the
-  // codecs of wire_ratio and codec_s compress the job-wide averages only). Blocking and
-  // step-overlapped syncs only (ConfigError otherwise).
+  // codecs of wire_ratio and codec_s compress the job-wide averages only). With delayed
+  // averages the regions average every state they are due at the step's start, blocking, and
+  // the job-wide batch (fragments allowed) streams as without regions. Not with the unbounded
+  // `overlap` what-if (ConfigError).
   std::vector<std::vector<std::string>> regions;
   SyncSchedule region_schedule{};
   // Period switches (sync.switches, or a re-planned run's): from the step after `first` on, the
