@@ -72,7 +72,8 @@ $target nats. Method none is the compute-only reference (no communication at all
   --results  keep configs, logs and metrics there (default: a temporary directory, removed)
   --methods  any of none, ddp, local_adam, desloc, favg, favg_reset; a suffix -outerLR (or
              -outerLRmMU) adds the outer Nesterov step at that learning rate (and momentum),
-             e.g. desloc-delayed-outer0.5m0.8; NAME-overlap runs NAME
+             e.g. desloc-delayed-outer0.5m0.8; -fp32 (before it) leaves --codec out of that
+             method, e.g. desloc-regions-fp32; NAME-overlap runs NAME
              with sync.overlap = "step" (e.g. desloc-overlap), NAME-delayed with
              sync.overlap = "delayed" (desloc-delayed: with --plan, Kx and tau from
              \`desloc plan --delayed\`; else --kx and --delay)
@@ -211,15 +212,19 @@ coord_addr=$("$netbed" env --name "$bed" --site "${site_list[0]}" | sed -n 's/^D
 quoted=$(printf '"%s", ' "${site_list[@]}")
 quoted=${quoted%, }
 
-# NAME[-regions][-overlap|-delayed][-outerLR[mMU]]: the method, and the sync keys its suffixes add.
+# NAME[-regions][-overlap|-delayed][-fp32][-outerLR[mMU]]: the method, and the sync keys its
+# suffixes add (-fp32: no --codec for this method).
 outer_part() { if [[ $1 == *-outer* ]]; then echo "${1##*-outer}"; fi; }
-without_outer() { echo "${1%-outer*}"; }
+without_outer() {
+  local m=${1%-outer*}
+  echo "${m%-fp32}"
+}
 base_method() {
   local m
   m=$(without_outer "$1")
   m=${m%-overlap}
-  m=${m%-regions}
-  echo "${m%-delayed}"
+  m=${m%-delayed}
+  echo "${m%-regions}"
 }
 
 
@@ -248,8 +253,13 @@ write_config() {  # $1 = method (NAME, NAME-overlap, NAME-delayed, ...-outerLR),
     desloc-regions*)
       [[ -n $regions_toml ]] || die "desloc-regions needs --regions"
       # The flat plan's Kx rounded up to a multiple of --region-kx (Ku = 3 Kx and Kv = 6 Kx,
-      # the plan's ratios), phases 0: every job-wide average falls on a region step.
+      # the plan's ratios), phases 0: every job-wide average falls on a region step. Streaming
+      # (-delayed) takes the streaming plan's Kx, tau and fragments instead.
       local k=${plan_kx:-$kx}
+      if [[ $mode == *-delayed && -n $delayed_sync ]]; then
+        k=$(sed -n 's/^kx *= *\([0-9]*\).*/\1/p' <<<"$delayed_sync")
+        overlap=$delayed_overlap
+      fi
       k=$(((k + region_kx - 1) / region_kx * region_kx))
       period="kx = $k"$'\n'"region_kx = $region_kx"
       job_regions=$regions_toml ;;
@@ -257,7 +267,7 @@ write_config() {  # $1 = method (NAME, NAME-overlap, NAME-delayed, ...-outerLR),
     local_adam*|favg*) period="kx = ${la_kx:-$kx}" ;;
   esac
   [[ -z $lanes ]] || lanes_line="lanes = $lanes"
-  if [[ -n $codec && $name == desloc ]]; then
+  if [[ -n $codec && $name == desloc && $1 != *-fp32* ]]; then
     local xu=${codec%%/*} v=${codec#*/}
     overlap+=$'\n'"codec_x = \"$xu\""$'\n'"codec_u = \"$xu\""$'\n'"codec_v = \"$v\""
     overlap+=$'\n'"error_feedback = true"
