@@ -116,8 +116,7 @@ topology::Plan plan_alternatives(const train::JobConfig& cfg, const topology::Pl
     for (const char* codec : kAutoCodecs) {
       Alternative a{delayed ? "delayed" : "blocking", codec, std::nullopt, ""};
       topology::PlanRequest r = req;
-      r.delayed = delayed;
-      r.overlap = false;
+      r.mode = delayed ? topology::PlanMode::kDelayed : topology::PlanMode::kBlocking;
       try {
         a.plan = plan_with(with_codec(cfg, codec), r, true);
       } catch (const ConfigError&) {
@@ -185,8 +184,9 @@ int run_plan(const PlanOptions& o) {
   req.beta1 = cfg.optim.beta1;
   req.beta2 = cfg.optim.beta2;
   req.steps = cfg.train.steps;
-  req.overlap = o.overlap;
-  req.delayed = o.delayed;
+  req.mode = o.delayed   ? topology::PlanMode::kDelayed
+             : o.overlap ? topology::PlanMode::kUnbounded
+                         : topology::PlanMode::kBlocking;
   req.fragments = o.fragments;
   req.max_delay = o.max_delay;
   req.delay_weight = o.delay_weight;
@@ -247,17 +247,25 @@ int run_plan(const PlanOptions& o) {
       regions = proposal.regions;
     }
     if (regions.size() >= 2 && !plan.chosen.order.empty())
-      hierarchical =
-          topology::plan_regions(topo, plan, regions, req.state_bytes, req.target_overhead);
+      hierarchical = topology::plan_regions(topo, plan, regions);
     if (hierarchical)
       for (const auto& line : hierarchical->explanation) std::printf("%s\n", line.c_str());
   }
   for (const auto& line : plan.warnings) std::printf("warning: %s\n", line.c_str());
   std::printf("\n%s", plan.config_fragment.c_str());
-  if (hierarchical && hierarchical->worthwhile)
+  // A delayed plan with regions is one whole hierarchical plan; the config's own regions make
+  // it the one --out writes.
+  const bool whole_hierarchical = hierarchical && hierarchical->plan;
+  if (whole_hierarchical)
+    std::printf("\n# hierarchical %s DES-LOC (docs/sync.md): instead of the fragment above\n%s",
+                hierarchical->plan->fragments > 1 ? "streaming" : "delayed",
+                hierarchical->config_fragment.c_str());
+  else if (hierarchical && hierarchical->worthwhile)
     std::printf("\n%s", hierarchical->config_fragment.c_str());
   if (!out.empty()) {
-    const auto& text = plan.config_fragment;
+    const auto& text = whole_hierarchical && !cfg.job.regions.empty()
+                           ? hierarchical->config_fragment
+                           : plan.config_fragment;
     write_file_atomic(out, text);
     std::printf("wrote %s\n", out.c_str());
   }
@@ -318,11 +326,10 @@ std::string describe_jitter(const topology::Topology& t, std::optional<double> g
   return "by site (the topology's step_jitter): " + by_site;
 }
 
-int run_simulate(const SimulateOptions& o) {
-  const auto methods = parse_methods(o.methods);
-  const auto cfg = train::load_config(o.config);
+// The topology of --topology with --link-scale and --step-scale applied. The scales are checked
+// finite and positive; their products must stay so too.
+topology::Topology scaled_topology(const SimulateOptions& o) {
   auto topo = topology::load_topology(o.topology);
-  // The scales are checked finite and positive; their products must stay so too.
   for (auto& l : topo.links) {
     l.bandwidth_bps *= o.link_scale;
     if (!(std::isfinite(l.bandwidth_bps) && l.bandwidth_bps > 0))
@@ -339,50 +346,59 @@ int run_simulate(const SimulateOptions& o) {
           "time finite and positive",
           o.step_scale, site.name, site.step_s));
   }
-  const double params = o.params > 0 ? o.params : model::parameter_count(cfg.model);
-  topology::SimJob base;
-  base.steps = o.steps > 0 ? o.steps : cfg.train.steps;
-  if (base.steps > kMaxSimulatedSteps)
+  return topo;
+}
+
+// The job a config describes, as the simulator takes it: its steps, states, codecs, overlap
+// mode and delays, ring, lanes, periods, switches and regions. A job that is not desloc
+// compares against desloc at the paper's ratios Ku = 3 Kx, Kv = 6 Kx.
+topology::SimJob simulated_job(const train::JobConfig& cfg, const SimulateOptions& o, double params,
+                               const CodecPrice& codecs) {
+  topology::SimJob job;
+  job.steps = o.steps > 0 ? o.steps : cfg.train.steps;
+  if (job.steps > kMaxSimulatedSteps)
     throw ConfigError(
         fmt::format("{}: train.steps = {} is more than the simulator walks ({}); pass --steps",
                     cfg.source, cfg.train.steps, kMaxSimulatedSteps));
-  base.state_bytes = 4.0 * params;
-  const CodecPrice codecs = price_codecs(cfg, params);
-  base.wire_ratio = codecs.ratio;
-  base.codec_s = codecs.seconds;
-  base.overlap = o.overlap;
-  base.mode = cfg.sync.overlap;
-  base.delay = cfg.sync.effective_delays();
-  if (o.jitter >= 0) base.jitter = o.jitter;
-  base.ring = cfg.site_names();
-  base.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(base.ring.size()));
-  base.lane_share = cfg.transport.lane_share;
-  for (const auto& s : base.ring) topo.site(s);
-  // The job's periods and phases, whichever method each row simulates; a job that is not
-  // desloc compares against desloc at the paper's ratios Ku = 3 Kx, Kv = 6 Kx.
+  job.state_bytes = 4.0 * params;
+  job.wire_ratio = codecs.ratio;
+  job.codec_s = codecs.seconds;
+  job.overlap = o.overlap;
+  job.mode = cfg.sync.overlap;
+  job.delay = cfg.sync.effective_delays();
+  if (o.jitter >= 0) job.jitter = o.jitter;
+  job.ring = cfg.site_names();
+  job.lanes = transport::effective_lanes(cfg.transport.lanes, static_cast<int>(job.ring.size()));
+  job.lane_share = cfg.transport.lane_share;
   auto sync = cfg.sync;
   if (sync.method != SyncMethod::kDesloc) sync = {.kx = cfg.sync.kx};
   sync.method = SyncMethod::kDesloc;
-  base.schedule = sync.schedule();
+  job.schedule = sync.schedule();
   for (const sync::PeriodSwitch& sw : cfg.sync.switches)
-    base.switches.emplace_back(sw.after, sync.schedule_after(sw));
+    job.switches.emplace_back(sw.after, sync.schedule_after(sw));
   if (!cfg.job.regions.empty()) {
     auto regional = cfg.sync;
     regional.method = SyncMethod::kDesloc;
-    base.regions = cfg.job.regions;
-    base.region_schedule = regional.region_schedule();
+    job.regions = cfg.job.regions;
+    job.region_schedule = regional.region_schedule();
   }
+  return job;
+}
+
+// What is simulated: the sites, the model, the periods, the mode, switches, regions, codecs.
+void print_simulated_job(const topology::Topology& topo, const topology::SimJob& base,
+                         double params, const CodecPrice& codecs, bool overlap) {
   std::printf(
       "simulate: %zu sites, %.3g parameters (%.2f MB per state), %lld steps, Kx %lld, "
       "Ku %lld, Kv %lld, %s syncs%s, compute jitter %s\n",
       topo.sites.size(), params, base.state_bytes / 1e6, static_cast<long long>(base.steps),
       static_cast<long long>(base.schedule.kx), static_cast<long long>(base.schedule.ku),
       static_cast<long long>(base.schedule.kv),
-      o.overlap                     ? "overlapped (what-if)"
+      overlap                       ? "overlapped (what-if)"
       : base.mode == Overlap::kStep ? "step-overlapped (sync.overlap)"
       : base.delayed()              ? "delayed (sync.overlap)"
                                     : "blocking",
-      ((base.delayed() && !o.overlap
+      ((base.delayed() && !overlap
             ? fmt::format(" tau {}/{}/{}", base.delay[0], base.delay[1], base.delay[2])
             : std::string()) +
        (base.schedule.fragments > 1
@@ -411,6 +427,17 @@ int run_simulate(const SimulateOptions& o) {
         codecs.ratio[0], codecs.ratio[1], codecs.ratio[2],
         std::max({codecs.seconds[0], codecs.seconds[1], codecs.seconds[2]}));
   }
+}
+
+int run_simulate(const SimulateOptions& o) {
+  const auto methods = parse_methods(o.methods);
+  const auto cfg = train::load_config(o.config);
+  const topology::Topology topo = scaled_topology(o);
+  const double params = o.params > 0 ? o.params : model::parameter_count(cfg.model);
+  const CodecPrice codecs = price_codecs(cfg, params);
+  const topology::SimJob base = simulated_job(cfg, o, params, codecs);
+  for (const auto& s : base.ring) topo.site(s);
+  print_simulated_job(topo, base, params, codecs, o.overlap);
   std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s %9s\n", "method", "ms/step", "total",
               "comm s", "wait s", "syncs", "MB/site", "vs none", "steal s");
   double none_total = 0;

@@ -628,4 +628,30 @@ TEST(Cli, PlanProposesRegionsFromTheBandwidthMatrix) {
                  "regions = [[\"a1\", \"a2\"], [\"b1\", \"b2\"]]\n");
   const auto check = run_command(cli() + " config --check " + (dir / "hierarchical.toml").string());
   EXPECT_EQ(check.exit_code, 0) << check.output;
+
+  // --delayed on the config's own regions (issue 43), with 1 Mbit between them: one whole
+  // hierarchical streaming plan, which --out writes and which loads as it is.
+  std::string slow = topo;
+  for (std::size_t at; (at = slow.find("bandwidth_mbit = 20\n")) != std::string::npos;)
+    slow.replace(at, 20, "bandwidth_mbit = 1\n");
+  write_text(dir / "slow.toml", slow);
+  write_text(dir / "regional.toml", set_key(tiny_job_toml(dir / "out"), "train", "steps", "10000") +
+                                        "[sync]\nmethod = \"desloc\"\nkx = 16\nregion_kx = 8\n"
+                                        "[job]\nsites = [\"a1\", \"a2\", \"b1\", \"b2\"]\n"
+                                        "regions = [[\"a1\", \"a2\"], [\"b1\", \"b2\"]]\n");
+  const auto d = run_command(cli() + " plan --delayed --topology " + (dir / "slow.toml").string() +
+                             " --config " + (dir / "regional.toml").string() + " --out " +
+                             (dir / "planned.toml").string());
+  EXPECT_EQ(d.exit_code, 0) << d.output;
+  EXPECT_TRUE(contains(d.output, "DES-LOC (docs/sync.md): instead of the fragment above"))
+      << d.output;
+  EXPECT_TRUE(contains(d.output, "planned again with the regions' averages")) << d.output;
+  std::ifstream planned_file(dir / "planned.toml");
+  const std::string planned{std::istreambuf_iterator<char>(planned_file), {}};
+  for (const char* key : {"overlap = \"delayed\"", "region_kx = ", "regions = [[\"a1\""})
+    EXPECT_TRUE(contains(planned, key)) << key << "\n" << planned;
+  write_text(dir / "planned_job.toml",
+             set_key(tiny_job_toml(dir / "out"), "train", "steps", "10000") + planned);
+  const auto dcheck = run_command(cli() + " config --check " + (dir / "planned_job.toml").string());
+  EXPECT_EQ(dcheck.exit_code, 0) << dcheck.output << "\n" << planned;
 }

@@ -2,6 +2,7 @@
 // the star comparison, the smallest Kx within target, Ku/Kv from half-lives, phases, and the
 // unmeetable-target message.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -55,7 +56,7 @@ PlanRequest quickstart_request(double target, bool delayed = false) {
   req.state_bytes = 3.3e6;
   req.target_overhead = target;
   req.steps = 100000;
-  req.delayed = delayed;
+  req.mode = delayed ? PlanMode::kDelayed : PlanMode::kBlocking;
   if (delayed) req.fragments = 1;
   return req;
 }
@@ -215,7 +216,7 @@ TEST(Planner, DelayedAveragesHideUnderComputeAtAMuchShorterPeriod) {
   const Topology t = parse_topology(topology_toml("ABC", 80, triangle), "tri.toml");
   PlanRequest req = quickstart_request(0.03);
   const Plan blocking = make_plan(t, req);
-  req.delayed = true;
+  req.mode = PlanMode::kDelayed;
   req.fragments = 1;  // whole averages
   const Plan p = make_plan(t, req);
   const double sync = p.chosen.seconds;
@@ -424,7 +425,7 @@ TEST(Planner, NoisyStepsLengthenTheBlockingPeriod) {
   }
   EXPECT_TRUE(said);
   EXPECT_TRUE(walked) << "the Kx line says where the closed form stopped and the walk began";
-  req.overlap = true;  // the what-if of unbounded overlap has no rendezvous to wait at
+  req.mode = PlanMode::kUnbounded;  // the what-if of unbounded overlap has no rendezvous to wait at
   const std::int64_t overlapped_noisy = make_plan(t, req).kx;
   for (auto& s : t.sites) s.step_jitter = 0;
   EXPECT_EQ(overlapped_noisy, make_plan(t, req).kx);
@@ -697,7 +698,7 @@ TEST(Planner, RegionsArePricedBesideTheFlatPlan) {
   req.steps = 1000000;
   req.lanes = 2;
   const Plan flat = make_plan(t, req);
-  const RegionPlan r = plan_regions(t, flat, {{"A", "B"}, {"C", "D"}}, 4e6, req.target_overhead);
+  const RegionPlan r = plan_regions(t, flat, {{"A", "B"}, {"C", "D"}});
   EXPECT_TRUE(r.worthwhile);
   EXPECT_NEAR(r.region_seconds, ring_seconds(t, {"A", "B"}, 4e6), 1e-12);
   EXPECT_LT(r.region_kx * 10, flat.kx);
@@ -710,9 +711,62 @@ TEST(Planner, RegionsArePricedBesideTheFlatPlan) {
   EXPECT_LT(r.kx, flat.kx + r.region_kx);
   EXPECT_NE(r.config_fragment.find("regions = [[\"A\", \"B\"], [\"C\", \"D\"]]"), std::string::npos)
       << r.config_fragment;
-  const RegionPlan slow = plan_regions(t, flat, {{"A", "C"}, {"B", "D"}}, 4e6, 0.05);
+  const RegionPlan slow = plan_regions(t, flat, {{"A", "C"}, {"B", "D"}});
   EXPECT_FALSE(slow.worthwhile);
   EXPECT_NE(slow.explanation.back().find("not worth it"), std::string::npos);
+  EXPECT_FALSE(r.plan);  // blocking: keys beside the flat plan, no whole plan
+}
+
+// With delayed averages the hierarchical plan is one whole plan (issue 43, item 4): the
+// job-wide averages planned again with the regions' blocking averages in the simulation, Kx a
+// multiple of the regions' period, u's and v's phases within the regions' periods (the config
+// requires both), and a simulated overhead within the target plus the regions' own share.
+// Against the flat streaming plan on the same links it averages across the regions no more
+// often than that plan allows, and its fragment is complete: the regions' keys beside the
+// streaming ones.
+TEST(Planner, DelayedRegionsGiveOneHierarchicalStreamingPlan) {
+  const Topology t = parse_topology(topology_toml("ABCD", 100, two_regions, 1.0), "r.toml");
+  PlanRequest req;
+  req.state_bytes = 4e6;
+  req.steps = 1000000;
+  req.lanes = 2;
+  req.mode = PlanMode::kDelayed;
+  req.max_delay = 4;
+  const Plan flat = make_plan(t, req);
+  ASSERT_GT(flat.fragments, 1) << fmt::format("{}", fmt::join(flat.explanation, "\n"));
+  const RegionPlan r = plan_regions(t, flat, {{"A", "B"}, {"C", "D"}});
+  ASSERT_TRUE(r.plan) << fmt::format("{}", fmt::join(r.explanation, "\n"));
+  const Plan& h = *r.plan;
+  EXPECT_EQ(h.kx % r.region_kx, 0);
+  EXPECT_EQ(r.kx, h.kx);
+  EXPECT_GT(h.delay, 0);
+  EXPECT_LE(h.delay, 4);
+  EXPECT_LT(h.phase_u, 3 * r.region_kx);
+  EXPECT_LT(h.phase_v, 6 * r.region_kx);
+  EXPECT_GE(h.kx, flat.kx);
+  EXPECT_LE(h.overhead, req.target_overhead + r.region_overhead + 1e-12);
+  // The simulation counted the regions' averages: the same schedule without them is cheaper.
+  SimJob job;
+  job.schedule = {SyncMethod::kDesloc, h.kx,      h.ku,        h.kv,          0,
+                  h.phase_u,           h.phase_v, h.fragments, h.fragments_u, h.fragments_v};
+  job.steps = 2 * h.kv + h.kx;
+  job.state_bytes = 4e6;
+  job.ring = h.chosen.order;
+  job.lanes = h.chosen.lanes;
+  job.lane_share = h.chosen.lane_share;
+  job.mode = Overlap::kDelayed;
+  job.delay = {h.delay, h.delay, h.delay};
+  const SimResult alone = simulate(t, job);
+  job.regions = {{"A", "B"}, {"C", "D"}};
+  job.region_schedule = {SyncMethod::kDesloc, r.region_kx, 3 * r.region_kx, 6 * r.region_kx, 0,
+                         h.phase_u,           h.phase_v};
+  const SimResult both = simulate(t, job);
+  EXPECT_NEAR(h.overhead, both.total_s / both.compute_s - 1, 1e-9);
+  EXPECT_GT(both.total_s, alone.total_s);
+  for (const std::string& key : std::vector<std::string>{
+           "overlap = \"delayed\"", "region_kx = " + std::to_string(r.region_kx),
+           "regions = [[\"A\", \"B\"], [\"C\", \"D\"]]", "kx = " + std::to_string(h.kx)})
+    EXPECT_NE(r.config_fragment.find(key), std::string::npos) << key << "\n" << r.config_fragment;
 }
 
 TEST(Simulator, ComputeNoiseMakesSitesWaitAtSyncs) {
@@ -860,7 +914,7 @@ TEST(Planner, AbsurdLinksAndTargetsAreRefusedAtOnce) {
   PlanRequest d;
   d.state_bytes = 3.3e6;
   d.steps = 100000;
-  d.delayed = true;
+  d.mode = PlanMode::kDelayed;
   for (const int fragments : {1, 0}) {
     d.fragments = fragments;
     try {

@@ -32,6 +32,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,14 +40,18 @@
 
 namespace desloc::topology {
 
+// How the averages a plan prices meet the steps: blocking (sync.overlap = "none"), under any
+// number of following steps (the what-if of `desloc plan --overlap`; sync.overlap = "step"
+// hides at most one), or delayed (sync.overlap = "delayed", whole or in fragments).
+enum class PlanMode : std::uint8_t { kBlocking, kUnbounded, kDelayed };
+
 struct PlanRequest {
   double state_bytes = 0;         // bytes of one state buffer (4 x parameters)
   double target_overhead = 0.05;  // communication time / compute time
   double beta1 = 0.9;             // the local optimizer's moment decays, for Ku and Kv
   double beta2 = 0.95;
   std::int64_t steps = 0;  // train.steps: Kx may not exceed it
-  bool overlap = false;    // price syncs as running under the next steps' compute (what-if)
-  bool delayed = false;    // plan sync.overlap = "delayed": tau and the Kx that hides the syncs
+  PlanMode mode = PlanMode::kBlocking;
   // With delayed: 0 = the planner chooses the fragment count (1 = whole averages), P > 0 = use
   // exactly P.
   int fragments = 0;
@@ -65,6 +70,14 @@ struct PlanRequest {
   std::array<double, 3> wire_ratio{1.0, 1.0, 1.0};
   std::array<double, 3> codec_s{};
   std::string codec_keys;  // the [sync] codec lines the config fragment repeats
+  // Hierarchical DES-LOC with delayed averages (plan_regions): the regions, each in its ring
+  // order, and their x period. Kx is then a multiple of region_kx, u's and v's phases lie
+  // within the regions' periods (a Kx and b Kx, as the job-wide ones), and the simulated
+  // overhead includes the regions' averages (blocking, fp32, at the step's start), which take
+  // region_overhead beside the target.
+  std::vector<std::vector<std::string>> regions;
+  std::int64_t region_kx = 0;
+  double region_overhead = 0;
 };
 
 struct Schedule {
@@ -93,6 +106,7 @@ struct Plan {
   // (kValidatedKx), so the sites average rarely and train nearly alone.
   std::vector<std::string> warnings;
   std::string config_fragment;  // [sync] and [job] keys that launch and worker accept
+  PlanRequest request;          // what it answers (plan_regions plans again from it)
 };
 
 // The longest parameter period DES-LOC's convergence was shown at (arXiv 2505.22549: Kx up to
@@ -121,8 +135,10 @@ double overhead(double sync_s, double step_s, std::int64_t kx, std::int64_t ku, 
                 bool overlap);
 
 // Hierarchical DES-LOC beside a flat plan (issue 15): the period of the averages inside the
-// regions, each over its own ring (one lane), at the same overhead target, and the flat plan's
-// Kx rounded up to a multiple of it for the job-wide averages.
+// regions, each over its own ring (one lane), at the same overhead target. Blocking: the flat
+// plan's Kx rounded up to a multiple of it for the job-wide averages. Delayed (the flat plan's
+// request): the job-wide averages planned again with the regions (PlanRequest::regions),
+// streaming when fragments help, so one hierarchical streaming plan comes out (`plan`).
 struct RegionPlan {
   std::vector<std::vector<std::string>> regions;
   double region_seconds = 0;  // the slowest region's all-reduce of one state
@@ -130,11 +146,13 @@ struct RegionPlan {
   double region_overhead = 0;  // the regions' averages against compute, at region_kx
   bool worthwhile = false;     // region_kx < kx: the regions average more often than the flat plan
   std::vector<std::string> explanation;
-  std::string config_fragment;  // the keys to add to the flat plan's
+  std::string config_fragment;  // blocking: the keys to add to the flat plan's
+  // Delayed: the whole hierarchical plan (its config_fragment complete), when one meets the
+  // target; its explanation says why not otherwise.
+  std::optional<Plan> plan;
 };
 RegionPlan plan_regions(const Topology& t, const Plan& flat,
-                        const std::vector<std::vector<std::string>>& regions, double state_bytes,
-                        double target_overhead);
+                        const std::vector<std::vector<std::string>>& regions);
 
 // ConfigError when the request is invalid (no bytes, target <= 0) or the target cannot be met
 // within req.steps; that message says which Kx the target needs and the overhead at the
