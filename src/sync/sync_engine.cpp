@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "desloc/core/error.hpp"
 #include "desloc/sync/synced_step.hpp"
 #include "desloc/transport/ring_order.hpp"
+#include "overlap_modes.hpp"
 
 namespace desloc::sync {
 
@@ -96,96 +98,49 @@ StepOptions step_options(const SyncConfig& cfg, const optim::ClipConfig* clip, O
   return o;
 }
 
-SyncEngine::SyncEngine(const SyncPolicy& policy, StepOptions opts)
-    : policy_(policy),
-      opts_(opts),
-      delayed_({opts.overlap == Overlap::kDelayedNaive, opts.delay, compresses_moments(opts),
-                opts.outer}) {}
+SyncEngine::SyncEngine(const SyncPolicy& policy, StepOptions opts) : policy_(policy), opts_(opts) {
+  switch (opts.overlap) {
+    case Overlap::kNone:
+      mode_ = std::make_unique<Blocking>(*this);
+      break;
+    case Overlap::kStep:
+      mode_ = std::make_unique<StepOverlapped>(*this);
+      break;
+    case Overlap::kDelayed:
+    case Overlap::kDelayedNaive:
+      mode_ = std::make_unique<Delayed>(*this, opts);
+      break;
+  }
+}
 
 SyncEngine::~SyncEngine() { abandon(); }
 
-void SyncEngine::abandon() {
-  if (comm_.joinable()) comm_.join();
-  started_.clear();
-  comm_error_ = nullptr;
-  delayed_.abandon();
-}
+void SyncEngine::abandon() { mode_->abandon(); }
 
-void SyncEngine::drain(std::int64_t t, std::span<Replica> replicas) {
-  if (opts_.delays()) delayed_.drain(t, replicas);
-}
+void SyncEngine::drain(std::int64_t t, std::span<Replica> replicas) { mode_->drain(t, replicas); }
 
-void SyncEngine::settle() {
-  if (opts_.delays()) delayed_.settle();
-}
+void SyncEngine::settle() { mode_->settle(); }
 
-const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager) {
-  if (opts_.delays())
-    throw Error("sync engine: delayed averages need the replicas at the start of step " +
-                std::to_string(t));
+void SyncEngine::open(std::int64_t t, Averager& averager) {
   abandon();  // a step abandoned by an exception may have left averages behind
   averager_ = &averager;
   due_ = policy_.at(t);
   global_due_ = policy_.global_at(t);
   t_ = t;
   averager.begin_step(t);
+}
+
+const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager) {
+  if (opts_.delays())
+    throw Error("sync engine: delayed averages need the replicas at the start of step " +
+                std::to_string(t));
+  open(t, averager);
   return due_;
 }
 
 const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager,
                                       std::span<Replica> replicas, bool stop) {
-  if (opts_.delays()) {
-    // The averager is left alone on steps with nothing due: a batch may be on the wire.
-    due_ = policy_.at(t);
-    global_due_ = policy_.global_at(t);
-    t_ = t;
-    Averager* job = &averager;
-    if (const std::optional<SyncDecision> in_regions = policy_.region_at(t)) {
-      auto* regional = dynamic_cast<RegionalAverager*>(&averager);
-      if (regional == nullptr)
-        throw Error("sync engine: step " + std::to_string(t) +
-                    " has averages inside regions, and the averager has no regions");
-      average_in_regions(*in_regions, *regional, replicas);
-      job = &regional->job_level();
-    }
-    if (global_due_.any()) {
-      const DueViews d = due_views(replicas, global_due_, true);
-      delayed_.start(t, d.due, d.fragment, d.parts, *job, stop, &averager);
-    }
-    return due_;
-  }
-  begin(t, averager);
-  if (opts_.overlap != Overlap::kStep || !(due_.x || due_.u || due_.v)) return due_;
-  if (due_.grad)  // the config refuses overlap with DDP; a gradient does not exist yet
-    throw Error("sync engine: step " + std::to_string(t) +
-                " averages the gradient, which cannot start before the step's backward pass");
-  const DueViews d = due_views(replicas, due_, true);
-  stop_agreed_ = averager.exchange_control(d.due, stop);
-  // Copies: x is read by the forward pass at its un-averaged value until the update. The
-  // buffers of each state kind are kept from one sync to the next.
-  for (std::size_t k = 0; k < d.due.size(); ++k) {
-    std::vector<std::vector<float>>& copies = copies_[static_cast<std::size_t>(d.due[k].kind)];
-    copies.resize(d.views[k].size());
-    Started st{d.due[k].kind, {}, d.codec[k]};
-    for (std::size_t w = 0; w < copies.size(); ++w) {
-      copies[w].assign(d.views[k][w].begin(), d.views[k][w].end());
-      st.views.emplace_back(copies[w]);
-    }
-    started_.push_back(std::move(st));
-  }
-  comm_ = std::thread([this, &averager] {
-    const double began = steady_seconds();
-    try {
-      for (Started& st : started_) {
-        if (st.codec) averager.set_codec(st.kind, *st.codec);
-        averager.average_across_sites(st.kind, st.views);
-      }
-    } catch (...) {
-      comm_error_ = std::current_exception();
-    }
-    comm_cpu_.add_calling_thread();
-    comm_wall_.add_seconds(steady_seconds() - began);
-  });
+  mode_->begin(t, averager, replicas, stop);
   return due_;
 }
 
@@ -279,36 +234,11 @@ void SyncEngine::reset_moments(std::span<Replica> replicas) const {
   }
 }
 
-bool SyncEngine::finish_started(std::span<Replica> replicas) {
-  comm_.join();
-  if (comm_error_) {
-    const std::exception_ptr e = comm_error_;
-    abandon();
-    std::rethrow_exception(e);
-  }
-  for (Started& st : started_) {
-    averager_->complete_average(st.kind, st.views);
-    const Fragment f = fragment_of(due_, st.kind);
-    const std::vector<std::span<float>> dst = state_views(replicas, st.kind, f.index, f.parts);
-    if (dst.size() != st.views.size())
-      throw Error("sync engine: " + std::to_string(dst.size()) +
-                  " replicas at the end of a step that began with " +
-                  std::to_string(st.views.size()));
-    for (std::size_t w = 0; w < dst.size(); ++w)
-      std::copy(st.views[w].begin(), st.views[w].end(), dst[w].begin());
-    apply(st.kind, replicas);
-  }
-  started_.clear();
-  reset_moments(replicas);
-  return stop_agreed_;
+bool SyncEngine::finish(std::span<Replica> replicas, bool stop) {
+  return mode_->finish(replicas, stop);
 }
 
-bool SyncEngine::finish(std::span<Replica> replicas, bool stop) {
-  if (opts_.delays()) {
-    delayed_.fold_due(t_, replicas);
-    return delayed_.stop_agreed();
-  }
-  if (comm_.joinable()) return finish_started(replicas);
+bool SyncEngine::finish_blocking(std::span<Replica> replicas, bool stop) {
   if (!due_.any()) return false;
   // Every view the averages use, taken once: the exchange judges exactly these payloads.
   const DueViews d = due_views(replicas, due_, true);
@@ -323,8 +253,12 @@ bool SyncEngine::finish(std::span<Replica> replicas, bool stop) {
 }
 
 std::optional<SyncMeasure> SyncEngine::take_measure(Averager& averager) {
-  return opts_.delays() ? delayed_.take_measure() : averager.take_measure();
+  return mode_->take_measure(averager);
 }
+
+double SyncEngine::comm_cpu_seconds() const { return mode_->comm_cpu_seconds(); }
+double SyncEngine::wire_seconds() const { return mode_->wire_seconds(); }
+double SyncEngine::control_seconds() const { return mode_->control_seconds(); }
 
 float SyncEngine::update(std::span<Replica> replicas, float lr) const {
   float grad_norm = 0.0f;

@@ -21,11 +21,14 @@
 // start of each step they are due (blocking: their links are fast), before the job-wide
 // averages of that step take their snapshots, so every site of a region starts from the same
 // snapshot and folds in the same correction.
+// Each mode is one class behind begin / finish / abandon / drain / settle, owning its half of
+// the averager protocol (src/sync/overlap_modes.hpp); the engine keeps what they share.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <span>
 #include <thread>
@@ -133,21 +136,22 @@ class SyncEngine {
   const SyncDecision& due() const { return due_; }
   // CPU seconds of the engine's communication threads so far (sync.overlap "step" and
   // "delayed"; the averager's own helpers apart: Averager::helper_cpu_seconds).
-  double comm_cpu_seconds() const { return comm_cpu_.seconds() + delayed_.comm_cpu_seconds(); }
+  double comm_cpu_seconds() const;
   // Wall seconds the averages started on the engine's communication threads spent on the
   // wide-area wire so far (each thread's span, added when it ends; 0 when averages block).
-  double wire_seconds() const { return comm_wall_.seconds() + delayed_.wire_seconds(); }
+  double wire_seconds() const;
   // Of wire_seconds(), the delayed batches' control exchanges (sync.overlap "step" exchanges
   // its control on the compute's thread, before the wire).
-  double control_seconds() const { return delayed_.control_seconds(); }
+  double control_seconds() const;
 
  private:
-  // One average begin() started, on views of its own copies of every replica's state.
-  struct Started {
-    optim::StateKind kind;
-    std::vector<std::span<float>> views;  // of copies_[kind]
-    std::optional<CodecViews> codec;
-  };
+  // One class per overlap mode, each with its half of the averager protocol (src/sync/
+  // overlap_modes.hpp).
+  class Mode;
+  class Blocking;
+  class StepOverlapped;
+  class Delayed;
+
   struct DueViews {
     std::vector<std::vector<std::span<float>>> views;  // per due state, its replicas' fragment
     std::vector<DueAverage> due;                       // the same, as the averager takes them
@@ -161,7 +165,10 @@ class SyncEngine {
   // then the momentum bound they call for.
   void average_in_regions(const SyncDecision& due, RegionalAverager& regional,
                           std::span<Replica> replicas) const;
-  bool finish_started(std::span<Replica> replicas);
+  // Opens step t on `averager` (after abandoning what a failed step left): the due states.
+  void open(std::int64_t t, Averager& averager);
+  // The control exchange and the due averages, in Alg. 1's order, on the caller's thread.
+  bool finish_blocking(std::span<Replica> replicas, bool stop);
   void apply(optim::StateKind kind, std::span<Replica> replicas) const;
   void reset_moments(std::span<Replica> replicas) const;
   // Whether the step's average of `kind` spans every site: always without job.regions; with
@@ -175,15 +182,8 @@ class SyncEngine {
   Averager* averager_ = nullptr;
   SyncDecision due_;
   SyncDecision global_due_;  // of due_, the averages that span every site (policy.global_at)
-  std::vector<Started> started_;
-  std::array<std::vector<std::vector<float>>, 4> copies_;  // by StateKind, kept across steps
-  std::thread comm_;               // runs the started averages' wide-area halves
-  std::exception_ptr comm_error_;  // what it threw, rethrown by finish()
-  ThreadCpuTally comm_cpu_;        // comm_cpu_seconds(): comm_'s, each added when it ends
-  SecondsTally comm_wall_;         // wire_seconds(): comm_'s spans
-  bool stop_agreed_ = false;       // the control exchange's answer, taken in begin() (step)
-  std::int64_t t_ = 0;             // the step begin() opened
-  DelayedAverages delayed_;
+  std::int64_t t_ = 0;       // the step begin() opened
+  std::unique_ptr<Mode> mode_;
 };
 
 }  // namespace desloc::sync
