@@ -27,6 +27,7 @@
 #include <cstring>
 #include <map>
 #include <thread>
+#include <type_traits>
 
 #include "cluster/session.hpp"
 #include "desloc/cluster/cluster.hpp"
@@ -50,10 +51,6 @@ constexpr double kPingSeconds = 3.0;  // a 150 ms round trip gets 30 pings, not 
 constexpr double kMinTransfer = 0.5;  // seconds: one bandwidth transfer lasts at least this
 constexpr std::size_t kMaxBytes = std::size_t{256} << 20;
 constexpr int kBandwidthRepeats = 5;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 double quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -202,21 +199,18 @@ struct Steal {
   int steps = 0;
 };
 
-}  // namespace
+// What one site measured, as every site's rank 0 gathers it: plain doubles, so a row travels
+// as its bytes (SiteRow, then one LinkRecord per site of the job, its own left at zero).
+struct SiteRow {
+  double step_s = 0, noise = 0;  // the compute step (mean) and its sd of ln step time
+  double send_max = 0, receive_max = 0, slow_start_after_idle = 0;  // its largest TCP buffers
+  double steal_s_per_byte = 0, cpu_alone_s = 0, cpu_loaded_s = 0, thread_cpu_per_byte = 0;
+};
+static_assert(std::is_trivially_copyable_v<SiteRow> && std::is_trivially_copyable_v<LinkRecord>);
 
-int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
-                       const std::string& out_path) {
-  Session ss = join_job(cfg, opts, /*pair_groups=*/true);
-  StepBench bench(cfg);
-  std::vector<StepBench::Sample> alone = bench.run(kStepsBefore, 2);
-  // The compute step: the steps alone before the pair measurements, then also those after the
-  // streaming.
-  double step_s = mean(alone, &StepBench::Sample::wall_s);
-  log::info("{}: compute step {:.1f} ms", ss.name, step_s * 1e3);
-  if (ss.rank != 0) {
-    ss.leave();
-    return 0;
-  }
+// Every pair of sites in turn (the others wait at a wide-area barrier): latency both ways, then
+// each direction's bandwidth, measured by its sender. Returns this site's outgoing links.
+std::vector<LinkRecord> measure_pairs(Session& ss) {
   const int S = ss.S, me = ss.site_index;
   std::vector<LinkRecord> out(static_cast<std::size_t>(S));  // this site -> site k
   for (int i = 0; i < S; ++i)
@@ -239,153 +233,184 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
         }
       }
     }
-  // All pairs at once: a 2-rank all-reduce moves the buffer once in each direction (each rank
-  // sends it once). The first timed one gives the contended rate; the pair's lower rank then
-  // chooses how many more keep the links busy for kLoadSeconds and 30 steps, while the main
-  // thread trains.
-  ss.wan_group->barrier();
-  Steal steal;
-  {
-    const std::size_t bytes = std::size_t{16} << 20;
-    std::vector<std::thread> threads;
-    std::vector<double> secs(static_cast<std::size_t>(S), 0.0),
-        sent_bps(static_cast<std::size_t>(S), 0.0), sent(static_cast<std::size_t>(S), 0.0);
-    ThreadCpuTally stream_cpu;  // the threads' CPU over their timed all-reduces
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(S));
-    std::atomic<int> streaming{0}, finished{0};
-    const double load_s = std::max(kLoadSeconds, 30 * step_s);
-    for (int k = 0; k < S; ++k) {
-      if (k == me) continue;
-      threads.emplace_back([&, k] {
-        bool counted = false;
-        try {
-          std::vector<float> data(bytes / sizeof(float), 1.0f);
-          auto& pair = *ss.pairs[std::size_t(k)];
-          pair.all_reduce_sum(data);  // warm-up
-          streaming.fetch_add(1);
-          counted = true;
-          const double cpu0 = thread_cpu_seconds();
-          const auto t0 = Clock::now();
-          pair.all_reduce_sum(data);
-          secs[std::size_t(k)] = seconds_since(t0);
-          std::uint64_t more = static_cast<std::uint64_t>(
-              std::clamp(std::ceil(load_s / std::max(secs[std::size_t(k)], 1e-6)) - 1, 0.0, 64.0));
-          pair.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&more, 1)), 0);
-          for (std::uint64_t i = 0; i < more; ++i) pair.all_reduce_sum(data);
-          sent[std::size_t(k)] = double(bytes) * double(more + 1);
-          sent_bps[std::size_t(k)] = sent[std::size_t(k)] / seconds_since(t0);
-          stream_cpu.add_seconds(thread_cpu_seconds() - cpu0);
-        } catch (...) {
-          errors[std::size_t(k)] = std::current_exception();
-          if (!counted) streaming.fetch_add(1);
-        }
-        finished.fetch_add(1);
-      });
-    }
-    // Steps while every pair streams: from the last pair's start to the first one's end.
-    while (streaming.load() < S - 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::vector<StepBench::Sample> loaded;
-    while (finished.load() == 0 && S > 1) loaded.push_back(bench.step());
-    for (auto& t : threads) t.join();
-    for (auto& e : errors)
-      if (e) std::rethrow_exception(e);
-    for (int k = 0; k < S; ++k)
-      if (k != me) out[std::size_t(k)].contended_bps = double(bytes) / secs[std::size_t(k)];
-    // Alone again, every site at once, so that a drift of the machine between the two
-    // measurements does not read as steal.
-    ss.wan_group->barrier();
-    const std::vector<StepBench::Sample> after = bench.run(kStepsAfter);
-    alone.insert(alone.end(), after.begin(), after.end());
-    step_s = mean(alone, &StepBench::Sample::wall_s);
-    steal.steps = static_cast<int>(loaded.size());
-    steal.cpu_alone_s = mean(alone, &StepBench::Sample::cpu_s);
-    steal.cpu_loaded_s = mean(loaded, &StepBench::Sample::cpu_s);
-    // The threads' own CPU, not the process's CPU per step beyond alone: that difference of
-    // two noisy means over some 30 steps read 160 ms per MB on the starved bed where the
-    // training runs' communication threads measured 45-48 (codec included).
-    double total_sent = 0;
-    for (double b : sent) total_sent += b;
-    const double share = std::min(1.0, steal.cpu_alone_s / std::max(step_s, 1e-9));
-    if (total_sent > 0) steal.thread_cpu_per_byte = stream_cpu.seconds() / total_sent;
-    if (share > 0) steal.s_per_byte = steal.thread_cpu_per_byte / share;
-    log::info(
-        "{}: streaming threads' CPU {:.2f} ms per MB sent; a core share of {:.2f} alone: steal "
-        "{:.2f} ms per MB (CPU per step {:.1f} ms alone, {:.1f} ms while every pair streamed, "
-        "{} steps)",
-        ss.name, steal.thread_cpu_per_byte * 1e9, share, steal.s_per_byte * 1e9,
-        steal.cpu_alone_s * 1e3, steal.cpu_loaded_s * 1e3, steal.steps);
-  }
+  return out;
+}
 
-  // Gather every site's row (step time, its largest TCP buffers, its outgoing links) at every
-  // rank 0.
-  constexpr std::size_t kHead = 9;
-  const std::size_t row = kHead + 4 * static_cast<std::size_t>(S);
-  std::vector<double> mine(row), all(row * static_cast<std::size_t>(S));
-  const topology::TcpBuffers buffers = topology::read_tcp_buffers();
-  mine[0] = step_s;
-  mine[1] = buffers.send_max;
-  mine[2] = buffers.receive_max;
-  mine[3] = buffers.slow_start_after_idle;
-  mine[4] = steal.s_per_byte;
-  mine[5] = steal.cpu_alone_s;
-  mine[6] = steal.cpu_loaded_s;
-  mine[7] = steal.thread_cpu_per_byte;
-  mine[8] = log_sd(alone);
-  log::info("{}: compute step {:.1f} ms, noise {:.3f} (sd of ln step time over {} steps alone)",
-            ss.name, step_s * 1e3, mine[8], alone.size());
+// All pairs at once: a 2-rank all-reduce moves the buffer once in each direction (each rank
+// sends it once). The first timed one gives each link's contended rate (into `out`); the
+// pair's lower rank then chooses how many more keep the links busy for kLoadSeconds and 30
+// steps, while the main thread trains. Then steps alone again (into `alone`), every site at
+// once, so that a drift of the machine between the two measurements does not read as steal.
+Steal measure_contention(Session& ss, StepBench& bench, std::vector<StepBench::Sample>& alone,
+                         std::vector<LinkRecord>& out) {
+  const int S = ss.S, me = ss.site_index;
+  const std::size_t bytes = std::size_t{16} << 20;
+  std::vector<std::thread> threads;
+  std::vector<double> secs(static_cast<std::size_t>(S), 0.0),
+      sent(static_cast<std::size_t>(S), 0.0);
+  ThreadCpuTally stream_cpu;  // the threads' CPU over their timed all-reduces
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(S));
+  std::atomic<int> streaming{0}, finished{0};
+  const double load_s = std::max(kLoadSeconds, 30 * mean(alone, &StepBench::Sample::wall_s));
   for (int k = 0; k < S; ++k) {
-    const auto& r = out[std::size_t(k)];
-    std::copy_n(
-        std::array<double, 4>{r.bandwidth_bps, r.latency_s, r.latency_p99_s, r.contended_bps}
-            .begin(),
-        4, mine.begin() + kHead + 4 * k);
-  }
-  ss.wan_group->all_gather(std::as_bytes(std::span<const double>(mine)),
-                           std::as_writable_bytes(std::span<double>(all)));
-  if (me == 0) {
-    topology::Topology topo;
-    topo.meta["source"] = "desloc profile";
-    topo.meta["config"] = cfg.source;
-    topo.meta["tls"] = cfg.transport.tls;
-    const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-    char stamp[32];
-    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    topo.meta["measured_at"] = stamp;
-    std::map<std::string, topology::TcpBuffers> site_buffers;
-    for (int s = 0; s < S; ++s) {
-      const double* r = all.data() + row * std::size_t(s);
-      topo.sites.push_back({ss.sites[std::size_t(s)], r[0], r[4], r[8]});
-      site_buffers[ss.sites[std::size_t(s)]] = {r[1], r[2], static_cast<int>(r[3])};
-      for (int k = 0; k < S; ++k) {
-        if (k == s) continue;
-        const double* l = r + kHead + 4 * k;
-        topology::LinkProfile link{ss.sites[std::size_t(s)], ss.sites[std::size_t(k)], l[0], l[1],
-                                   l[3]};
-        topo.links.push_back(link);
-        std::printf(
-            "%-8s -> %-8s %9.1f Mbit/s  (all pairs at once %9.1f)  latency p50 %.3f ms "
-            "p99 %.3f ms\n",
-            link.from.c_str(), link.to.c_str(), l[0] * 8 / 1e6, l[3] * 8 / 1e6, l[1] * 1e3,
-            l[2] * 1e3);
+    if (k == me) continue;
+    threads.emplace_back([&, k] {
+      bool counted = false;
+      try {
+        std::vector<float> data(bytes / sizeof(float), 1.0f);
+        auto& pair = *ss.pairs[std::size_t(k)];
+        pair.all_reduce_sum(data);  // warm-up
+        streaming.fetch_add(1);
+        counted = true;
+        const double cpu0 = thread_cpu_seconds();
+        const auto t0 = Clock::now();
+        pair.all_reduce_sum(data);
+        secs[std::size_t(k)] = seconds_since(t0);
+        std::uint64_t more = static_cast<std::uint64_t>(
+            std::clamp(std::ceil(load_s / std::max(secs[std::size_t(k)], 1e-6)) - 1, 0.0, 64.0));
+        pair.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&more, 1)), 0);
+        for (std::uint64_t i = 0; i < more; ++i) pair.all_reduce_sum(data);
+        sent[std::size_t(k)] = double(bytes) * double(more + 1);
+        stream_cpu.add_seconds(thread_cpu_seconds() - cpu0);
+      } catch (...) {
+        errors[std::size_t(k)] = std::current_exception();
+        if (!counted) streaming.fetch_add(1);
       }
-      std::printf(
-          "%-8s compute step %.1f ms, noise %.3f (sd of ln step time); steal %.2f ms per MB "
-          "sent (the streaming threads' CPU %.2f ms per MB, over the compute's share of a core; "
-          "CPU per step %.1f ms alone, %.1f ms while every pair streamed)\n",
-          ss.sites[std::size_t(s)].c_str(), r[0] * 1e3, r[8], r[4] * 1e9, r[7] * 1e9, r[5] * 1e3,
-          r[6] * 1e3);
-    }
-    for (const auto& [site, b] : site_buffers)
-      std::printf("%-8s largest TCP buffers: send %.1f MiB, receive %.1f MiB\n", site.c_str(),
-                  b.send_max / (1 << 20), b.receive_max / (1 << 20));
-    for (const std::string& w : topology::window_warnings(topo, site_buffers))
-      log::warn("profile: {}", w);
-    for (const std::string& w : topology::slow_start_warnings(topo, site_buffers))
-      log::warn("profile: {}", w);
-    const std::string text = topology::to_toml(topo);
-    write_file_atomic(out_path, text);
-    std::printf("wrote %s\n", out_path.c_str());
+      finished.fetch_add(1);
+    });
   }
+  // Steps while every pair streams: from the last pair's start to the first one's end.
+  while (streaming.load() < S - 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::vector<StepBench::Sample> loaded;
+  while (finished.load() == 0 && S > 1) loaded.push_back(bench.step());
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (int k = 0; k < S; ++k)
+    if (k != me) out[std::size_t(k)].contended_bps = double(bytes) / secs[std::size_t(k)];
+  ss.wan_group->barrier();
+  const std::vector<StepBench::Sample> after = bench.run(kStepsAfter);
+  alone.insert(alone.end(), after.begin(), after.end());
+  const double step_s = mean(alone, &StepBench::Sample::wall_s);
+  Steal steal;
+  steal.steps = static_cast<int>(loaded.size());
+  steal.cpu_alone_s = mean(alone, &StepBench::Sample::cpu_s);
+  steal.cpu_loaded_s = mean(loaded, &StepBench::Sample::cpu_s);
+  // The threads' own CPU, not the process's CPU per step beyond alone: that difference of
+  // two noisy means over some 30 steps read 160 ms per MB on the starved bed where the
+  // training runs' communication threads measured 45-48 (codec included).
+  double total_sent = 0;
+  for (double b : sent) total_sent += b;
+  const double share = std::min(1.0, steal.cpu_alone_s / std::max(step_s, 1e-9));
+  if (total_sent > 0) steal.thread_cpu_per_byte = stream_cpu.seconds() / total_sent;
+  if (share > 0) steal.s_per_byte = steal.thread_cpu_per_byte / share;
+  log::info(
+      "{}: streaming threads' CPU {:.2f} ms per MB sent; a core share of {:.2f} alone: steal "
+      "{:.2f} ms per MB (CPU per step {:.1f} ms alone, {:.1f} ms while every pair streamed, "
+      "{} steps)",
+      ss.name, steal.thread_cpu_per_byte * 1e9, share, steal.s_per_byte * 1e9,
+      steal.cpu_alone_s * 1e3, steal.cpu_loaded_s * 1e3, steal.steps);
+  return steal;
+}
+
+// Every site's row and outgoing links, at every site's rank 0, in site order.
+std::vector<std::pair<SiteRow, std::vector<LinkRecord>>> gather_rows(
+    Session& ss, const SiteRow& mine, const std::vector<LinkRecord>& links) {
+  const std::size_t S = static_cast<std::size_t>(ss.S);
+  const std::size_t row = sizeof(SiteRow) + S * sizeof(LinkRecord);
+  std::vector<std::byte> packed(row), all(row * S);
+  std::memcpy(packed.data(), &mine, sizeof(SiteRow));
+  std::memcpy(packed.data() + sizeof(SiteRow), links.data(), S * sizeof(LinkRecord));
+  ss.wan_group->all_gather(packed, all);
+  std::vector<std::pair<SiteRow, std::vector<LinkRecord>>> rows(S);
+  for (std::size_t s = 0; s < S; ++s) {
+    const std::byte* at = all.data() + row * s;
+    std::memcpy(&rows[s].first, at, sizeof(SiteRow));
+    rows[s].second.resize(S);
+    std::memcpy(rows[s].second.data(), at + sizeof(SiteRow), S * sizeof(LinkRecord));
+  }
+  return rows;
+}
+
+// Site 0's rank 0: the table of every link and site, the TCP warnings, and topology.toml.
+void write_topology(const train::JobConfig& cfg, const Session& ss,
+                    const std::vector<std::pair<SiteRow, std::vector<LinkRecord>>>& rows,
+                    const std::string& out_path) {
+  topology::Topology topo;
+  topo.meta["source"] = "desloc profile";
+  topo.meta["config"] = cfg.source;
+  topo.meta["tls"] = cfg.transport.tls;
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  topo.meta["measured_at"] = stamp;
+  std::map<std::string, topology::TcpBuffers> site_buffers;
+  for (std::size_t s = 0; s < rows.size(); ++s) {
+    const auto& [r, links] = rows[s];
+    const std::string& name = ss.sites[s];
+    topo.sites.push_back({name, r.step_s, r.steal_s_per_byte, r.noise});
+    site_buffers[name] = {r.send_max, r.receive_max, static_cast<int>(r.slow_start_after_idle)};
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      if (k == s) continue;
+      const LinkRecord& l = links[k];
+      topology::LinkProfile link{name, ss.sites[k], l.bandwidth_bps, l.latency_s, l.contended_bps};
+      topo.links.push_back(link);
+      std::printf(
+          "%-8s -> %-8s %9.1f Mbit/s  (all pairs at once %9.1f)  latency p50 %.3f ms "
+          "p99 %.3f ms\n",
+          link.from.c_str(), link.to.c_str(), l.bandwidth_bps * 8 / 1e6, l.contended_bps * 8 / 1e6,
+          l.latency_s * 1e3, l.latency_p99_s * 1e3);
+    }
+    std::printf(
+        "%-8s compute step %.1f ms, noise %.3f (sd of ln step time); steal %.2f ms per MB "
+        "sent (the streaming threads' CPU %.2f ms per MB, over the compute's share of a core; "
+        "CPU per step %.1f ms alone, %.1f ms while every pair streamed)\n",
+        name.c_str(), r.step_s * 1e3, r.noise, r.steal_s_per_byte * 1e9,
+        r.thread_cpu_per_byte * 1e9, r.cpu_alone_s * 1e3, r.cpu_loaded_s * 1e3);
+  }
+  for (const auto& [site, b] : site_buffers)
+    std::printf("%-8s largest TCP buffers: send %.1f MiB, receive %.1f MiB\n", site.c_str(),
+                b.send_max / (1 << 20), b.receive_max / (1 << 20));
+  for (const std::string& w : topology::window_warnings(topo, site_buffers))
+    log::warn("profile: {}", w);
+  for (const std::string& w : topology::slow_start_warnings(topo, site_buffers))
+    log::warn("profile: {}", w);
+  write_file_atomic(out_path, topology::to_toml(topo));
+  std::printf("wrote %s\n", out_path.c_str());
+}
+
+}  // namespace
+
+int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
+                       const std::string& out_path) {
+  Session ss = join_job(cfg, opts, /*pair_groups=*/true);
+  StepBench bench(cfg);
+  std::vector<StepBench::Sample> alone = bench.run(kStepsBefore, 2);
+  // The compute step: the steps alone before the pair measurements, then also those after the
+  // streaming.
+  log::info("{}: compute step {:.1f} ms", ss.name, mean(alone, &StepBench::Sample::wall_s) * 1e3);
+  if (ss.rank != 0) {
+    ss.leave();
+    return 0;
+  }
+  std::vector<LinkRecord> links = measure_pairs(ss);
+  ss.wan_group->barrier();
+  const Steal steal = measure_contention(ss, bench, alone, links);
+  const topology::TcpBuffers buffers = topology::read_tcp_buffers();
+  SiteRow mine;
+  mine.step_s = mean(alone, &StepBench::Sample::wall_s);
+  mine.noise = log_sd(alone);
+  mine.send_max = buffers.send_max;
+  mine.receive_max = buffers.receive_max;
+  mine.slow_start_after_idle = buffers.slow_start_after_idle;
+  mine.steal_s_per_byte = steal.s_per_byte;
+  mine.cpu_alone_s = steal.cpu_alone_s;
+  mine.cpu_loaded_s = steal.cpu_loaded_s;
+  mine.thread_cpu_per_byte = steal.thread_cpu_per_byte;
+  log::info("{}: compute step {:.1f} ms, noise {:.3f} (sd of ln step time over {} steps alone)",
+            ss.name, mine.step_s * 1e3, mine.noise, alone.size());
+  const auto rows = gather_rows(ss, mine, links);
+  if (ss.site_index == 0) write_topology(cfg, ss, rows, out_path);
   ss.leave();
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <iterator>
@@ -218,81 +219,112 @@ RunSummary summarize(const RunSeries& run, double val_target) {
   return s;
 }
 
-std::string render_report_html(const std::vector<RunSeries>& runs, const std::string& title) {
-  const double target = common_val_target(runs);
-  std::vector<RunSummary> sums;
-  double most_bytes = 0.0;
-  for (const RunSeries& r : runs) {
-    sums.push_back(summarize(r, target));
-    most_bytes = std::max(most_bytes, sums.back().total_bytes);
-  }
-  // Legend labels must tell runs apart even when two share a name.
+namespace {
+
+// Legend labels must tell runs apart even when two share a name.
+std::vector<std::string> run_labels(const std::vector<RunSeries>& runs) {
   std::vector<std::string> labels;
   std::map<std::string, int> seen;
   for (const RunSeries& r : runs) {
     const int k = ++seen[r.name];
     labels.push_back(k == 1 ? r.name : fmt::format("{} ({})", r.name, k));
   }
+  return labels;
+}
 
-  std::string h;
-  h += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
-  h += fmt::format("<title>{}</title>\n<style>{}</style>\n</head>\n<body>\n", xml_escape(title),
-                   kCss);
-  h += fmt::format("<h1>{}</h1>\n", xml_escape(title));
-  if (runs.empty()) {
-    h += "<p class=\"note\">No runs were given.</p>\n</body>\n</html>\n";
-    return h;
-  }
-  h += fmt::format(
-      "<p class=\"note\">{} run{}. Bytes are wire bytes sent per worker (a ring all-reduce sends "
-      "2(M&minus;1)/M of the payload). The target validation loss is {}: the worst final "
-      "validation loss among the runs, so every evaluated run reaches it; \"to target\" is the "
-      "first evaluation at or below it. Step time is the sum of the steps' wall times, "
-      "evaluation excluded.</p>\n",
-      runs.size(), runs.size() == 1 ? "" : "s", fmt_loss(target));
+// One run's row of the summary table, as its cells read it.
+struct Row {
+  std::size_t index;
+  const RunSeries& run;
+  const RunSummary& sum;
+  const std::string& label;
+  double most_bytes;  // of every run
+};
 
-  // The table.
-  h += "<table>\n<tr><th class=\"name\">run</th><th class=\"name\">method</th>"
-       "<th class=\"name\">settings</th><th>steps</th><th>final train loss</th>"
-       "<th>final val loss</th><th>final val bits/byte</th><th>best val loss</th><th>bytes / "
-       "worker</th>"
-       "<th>share of most</th><th>bytes / worker to target</th><th>step at target</th>"
-       "<th>step time to target</th><th>step time</th><th>mean tokens/s</th><th "
-       "class=\"name\">metrics file</th></tr>\n";
+std::string bytes_cell(const Row& r) {
+  if (r.sum.total_bytes <= 0.0) return "<span class=\"none\">no communication</span>";
+  std::string bytes = fmt_bytes(r.sum.total_bytes);
+  for (std::size_t k = 0; k < r.sum.bytes_by_state.size(); ++k)  // one line per state kind
+    if (r.sum.bytes_by_state[k] > 0.0)
+      bytes += fmt::format("<span class=\"sub\">{} {}</span>", kStateNames[k],
+                           fmt_bytes(r.sum.bytes_by_state[k]));
+  return bytes;
+}
+
+std::string share_cell(const Row& r) {
+  if (r.sum.total_bytes <= 0.0) return "0";
+  return r.sum.total_bytes >= r.most_bytes
+             ? "1 (most)"
+             : fmt::format("1/{:.0f}", r.most_bytes / r.sum.total_bytes);
+}
+
+// The summary table's columns: header, the cells' class ("" for numbers) and the cell.
+struct Column {
+  const char* header;
+  const char* css;
+  std::string (*cell)(const Row&);
+};
+
+const std::array<Column, 16> kColumns{{
+    {"run", "name",
+     [](const Row& r) {
+       return fmt::format("<span class=\"swatch\" style=\"background:{}\"></span>{}",
+                          series_colour(r.index), xml_escape(r.label));
+     }},
+    {"method", "text",
+     [](const Row& r) {
+       return r.run.method.empty() ? std::string("\u2014") : xml_escape(r.run.method);
+     }},
+    {"settings", "text",
+     [](const Row& r) {
+       return r.run.settings.empty() ? std::string("\u2014") : xml_escape(r.run.settings);
+     }},
+    {"steps", "", [](const Row& r) { return fmt::format("{}", r.sum.steps); }},
+    {"final train loss", "", [](const Row& r) { return fmt_loss(r.sum.final_train_loss); }},
+    {"final val loss", "", [](const Row& r) { return fmt_loss(r.sum.final_val_loss); }},
+    {"final val bits/byte", "", [](const Row& r) { return fmt_loss(r.sum.final_val_bpb); }},
+    {"best val loss", "", [](const Row& r) { return fmt_loss(r.sum.best_val_loss); }},
+    {"bytes / worker", "", bytes_cell},
+    {"share of most", "", share_cell},
+    {"bytes / worker to target", "",
+     [](const Row& r) {
+       return r.sum.step_to_target < 0 ? std::string("\u2014") : fmt_bytes(r.sum.bytes_to_target);
+     }},
+    {"step at target", "",
+     [](const Row& r) {
+       return r.sum.step_to_target < 0 ? std::string("\u2014")
+                                       : fmt::format("{}", r.sum.step_to_target);
+     }},
+    {"step time to target", "", [](const Row& r) { return fmt_seconds(r.sum.seconds_to_target); }},
+    {"step time", "", [](const Row& r) { return fmt_seconds(r.sum.total_seconds); }},
+    {"mean tokens/s", "", [](const Row& r) { return fmt_rate(r.sum.mean_tokens_per_s); }},
+    {"metrics file", "path", [](const Row& r) { return xml_escape(r.run.path); }},
+}};
+
+std::string summary_table(const std::vector<RunSeries>& runs, const std::vector<RunSummary>& sums,
+                          const std::vector<std::string>& labels) {
+  double most_bytes = 0.0;
+  for (const RunSummary& s : sums) most_bytes = std::max(most_bytes, s.total_bytes);
+  std::string h = "<table>\n<tr>";
+  // Text columns' headers align left with them (class "name"); numbers' align right.
+  for (const Column& c : kColumns)
+    h += *c.css != '\0' ? fmt::format("<th class=\"name\">{}</th>", c.header)
+                        : fmt::format("<th>{}</th>", c.header);
+  h += "</tr>\n";
   for (std::size_t i = 0; i < runs.size(); ++i) {
-    const RunSeries& r = runs[i];
-    const RunSummary& s = sums[i];
-    std::string bytes, share;
-    if (s.total_bytes <= 0.0) {
-      bytes = "<span class=\"none\">no communication</span>";
-      share = "0";
-    } else {
-      bytes = fmt_bytes(s.total_bytes);
-      for (std::size_t k = 0; k < s.bytes_by_state.size(); ++k)  // one line per state kind
-        if (s.bytes_by_state[k] > 0.0)
-          bytes += fmt::format("<span class=\"sub\">{} {}</span>", kStateNames[k],
-                               fmt_bytes(s.bytes_by_state[k]));
-      share = s.total_bytes >= most_bytes ? "1 (most)"
-                                          : fmt::format("1/{:.0f}", most_bytes / s.total_bytes);
-    }
-    h += fmt::format(
-        "<tr><td class=\"name\"><span class=\"swatch\" style=\"background:{}\"></span>{}</td>"
-        "<td class=\"text\">{}</td><td "
-        "class=\"text\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-        "<td class=\"path\">{}</td></tr>\n",
-        series_colour(i), xml_escape(labels[i]), r.method.empty() ? "\u2014" : xml_escape(r.method),
-        r.settings.empty() ? "\u2014" : xml_escape(r.settings), s.steps,
-        fmt_loss(s.final_train_loss), fmt_loss(s.final_val_loss), fmt_loss(s.final_val_bpb),
-        fmt_loss(s.best_val_loss), bytes, share,
-        s.step_to_target < 0 ? "\u2014" : fmt_bytes(s.bytes_to_target),
-        s.step_to_target < 0 ? std::string("\u2014") : fmt::format("{}", s.step_to_target),
-        fmt_seconds(s.seconds_to_target), fmt_seconds(s.total_seconds),
-        fmt_rate(s.mean_tokens_per_s), xml_escape(r.path));
+    const Row row{i, runs[i], sums[i], labels[i], most_bytes};
+    h += "<tr>";
+    for (const Column& c : kColumns)
+      h += *c.css != '\0' ? fmt::format("<td class=\"{}\">{}</td>", c.css, c.cell(row))
+                          : fmt::format("<td>{}</td>", c.cell(row));
+    h += "</tr>\n";
   }
-  h += "</table>\n";
+  return h + "</table>\n";
+}
 
-  // The charts: one series per run in every chart, so a run keeps its colour throughout.
+// The charts: one series per run in every chart, so a run keeps its colour throughout.
+std::string charts(const std::vector<RunSeries>& runs, const std::vector<RunSummary>& sums,
+                   const std::vector<std::string>& labels) {
   std::vector<Series> train_step, val_step, val_time, val_bytes, train_bytes;
   std::size_t max_window = 1;
   bool any_silent = false;
@@ -336,6 +368,7 @@ std::string render_report_html(const std::vector<RunSeries>& runs, const std::st
       any_silent ? " Runs that sent no bytes cannot appear on a log axis; they are listed in the "
                    "legend only."
                  : "";
+  std::string h = "<div class=\"charts\">\n";
   auto figure = [&](const std::vector<Series>& s, const ChartOptions& o, const std::string& cap) {
     // Inline SVG in HTML needs no namespace declaration; dropping it leaves the page without a
     // single URL, which makes "self-contained" easy to check.
@@ -345,7 +378,6 @@ std::string render_report_html(const std::vector<RunSeries>& runs, const std::st
     h += "<figure>\n" + svg;
     h += fmt::format("<figcaption>{}</figcaption>\n</figure>\n", cap);
   };
-  h += "<div class=\"charts\">\n";
   figure(train_step, {"Train loss vs step", "step", "train loss (nats)"},
          "Training loss of each run (mean over its workers)." + smoothing);
   figure(val_step, {"Validation loss vs step", "step", "validation loss (nats)"},
@@ -364,7 +396,35 @@ std::string render_report_html(const std::vector<RunSeries>& runs, const std::st
          {"Train loss vs bytes communicated", "bytes sent per worker (log)", "train loss (nats)",
           true},
          "Training loss against cumulative wire bytes per worker." + smoothing + silent_note);
-  h += "</div>\n</body>\n</html>\n";
+  return h + "</div>\n";
+}
+
+}  // namespace
+
+std::string render_report_html(const std::vector<RunSeries>& runs, const std::string& title) {
+  const double target = common_val_target(runs);
+  std::vector<RunSummary> sums;
+  for (const RunSeries& r : runs) sums.push_back(summarize(r, target));
+  const std::vector<std::string> labels = run_labels(runs);
+  std::string h;
+  h += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
+  h += fmt::format("<title>{}</title>\n<style>{}</style>\n</head>\n<body>\n", xml_escape(title),
+                   kCss);
+  h += fmt::format("<h1>{}</h1>\n", xml_escape(title));
+  if (runs.empty()) {
+    h += "<p class=\"note\">No runs were given.</p>\n</body>\n</html>\n";
+    return h;
+  }
+  h += fmt::format(
+      "<p class=\"note\">{} run{}. Bytes are wire bytes sent per worker (a ring all-reduce sends "
+      "2(M&minus;1)/M of the payload). The target validation loss is {}: the worst final "
+      "validation loss among the runs, so every evaluated run reaches it; \"to target\" is the "
+      "first evaluation at or below it. Step time is the sum of the steps' wall times, "
+      "evaluation excluded.</p>\n",
+      runs.size(), runs.size() == 1 ? "" : "s", fmt_loss(target));
+  h += summary_table(runs, sums, labels);
+  h += charts(runs, sums, labels);
+  h += "</body>\n</html>\n";
   return h;
 }
 

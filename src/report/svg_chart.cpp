@@ -181,142 +181,173 @@ std::string xml_escape(const std::string& text) {
   return out;
 }
 
-std::string svg_line_chart(const std::vector<Series>& series, const ChartOptions& opts) {
-  const double width = std::max(opts.width, 200);
-  const double height = std::max(opts.height, 150);
+namespace {
 
-  // Data extents over the points that will be drawn.
+// A chart's geometry: the points drawn, the axes over them, and where the plot area lies.
+struct Plot {
+  std::vector<std::vector<std::pair<double, double>>> points;  // per series, the usable ones
+  bool any = false;                                            // any point at all
+  Axis ax, ay;
+  double width = 0, height = 0;
+  double left = 0, right = 0, top = 0, bottom = 0;  // the plot area
+  std::size_t max_name_chars = 0;                   // a legend name's longest shown form
+  double px(double x) const { return left + ax.fraction(x) * (right - left); }
+  double py(double y) const { return bottom - ay.fraction(y) * (bottom - top); }
+};
+
+// Data extents over the points that will be drawn; the legend sits right of the plot so it
+// never covers a curve.
+Plot layout(const std::vector<Series>& series, const ChartOptions& opts) {
+  Plot p;
+  p.width = std::max(opts.width, 200);
+  p.height = std::max(opts.height, 150);
   constexpr double kInf = std::numeric_limits<double>::infinity();
   double xlo = kInf, xhi = -kInf, ylo = kInf, yhi = -kInf;
-  std::vector<std::vector<std::pair<double, double>>> points(series.size());
+  p.points.resize(series.size());
   for (std::size_t s = 0; s < series.size(); ++s) {
     const auto n = std::min(series[s].x.size(), series[s].y.size());
     for (std::size_t i = 0; i < n; ++i) {
       const double x = series[s].x[i], y = series[s].y[i];
       if (!usable(x, opts.log_x) || !usable(y, opts.log_y)) continue;
-      points[s].emplace_back(x, y);
+      p.points[s].emplace_back(x, y);
       xlo = std::min(xlo, x), xhi = std::max(xhi, x);
       ylo = std::min(ylo, y), yhi = std::max(yhi, y);
     }
   }
-  const bool any = xlo <= xhi;
-  const Axis ax = opts.log_x ? log_axis(xlo, xhi) : linear_axis(xlo, xhi);
-  const Axis ay = opts.log_y ? log_axis(ylo, yhi) : linear_axis(ylo, yhi);
-
-  // Layout: the legend sits right of the plot so it never covers a curve.
+  p.any = xlo <= xhi;
+  p.ax = opts.log_x ? log_axis(xlo, xhi) : linear_axis(xlo, xhi);
+  p.ay = opts.log_y ? log_axis(ylo, yhi) : linear_axis(ylo, yhi);
   std::size_t ylabel_chars = 1, name_chars = 0;
-  for (const auto& t : ay.ticks) ylabel_chars = std::max(ylabel_chars, label_chars(t.label));
+  for (const auto& t : p.ay.ticks) ylabel_chars = std::max(ylabel_chars, label_chars(t.label));
   for (const auto& s : series) name_chars = std::max(name_chars, label_chars(s.name));
-  const auto max_name_chars = static_cast<std::size_t>(width * 0.3 / kCharWidth);
-  name_chars = std::min(name_chars, max_name_chars);
+  p.max_name_chars = static_cast<std::size_t>(p.width * 0.3 / kCharWidth);
+  name_chars = std::min(name_chars, p.max_name_chars);
   const double legend_w = series.empty() ? 0.0 : 36.0 + kCharWidth * double(name_chars);
-  const double left = 34.0 + kCharWidth * double(ylabel_chars);
-  const double right = width - 16.0 - legend_w;
-  const double top = opts.title.empty() ? 16.0 : 40.0;
-  const double bottom = height - (opts.x_label.empty() ? 30.0 : 48.0);
-  auto px = [&](double x) { return left + ax.fraction(x) * (right - left); };
-  auto py = [&](double y) { return bottom - ay.fraction(y) * (bottom - top); };
+  p.left = 34.0 + kCharWidth * double(ylabel_chars);
+  p.right = p.width - 16.0 - legend_w;
+  p.top = opts.title.empty() ? 16.0 : 40.0;
+  p.bottom = p.height - (opts.x_label.empty() ? 30.0 : 48.0);
+  return p;
+}
 
-  std::string out;
-  out += fmt::format(
-      R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
-      R"(role="img" aria-label="{2}" font-family="Helvetica, Arial, sans-serif" font-size="12">)"
-      "\n",
-      width, height, xml_escape(opts.title.empty() ? "chart" : opts.title));
-  out += fmt::format(R"(<rect width="{}" height="{}" fill="#ffffff"/>)"
-                     "\n",
-                     width, height);
-  if (!opts.title.empty())
-    out += fmt::format(
-        R"(<text x="{:.1f}" y="24" text-anchor="middle" font-size="15" font-weight="bold">{}</text>)"
-        "\n",
-        (left + right) / 2, xml_escape(opts.title));
-
-  // Grid lines and ticks: majors solid grey, log minors fainter.
-  out += "<g class=\"grid\">\n";
-  for (const auto& t : ax.ticks) {
-    const double x = px(t.value);
+// Grid lines and ticks: majors solid grey, log minors fainter.
+std::string grid(const Plot& p) {
+  std::string out = "<g class=\"grid\">\n";
+  for (const auto& t : p.ax.ticks) {
+    const double x = p.px(t.value);
     out += fmt::format(
         R"(<line x1="{0:.2f}" y1="{1:.2f}" x2="{0:.2f}" y2="{2:.2f}" stroke="{3}" stroke-width="1"/>)"
         "\n",
-        x, top, bottom, t.major ? "#dddddd" : "#f0f0f0");
+        x, p.top, p.bottom, t.major ? "#dddddd" : "#f0f0f0");
     out += fmt::format(
         R"(<line x1="{0:.2f}" y1="{1:.2f}" x2="{0:.2f}" y2="{2:.2f}" stroke="#333333"/>)"
         "\n",
-        x, bottom, bottom + (t.major ? 5.0 : 3.0));
+        x, p.bottom, p.bottom + (t.major ? 5.0 : 3.0));
     if (!t.label.empty())
       out += fmt::format(R"(<text x="{:.2f}" y="{:.2f}" text-anchor="middle">{}</text>)"
                          "\n",
-                         x, bottom + 18.0, t.label);
+                         x, p.bottom + 18.0, t.label);
   }
-  for (const auto& t : ay.ticks) {
-    const double y = py(t.value);
+  for (const auto& t : p.ay.ticks) {
+    const double y = p.py(t.value);
     out += fmt::format(
         R"(<line x1="{0:.2f}" y1="{1:.2f}" x2="{2:.2f}" y2="{1:.2f}" stroke="{3}" stroke-width="1"/>)"
         "\n",
-        left, y, right, t.major ? "#dddddd" : "#f0f0f0");
+        p.left, y, p.right, t.major ? "#dddddd" : "#f0f0f0");
     out += fmt::format(R"(<line x1="{:.2f}" y1="{:.2f}" x2="{:.2f}" y2="{:.2f}" stroke="#333333"/>)"
                        "\n",
-                       left - (t.major ? 5.0 : 3.0), y, left, y);
+                       p.left - (t.major ? 5.0 : 3.0), y, p.left, y);
     if (!t.label.empty())
       out += fmt::format(R"(<text x="{:.2f}" y="{:.2f}" text-anchor="end">{}</text>)"
                          "\n",
-                         left - 8.0, y + 4.0, t.label);
+                         p.left - 8.0, y + 4.0, t.label);
   }
-  out += "</g>\n";
-  out += fmt::format(
+  return out + "</g>\n";
+}
+
+// The plot's frame, the axis labels, and "no data" when nothing is drawn.
+std::string frame(const Plot& p, const ChartOptions& opts) {
+  std::string out = fmt::format(
       R"(<rect x="{:.2f}" y="{:.2f}" width="{:.2f}" height="{:.2f}" fill="none" stroke="#333333"/>)"
       "\n",
-      left, top, right - left, bottom - top);
+      p.left, p.top, p.right - p.left, p.bottom - p.top);
   if (!opts.x_label.empty())
     out += fmt::format(R"(<text x="{:.2f}" y="{:.2f}" text-anchor="middle">{}</text>)"
                        "\n",
-                       (left + right) / 2, height - 10.0, xml_escape(opts.x_label));
+                       (p.left + p.right) / 2, p.height - 10.0, xml_escape(opts.x_label));
   if (!opts.y_label.empty())
     out += fmt::format(
         R"svg(<text transform="translate(14 {:.2f}) rotate(-90)" text-anchor="middle">{}</text>)svg"
         "\n",
-        (top + bottom) / 2, xml_escape(opts.y_label));
-  if (!any)
+        (p.top + p.bottom) / 2, xml_escape(opts.y_label));
+  if (!p.any)
     out += fmt::format(
         R"(<text x="{:.2f}" y="{:.2f}" text-anchor="middle" fill="#777777">no data</text>)"
         "\n",
-        (left + right) / 2, (top + bottom) / 2);
+        (p.left + p.right) / 2, (p.top + p.bottom) / 2);
+  return out;
+}
 
-  // Curves, then the legend.
+std::string dash_attribute(std::size_t s) {
+  const char* dash = kDashes[(s / kPaletteSize) % kDashCount];
+  return *dash != '\0' ? fmt::format(R"( stroke-dasharray="{}")", dash) : std::string();
+}
+
+// Each series' line (with markers where it has few points), then the legend beside the plot.
+std::string curves_and_legend(const Plot& p, const std::vector<Series>& series) {
+  std::string out;
   for (std::size_t s = 0; s < series.size(); ++s) {
     const char* colour = kPalette[s % kPaletteSize];
-    const char* dash = kDashes[(s / kPaletteSize) % kDashCount];
-    const std::string dash_attr =
-        *dash != '\0' ? fmt::format(R"( stroke-dasharray="{}")", dash) : std::string();
     std::string pts;
-    for (const auto& [x, y] : points[s]) pts += fmt::format("{:.2f},{:.2f} ", px(x), py(y));
+    for (const auto& [x, y] : p.points[s]) pts += fmt::format("{:.2f},{:.2f} ", p.px(x), p.py(y));
     if (!pts.empty()) pts.pop_back();
     out += fmt::format(R"(<polyline data-series="{}" fill="none" stroke="{}" stroke-width="1.8"{} )"
                        R"(stroke-linejoin="round" points="{}"/>)"
                        "\n",
-                       xml_escape(series[s].name), colour, dash_attr, pts);
-    if (points[s].size() <= static_cast<std::size_t>(kMaxMarkers))
-      for (const auto& [x, y] : points[s])
+                       xml_escape(series[s].name), colour, dash_attribute(s), pts);
+    if (p.points[s].size() <= static_cast<std::size_t>(kMaxMarkers))
+      for (const auto& [x, y] : p.points[s])
         out += fmt::format(R"(<circle cx="{:.2f}" cy="{:.2f}" r="2.5" fill="{}"/>)"
                            "\n",
-                           px(x), py(y), colour);
+                           p.px(x), p.py(y), colour);
   }
   for (std::size_t s = 0; s < series.size(); ++s) {
     const char* colour = kPalette[s % kPaletteSize];
-    const char* dash = kDashes[(s / kPaletteSize) % kDashCount];
-    const double lx = right + 12.0, ly = top + 10.0 + 18.0 * double(s);
+    const double lx = p.right + 12.0, ly = p.top + 10.0 + 18.0 * double(s);
     out += fmt::format(
         R"(<line x1="{:.2f}" y1="{:.2f}" x2="{:.2f}" y2="{:.2f}" stroke="{}" stroke-width="2.5"{}/>)"
         "\n",
-        lx, ly, lx + 20.0, ly, colour,
-        *dash != '\0' ? fmt::format(R"( stroke-dasharray="{}")", dash) : std::string());
-    const std::string shown = truncate_name(series[s].name, max_name_chars);
+        lx, ly, lx + 20.0, ly, colour, dash_attribute(s));
+    const std::string shown = truncate_name(series[s].name, p.max_name_chars);
     // A truncated name keeps the full one as a hover tooltip.
     out += fmt::format(R"(<text x="{:.2f}" y="{:.2f}"><title>{}</title>{}</text>)"
                        "\n",
                        lx + 26.0, ly + 4.0, xml_escape(series[s].name), xml_escape(shown));
   }
+  return out;
+}
+
+}  // namespace
+
+std::string svg_line_chart(const std::vector<Series>& series, const ChartOptions& opts) {
+  const Plot p = layout(series, opts);
+  std::string out;
+  out += fmt::format(
+      R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
+      R"(role="img" aria-label="{2}" font-family="Helvetica, Arial, sans-serif" font-size="12">)"
+      "\n",
+      p.width, p.height, xml_escape(opts.title.empty() ? "chart" : opts.title));
+  out += fmt::format(R"(<rect width="{}" height="{}" fill="#ffffff"/>)"
+                     "\n",
+                     p.width, p.height);
+  if (!opts.title.empty())
+    out += fmt::format(
+        R"(<text x="{:.1f}" y="24" text-anchor="middle" font-size="15" font-weight="bold">{}</text>)"
+        "\n",
+        (p.left + p.right) / 2, xml_escape(opts.title));
+  out += grid(p);
+  out += frame(p, opts);
+  out += curves_and_legend(p, series);
   out += "</svg>\n";
   return out;
 }
