@@ -31,28 +31,19 @@ extern "C" void on_startup_signal(int sig) {
   ::_exit(130);
 }
 
-// Installs the handler for `sig` unless it is ignored; true when installed.
-bool install(int sig, struct sigaction& old) {
-  if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler == SIG_IGN) return false;
-  struct sigaction sa {};
-  sa.sa_handler = on_startup_signal;
-  sigemptyset(&sa.sa_mask);
-  return ::sigaction(sig, &sa, nullptr) == 0;
+using Handler = void (*)(int);
+
+// The handler, its message's prefix prepared before it is installed.
+Handler prepared(const std::string& who) {
+  const std::string prefix = who + ": stopped by signal ";
+  g_prefix = std::min(prefix.size(), sizeof(g_message));
+  std::memcpy(g_message, prefix.data(), g_prefix);
+  return on_startup_signal;
 }
 
 }  // namespace
 
-StartupSignals::StartupSignals(const std::string& who) {
-  const std::string prefix = who + ": stopped by signal ";
-  g_prefix = std::min(prefix.size(), sizeof(g_message));
-  std::memcpy(g_message, prefix.data(), g_prefix);
-  int_installed_ = install(SIGINT, old_int_);
-  term_installed_ = install(SIGTERM, old_term_);
-}
-
-StartupSignals::~StartupSignals() {
-  if (int_installed_) ::sigaction(SIGINT, &old_int_, nullptr);
-  if (term_installed_) ::sigaction(SIGTERM, &old_term_, nullptr);
-}
+StartupSignals::StartupSignals(const std::string& who)
+    : scope_(prepared(who), /*keep_ignored=*/true) {}
 
 }  // namespace desloc::cli

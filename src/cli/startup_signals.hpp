@@ -3,8 +3,9 @@
 // instead of a death by signal (143 after launch's SIGTERM) that reads as a failure.
 #pragma once
 
-#include <csignal>
 #include <string>
+
+#include "desloc/core/signals.hpp"
 
 namespace desloc::cli {
 
@@ -16,15 +17,9 @@ namespace desloc::cli {
 class StartupSignals {
  public:
   explicit StartupSignals(const std::string& who);
-  ~StartupSignals();
-  StartupSignals(const StartupSignals&) = delete;
-  StartupSignals& operator=(const StartupSignals&) = delete;
 
  private:
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
-  bool int_installed_ = false;
-  bool term_installed_ = false;
+  SignalScope scope_;
 };
 
 }  // namespace desloc::cli

@@ -25,6 +25,7 @@
 #include "desloc/cluster/cluster.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/core/log.hpp"
+#include "desloc/core/signals.hpp"
 #include "desloc/topology/regions.hpp"
 #include "desloc/topology/topology.hpp"
 #include "desloc/transport/control_plane.hpp"
@@ -43,25 +44,14 @@ std::atomic<int> g_signals{0};
 static_assert(std::atomic<int>::is_always_lock_free, "used from a signal handler");
 extern "C" void on_signal(int) { g_signals.fetch_add(1); }
 
+// Counts SIGINT and SIGTERM from zero for its lifetime.
 class SignalCounter {
  public:
-  SignalCounter() {
-    g_signals.store(0);
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~SignalCounter() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
+  SignalCounter() : scope_((g_signals.store(0), on_signal)) {}
   int count() const { return g_signals.load(); }
 
  private:
-  struct sigaction old_int_ {
-  }, old_term_{};
+  SignalScope scope_;
 };
 
 transport::CoordinatorOptions coordinator_options(const train::JobConfig& cfg,

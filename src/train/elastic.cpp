@@ -4,15 +4,11 @@
 // cluster::Recovery and the coordinator; this file applies them to the run.
 #include <fmt/format.h>
 
+#include "desloc/core/cpu_time.hpp"
 #include "desloc/core/error.hpp"
 #include "train/training_run.hpp"
 
 namespace desloc::train {
-namespace {
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-}  // namespace
 
 // Only exchanges that span every site count: the rollback points kept before them are what
 // every survivor holds (Recovery::keep). With regions, sites of different regions drift apart

@@ -21,6 +21,7 @@
 #include "desloc/core/error.hpp"
 #include "desloc/core/hash.hpp"
 #include "desloc/core/log.hpp"
+#include "desloc/core/signals.hpp"
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/topology/planner.hpp"
 #include "desloc/train/checkpoint.hpp"
@@ -36,32 +37,14 @@ std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "used from a signal handler");
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
-// Installs SIGINT/SIGTERM handlers for the duration of a run, restoring the old ones after.
+// SIGINT/SIGTERM for the duration of a run, from no stop yet; the old handlers after.
 class StopSignals {
  public:
-  StopSignals() {
-    g_stop_signal.store(0);
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopSignals() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
+  StopSignals() : scope_((g_stop_signal.store(0), on_stop_signal)) {}
 
  private:
-  struct sigaction old_int_ {
-  }, old_term_{};
+  SignalScope scope_;
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 
 namespace desloc {
@@ -13,6 +14,10 @@ double process_cpu_seconds();  // every thread of the process, live or ended, si
 
 // A steady clock's reading, in seconds: a thread's wall-time span is a difference of two.
 double steady_seconds();
+// Seconds of std::chrono::steady_clock since t0.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // Seconds added by several threads and read by another (each adds a span of its own as it
 // ends: its CPU, or the wall time it ran).
