@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "desloc/topology/simulator.hpp"
 #include "plan_internal.hpp"
@@ -70,6 +71,10 @@ namespace {
 // How far past the least Kx that fits the streaming search looks for a shorter delay.
 constexpr std::int64_t kLongerKx = 64;
 
+// A candidate whose batches need this many times its window's compute on the wire is not
+// simulated (plan_streaming).
+constexpr double kHopelessWire = 1.5;
+
 // The placements of u's and v's fragments the search tries at one Kx with P fragments of x
 // (gap = Kx / P steps apart): as many as x's, on x's steps (batches of at most two fragments,
 // the full gap to leave the wire) or between them (single fragments, a third of the gap each);
@@ -88,10 +93,17 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
   // Each batch starts with its control exchange, on the wire before the averages (it blocks
   // no step: the communication thread runs it).
   const double exchange = exchange_seconds(t, ring.order);
-  auto seconds = [&](int parts, std::size_t k = 0) {  // one fragment's average of state k
-    return ring_seconds(t, ring.order, req.state_bytes * req.wire_ratio[k] / parts, ring.lanes,
-                        ring.lane_share) +
-           req.codec_s[k] / parts;
+  // One fragment's average of state k, priced once per (state, parts): a ring's price walks
+  // its links, a thousand on a thousand sites, and the search asks for the same few prices at
+  // every Kx.
+  std::map<std::pair<std::size_t, int>, double> prices;
+  auto seconds = [&](int parts, std::size_t k = 0) {
+    const auto [it, fresh] = prices.try_emplace({k, parts}, 0.0);
+    if (fresh)
+      it->second = ring_seconds(t, ring.order, req.state_bytes * req.wire_ratio[k] / parts,
+                                ring.lanes, ring.lane_share) +
+                   req.codec_s[k] / parts;
+    return it->second;
   };
   // The delay a batch of batch_s on the wire needs: it leaves within tau + 1 steps.
   const auto tau_for = [&](double batch_s) {
@@ -143,11 +155,17 @@ std::optional<Streaming> plan_streaming(const Topology& t, const PlanRequest& re
                                  pl.parts_u,          pl.parts_v};
         c.fragment_s = seconds(p);
         const double su = seconds(sched.parts_u(), 1), sv = seconds(sched.parts_v(), 2);
+        double wire_s = 0;  // every batch of a Kv window, one after another on the wire
         for (std::int64_t step = 1; step <= b * kx; ++step) {
           const SyncDecision d = sched.at(step);
-          c.batch_s =
-              std::max(c.batch_s, (d.x ? c.fragment_s : 0) + (d.u ? su : 0) + (d.v ? sv : 0));
+          const double batch = (d.x ? c.fragment_s : 0) + (d.u ? su : 0) + (d.v ? sv : 0);
+          c.batch_s = std::max(c.batch_s, batch);
+          if (batch > 0) wire_s += exchange + batch;
         }
+        // The batches leave one at a time, so a window whose batches need far more time on the
+        // wire than its steps take falls behind whatever the delay: not worth a simulation.
+        // The margin keeps every candidate the simulation could still accept.
+        if (wire_s > kHopelessWire * (1 + overhead_budget(req)) * double(b * kx) * step_s) continue;
         c.tau = tau_for(c.batch_s);
         if (c.tau >= kx || (best && c.tau >= best->tau) ||
             (req.max_delay > 0 && c.tau > req.max_delay) ||

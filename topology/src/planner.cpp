@@ -9,7 +9,9 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <string_view>
 #include <tuple>
+#include <unordered_map>
 
 #include "desloc/core/error.hpp"
 #include "desloc/topology/regions.hpp"
@@ -29,6 +31,34 @@ double bottleneck(const Topology& t, const std::vector<std::string>& order, int 
   }
   return b;
 }
+
+// Every link between `names`, by their indices: one pass over the topology's links instead of a
+// lookup by name per pair (a thousand sites have a million pairs).
+class LinkMatrix {
+ public:
+  LinkMatrix(const Topology& t, const std::vector<std::string>& names)
+      : names_(names), t_source_(t.source), n_(names.size()), links_(n_ * n_, nullptr) {
+    std::unordered_map<std::string_view, std::size_t> index;
+    for (std::size_t i = 0; i < n_; ++i) index.emplace(names[i], i);
+    for (const LinkProfile& l : t.links) {
+      const auto from = index.find(l.from), to = index.find(l.to);
+      if (from != index.end() && to != index.end()) links_[from->second * n_ + to->second] = &l;
+    }
+  }
+  // The link i -> j (an Error naming both, where the topology lacks it).
+  const LinkProfile& at(std::size_t i, std::size_t j) const {
+    const LinkProfile* l = links_[i * n_ + j];
+    if (l == nullptr)
+      throw Error(fmt::format("{}: no link {} -> {}", t_source_, names_[i], names_[j]));
+    return *l;
+  }
+
+ private:
+  const std::vector<std::string>& names_;
+  std::string t_source_;
+  std::size_t n_;
+  std::vector<const LinkProfile*> links_;
+};
 
 std::string one_line(std::string s) {
   std::replace(s.begin(), s.end(), '\n', ' ');
@@ -60,7 +90,10 @@ struct Periods {
 // mode (closed_form, delayed, streaming), and the reasons (explain_*) and config fragment.
 class Planner {
  public:
-  Planner(const Topology& t, const PlanRequest& req) : t_(t), req_(req), names_(t.site_names()) {
+  // `ring_of`: a plan of the same topology, state bytes, codecs and lanes whose ring and
+  // candidates this one takes instead of choosing them again (the sub-plans a plan prices).
+  Planner(const Topology& t, const PlanRequest& req, const Plan* ring_of = nullptr)
+      : t_(t), req_(req), names_(t.site_names()), ring_of_(ring_of) {
     validate(req);
     for (const auto& s : t.sites) plan_.step_s = std::max(plan_.step_s, s.step_s);
     // Ku and Kv. Rule: Ku = 3 Kx (the paper's default). Kv / Ku = the ratio of the moments'
@@ -82,7 +115,12 @@ class Planner {
   }
 
   Plan run() {
-    choose_ring();
+    if (ring_of_ != nullptr) {
+      plan_.chosen = ring_of_->chosen;
+      plan_.candidates = ring_of_->candidates;
+    } else {
+      choose_ring();
+    }
     sync_ = plan_.chosen.seconds + codec_s_;
     const Periods p = req_.mode == PlanMode::kDelayed ? delayed() : closed_form();
     plan_.kx = p.kx;
@@ -167,6 +205,7 @@ class Planner {
   double sync_ = 0;             // one state average over the chosen ring, codec included
   std::int64_t max_kx_ = 1;
   bool noisy_ = false;  // the sites' steps swing (step_jitter)
+  const Plan* ring_of_ = nullptr;
   Plan plan_;
 };
 
@@ -177,6 +216,7 @@ class Planner {
 void Planner::choose_ring() {
   const auto& names = names_;
   const double P = bytes_;
+  const LinkMatrix m(t_, names);
   std::vector<std::string> order = names;
   const int L = names.size() >= 3 ? req_.lanes : 1;
   Schedule best_ring{
@@ -193,13 +233,15 @@ void Planner::choose_ring() {
     } while (std::next_permutation(rest.begin(), rest.end()));
   } else {
     // Nearest-fastest-neighbour: from each site, go to the unvisited site with the fastest link.
+    std::vector<std::size_t> left(names.size() - 1);
+    std::iota(left.begin(), left.end(), 1);
     std::vector<std::string> o{names[0]};
-    std::vector<std::string> left(names.begin() + 1, names.end());
-    while (!left.empty()) {
-      auto it = std::max_element(left.begin(), left.end(), [&](const auto& x, const auto& y) {
-        return t_.link(o.back(), x).bandwidth_bps < t_.link(o.back(), y).bandwidth_bps;
+    for (std::size_t at = 0; !left.empty();) {
+      auto it = std::max_element(left.begin(), left.end(), [&](std::size_t x, std::size_t y) {
+        return m.at(at, x).bandwidth_bps < m.at(at, y).bandwidth_bps;
       });
-      o.push_back(*it);
+      at = *it;
+      o.push_back(names[at]);
       left.erase(it);
     }
     best_ring = {"ring", o, L, 0.5, ring_seconds(t_, o, P, L), bottleneck(t_, o, L)};
@@ -221,12 +263,17 @@ void Planner::choose_ring() {
     plan_.candidates.push_back({"ring", best_ring.order, 1, 0.5,
                                 ring_seconds(t_, best_ring.order, P, 1),
                                 bottleneck(t_, best_ring.order, 1)});
-  for (const auto& root : names) {
-    double b = std::numeric_limits<double>::infinity();
-    for (const auto& s : names)
-      if (s != root)
-        b = std::min({b, t_.link(s, root).bandwidth_bps, t_.link(root, s).bandwidth_bps});
-    plan_.candidates.push_back({"star", {root}, 1, 0.5, star_seconds(t_, root, P), b});
+  // Every star, priced as star_seconds does, over the links looked up once.
+  for (std::size_t r = 0; r < names.size(); ++r) {
+    double b = std::numeric_limits<double>::infinity(), in = 0, out = 0;
+    for (std::size_t s = 0; s < names.size(); ++s) {
+      if (s == r) continue;
+      const LinkProfile &up = m.at(s, r), &down = m.at(r, s);
+      b = std::min({b, up.bandwidth_bps, down.bandwidth_bps});
+      in = std::max(in, up.transfer_seconds(P));
+      out = std::max(out, down.transfer_seconds(P));
+    }
+    plan_.candidates.push_back({"star", {names[r]}, 1, 0.5, in + out, b});
   }
 }
 
@@ -307,7 +354,7 @@ std::optional<Streaming> Planner::streaming(double steal_kx, Periods& out) const
   // Kx is searched for a streaming one.
   std::int64_t whole_tau = 0;
   try {
-    const Plan w = Planner(t_, whole).run();
+    const Plan w = Planner(t_, whole, &plan_).run();
     out.whole_kx = w.kx;
     whole_tau = w.delay;
   } catch (const ConfigError& e) {
@@ -501,7 +548,7 @@ void Planner::explain_alternative_mode() {
   PlanRequest d = req_;
   d.mode = PlanMode::kDelayed;
   try {
-    const Plan alt = Planner(t_, d).run();
+    const Plan alt = Planner(t_, d, &plan_).run();
     if (alt.kx < plan_.kx)
       plan_.explanation.push_back(fmt::format(
           "mode: blocking averages need Kx = {}; delayed averages (`desloc plan --delayed`) "
@@ -612,7 +659,7 @@ RegionPlan plan_regions(const Topology& t, const Plan& flat,
     h.region_kx = r.region_kx;
     h.region_overhead = r.region_overhead;
     try {
-      r.plan = make_plan(t, h);
+      r.plan = Planner(t, h, &flat).run();
       r.kx = r.plan->kx;
       r.explanation.push_back(fmt::format(
           "{}; the job-wide averages, delayed{}, planned again with the regions' averages "
