@@ -32,6 +32,7 @@
 #include "desloc/topology/regions.hpp"
 #include "desloc/topology/topology.hpp"
 #include "harness.hpp"
+#include "synthetic_topology.hpp"
 
 namespace {
 using namespace desloc;
@@ -40,29 +41,6 @@ namespace fs = std::filesystem;
 
 constexpr double kStateBytes = 4.0 * 350e6;
 constexpr double kTargetSeconds = 2.0;
-
-topology::Topology grouped(int regions, int per_region) {
-  topology::Topology t;
-  t.source = "synthetic";
-  const int n = regions * per_region;
-  for (int s = 0; s < n; ++s)
-    t.sites.push_back(
-        {"r" + std::to_string(s / per_region) + "s" + std::to_string(s % per_region), 1.0});
-  t.links.reserve(static_cast<std::size_t>(n) * static_cast<std::size_t>(n - 1));
-  for (int a = 0; a < n; ++a)
-    for (int b = 0; b < n; ++b) {
-      if (a == b) continue;
-      const int ra = a / per_region, rb = b / per_region;
-      topology::LinkProfile l;
-      l.from = t.sites[std::size_t(a)].name;
-      l.to = t.sites[std::size_t(b)].name;
-      const double mbit = ra == rb ? 100000.0 : 1000.0 + 1000.0 * ((ra * 7 + rb) % 25);
-      l.bandwidth_bps = mbit * 1e6 / 8;
-      l.latency_s = ra == rb ? 0.0005 : 0.020;
-      t.links.push_back(l);
-    }
-  return t;
-}
 
 topology::PlanRequest request(topology::PlanMode mode) {
   topology::PlanRequest r;
@@ -169,7 +147,7 @@ int run(int argc, char** argv) {
   for (const auto& [regions, per] : {std::pair{8, 8}, std::pair{4, 32}, std::pair{8, 32},
                                      std::pair{16, 32}, std::pair{32, 32}}) {
     if (regions * per > max_sites) continue;
-    const topology::Topology t = grouped(regions, per);
+    const topology::Topology t = bench::grouped_topology(regions, per, 1.0);
     const std::size_t n = t.sites.size();
     const fs::path topo = dir / fmt::format("topology{}.toml", n);
     const fs::path job = dir / fmt::format("job{}.toml", n);

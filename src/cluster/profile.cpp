@@ -199,12 +199,12 @@ struct Steal {
   int steps = 0;
 };
 
-// What one site measured, as every site's rank 0 gathers it: plain doubles, so a row travels
-// as its bytes (SiteRow, then one LinkRecord per site of the job, its own left at zero).
+// What one site measured, as every site's rank 0 gathers it: trivially copyable, so a row
+// travels as its bytes (SiteRow, then one LinkRecord per site of the job, its own left at zero).
 struct SiteRow {
   double step_s = 0, noise = 0;  // the compute step (mean) and its sd of ln step time
-  double send_max = 0, receive_max = 0, slow_start_after_idle = 0;  // its largest TCP buffers
-  double steal_s_per_byte = 0, cpu_alone_s = 0, cpu_loaded_s = 0, thread_cpu_per_byte = 0;
+  topology::TcpBuffers buffers;  // its largest TCP buffers
+  Steal steal;
 };
 static_assert(std::is_trivially_copyable_v<SiteRow> && std::is_trivially_copyable_v<LinkRecord>);
 
@@ -348,8 +348,8 @@ void write_topology(const train::JobConfig& cfg, const Session& ss,
   for (std::size_t s = 0; s < rows.size(); ++s) {
     const auto& [r, links] = rows[s];
     const std::string& name = ss.sites[s];
-    topo.sites.push_back({name, r.step_s, r.steal_s_per_byte, r.noise});
-    site_buffers[name] = {r.send_max, r.receive_max, static_cast<int>(r.slow_start_after_idle)};
+    topo.sites.push_back({name, r.step_s, r.steal.s_per_byte, r.noise});
+    site_buffers[name] = r.buffers;
     for (std::size_t k = 0; k < rows.size(); ++k) {
       if (k == s) continue;
       const LinkRecord& l = links[k];
@@ -365,8 +365,8 @@ void write_topology(const train::JobConfig& cfg, const Session& ss,
         "%-8s compute step %.1f ms, noise %.3f (sd of ln step time); steal %.2f ms per MB "
         "sent (the streaming threads' CPU %.2f ms per MB, over the compute's share of a core; "
         "CPU per step %.1f ms alone, %.1f ms while every pair streamed)\n",
-        name.c_str(), r.step_s * 1e3, r.noise, r.steal_s_per_byte * 1e9,
-        r.thread_cpu_per_byte * 1e9, r.cpu_alone_s * 1e3, r.cpu_loaded_s * 1e3);
+        name.c_str(), r.step_s * 1e3, r.noise, r.steal.s_per_byte * 1e9,
+        r.steal.thread_cpu_per_byte * 1e9, r.steal.cpu_alone_s * 1e3, r.steal.cpu_loaded_s * 1e3);
   }
   for (const auto& [site, b] : site_buffers)
     std::printf("%-8s largest TCP buffers: send %.1f MiB, receive %.1f MiB\n", site.c_str(),
@@ -395,18 +395,11 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
   }
   std::vector<LinkRecord> links = measure_pairs(ss);
   ss.wan_group->barrier();
-  const Steal steal = measure_contention(ss, bench, alone, links);
-  const topology::TcpBuffers buffers = topology::read_tcp_buffers();
   SiteRow mine;
+  mine.steal = measure_contention(ss, bench, alone, links);
+  mine.buffers = topology::read_tcp_buffers();
   mine.step_s = mean(alone, &StepBench::Sample::wall_s);
   mine.noise = log_sd(alone);
-  mine.send_max = buffers.send_max;
-  mine.receive_max = buffers.receive_max;
-  mine.slow_start_after_idle = buffers.slow_start_after_idle;
-  mine.steal_s_per_byte = steal.s_per_byte;
-  mine.cpu_alone_s = steal.cpu_alone_s;
-  mine.cpu_loaded_s = steal.cpu_loaded_s;
-  mine.thread_cpu_per_byte = steal.thread_cpu_per_byte;
   log::info("{}: compute step {:.1f} ms, noise {:.3f} (sd of ln step time over {} steps alone)",
             ss.name, mine.step_s * 1e3, mine.noise, alone.size());
   const auto rows = gather_rows(ss, mine, links);
