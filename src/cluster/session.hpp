@@ -28,6 +28,7 @@ struct Session {
   // Hierarchical DES-LOC (job.regions): rank r of the live sites of this site's region, in the
   // region's ring order; null without regions or when the region has one live site.
   std::unique_ptr<transport::Collective> region_group;
+  std::unique_ptr<transport::Collective> region_reverse;  // its lane 2 (3 sites or more), or null
   std::vector<int> region_sites;  // their positions in `sites` (ring positions), in that order
   // Profiling only, rank 0 of each site: pairs[k] is a 2-rank group with site k's rank 0
   // (the lower site index is rank 0); null for this site and for other ranks.

@@ -156,15 +156,16 @@ namespace {
 
 // This rank's freshly opened UCX ports, and their addresses packed for the control plane.
 // Address slots: 0 the site group, 1 the wide-area group, 2 the site's NCCL id (cuda backend,
-// rank 0), 3 the wide-area group's second lane (the reversed ring), 4 + k (profiling, rank 0
-// only) a pair with site k. An entry is empty when its group has one member.
+// rank 0), 3 the wide-area group's second lane (the reversed ring), 4 the region group, 5 its
+// second lane, 6 + k (profiling, rank 0 only) a pair with site k. An entry is empty when its
+// group has one member.
 struct Ports {
-  std::unique_ptr<transport::UcxPort> site, wan, reverse, region;
+  std::unique_ptr<transport::UcxPort> site, wan, reverse, region, region_reverse;
   std::vector<std::unique_ptr<transport::UcxPort>> pairs;
   std::vector<std::uint8_t> packed;
 };
 constexpr int kSiteSlot = 0, kWanSlot = 1, kNcclSlot = 2, kReverseSlot = 3, kRegionSlot = 4,
-              kPairSlot = 5;
+              kRegionReverseSlot = 5, kPairSlot = 6;
 
 // The sites of `site`'s region (job.regions) that are in `sites`, in the region's ring order;
 // empty without regions.
@@ -242,8 +243,13 @@ Ports open_ports(const train::JobConfig& cfg, const Session& ss, bool pair_group
   if (transport::effective_lanes(cfg.transport.lanes, job_sites) == 2)
     p.reverse = transport::open_ucx_port(ucx_options(cfg.transport, true));
   // Opened whenever there are regions: a recovery opens ports before it knows who survives.
-  if (!cfg.job.regions.empty())
+  if (!cfg.job.regions.empty()) {
     p.region = transport::open_ucx_port(ucx_options(cfg.transport, true));
+    const auto& home = cfg.site_names().at(static_cast<std::size_t>(ss.home_site));
+    const auto whole = live_region(cfg, cfg.site_names(), home);
+    if (transport::effective_lanes(cfg.transport.lanes, static_cast<int>(whole.size())) == 2)
+      p.region_reverse = transport::open_ucx_port(ucx_options(cfg.transport, true));
+  }
   transport::WorkerAddress nccl_id;
   if (nccl && ss.rank == 0) {
     const auto id = transport::nccl_unique_id();
@@ -251,9 +257,11 @@ Ports open_ports(const train::JobConfig& cfg, const Session& ss, bool pair_group
   }
   std::vector<transport::WorkerAddress> addresses{
       p.site ? p.site->address() : transport::WorkerAddress{},
-      p.wan ? p.wan->address() : transport::WorkerAddress{}, nccl_id,
+      p.wan ? p.wan->address() : transport::WorkerAddress{},
+      nccl_id,
       p.reverse ? p.reverse->address() : transport::WorkerAddress{},
-      p.region ? p.region->address() : transport::WorkerAddress{}};
+      p.region ? p.region->address() : transport::WorkerAddress{},
+      p.region_reverse ? p.region_reverse->address() : transport::WorkerAddress{}};
   p.pairs.resize(static_cast<std::size_t>(ss.S));
   for (int k = 0; k < ss.S; ++k) {
     if (pair_groups && ss.rank == 0 && k != ss.site_index) {
@@ -337,6 +345,7 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
                        fmt::format("{}/{}", next.site, next.rank)),
         o);
   }
+  ss.region_reverse.reset();
   ss.region_group.reset();
   ss.region_sites.clear();
   if (const auto region = live_region(cfg, sites, site); !region.empty()) {
@@ -356,6 +365,23 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
       ss.region_group = transport::connect_ucx_collective(
           std::move(ports.region), me, n,
           unpack_address(next.worker_address, kRegionSlot,
+                         fmt::format("{}/{}", next.site, next.rank)),
+          o);
+    }
+    // Its second lane, as the wide-area group's: the reversed ring over the same sites.
+    if (transport::effective_lanes(cfg.transport.lanes, n) == 2) {
+      const int me =
+          static_cast<int>(std::find(region.begin(), region.end(), site) - region.begin());
+      auto o = base;
+      o.chunk_headers = cfg.transport.chunk_headers;
+      o.crash_in = crash;
+      for (int p = 0; p < n; ++p)
+        o.peer_names.push_back(fmt::format("{}/{}", region[std::size_t((n - p) % n)], ss.rank));
+      const auto& next =
+          member(m, region[std::size_t((me - 1 + n) % n)], static_cast<std::uint32_t>(ss.rank));
+      ss.region_reverse = transport::connect_ucx_collective(
+          std::move(ports.region_reverse), transport::reversed_rank(me, n), n,
+          unpack_address(next.worker_address, kRegionReverseSlot,
                          fmt::format("{}/{}", next.site, next.rank)),
           o);
     }
@@ -505,7 +531,8 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
   for (int attempt = 1;; ++attempt) {
     // The straggler rule's evidence, read before the groups go.
     transport::FailureEvidence seen;
-    for (const auto* g : {site_group.get(), wan_group.get(), wan_reverse.get(), region_group.get()})
+    for (const auto* g : {site_group.get(), wan_group.get(), wan_reverse.get(), region_group.get(),
+                          region_reverse.get()})
       if (g != nullptr) {
         const transport::FailureEvidence e = g->failure_evidence();
         seen.in_operation = std::max(seen.in_operation, e.in_operation);
@@ -517,6 +544,7 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
       }
     // Tear the broken epoch's groups down first (they abort what is in flight).
     pairs.clear();
+    region_reverse.reset();
     region_group.reset();
     wan_reverse.reset();
     wan_group.reset();
@@ -605,7 +633,7 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
       for (int p : ss.region_sites) region_guard.site_names.push_back(ss.sites[std::size_t(p)]);
       sync::Averager* region = nullptr;
       if (ss.region_group) {
-        region_averager.emplace(*ss.region_group, ss.site_group.get(), nullptr,
+        region_averager.emplace(*ss.region_group, ss.site_group.get(), ss.region_reverse.get(),
                                 cfg.transport.lane_share);
         region_averager->set_sync_meter(&region_meter);
         region = &*region_averager;
@@ -614,7 +642,7 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
         region = &*lone_region;
       }
       region->set_payload_guard(region_guard);
-      regional.emplace(*averager, *region, cfg.sync.schedule(), ss.region_sites);
+      regional.emplace(*averager, *region, ss.region_sites);
       bound = &*regional;
     }
     ctx.wan_successor =
@@ -688,6 +716,7 @@ void Session::leave() {
   if (wan_group) wan_group->barrier();
   if (wan_reverse) wan_reverse->barrier();
   if (region_group) region_group->barrier();
+  if (region_reverse) region_reverse->barrier();
 }
 
 }  // namespace desloc::cluster

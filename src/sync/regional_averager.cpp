@@ -10,12 +10,14 @@
 
 namespace desloc::sync {
 
-RegionalAverager::RegionalAverager(Averager& global, Averager& region, SyncSchedule global_schedule,
+RegionalAverager::RegionalAverager(Averager& global, Averager& region,
                                    std::vector<int> region_sites)
-    : global_(global),
-      region_(region),
-      schedule_(std::move(global_schedule)),
-      region_sites_(std::move(region_sites)) {}
+    : global_(global), region_(region), region_sites_(std::move(region_sites)) {}
+
+void RegionalAverager::set_levels(const SyncDecision& job_wide) {
+  levels_ = job_wide;
+  levels_step_ = step_;
+}
 
 void RegionalAverager::open_step() {
   if (opened_ == step_) return;
@@ -25,7 +27,10 @@ void RegionalAverager::open_step() {
 }
 
 bool RegionalAverager::job_wide(optim::StateKind kind) const {
-  const SyncDecision d = schedule_.at(step_);
+  if (levels_step_ != step_)
+    throw Error("regional averager: step " + std::to_string(step_) +
+                " has averages, and the sync engine did not say which of them are job-wide");
+  const SyncDecision& d = levels_;
   switch (kind) {
     case optim::StateKind::kX:
       return d.x;
@@ -99,8 +104,9 @@ void RegionalAverager::average_in_regions(std::int64_t t, std::span<const DueAve
 
 bool RegionalAverager::exchange_control(std::span<const DueAverage> due, bool stop) {
   open_control(due, stop);
-  const ControlAnswer answer = close_control();
+  ControlAnswer answer = close_control();
   record_rejections(answer.rejections);
+  if (answer.measure) measure_ = std::move(answer.measure);
   return answer.stop;
 }
 
@@ -117,7 +123,6 @@ void RegionalAverager::open_control(std::span<const DueAverage> due, bool stop) 
 Averager::ControlAnswer RegionalAverager::close_control() {
   ControlAnswer answer;
   if (job_open_) answer = global_.close_control();
-  answer.measure.reset();  // as take_measure(), which this averager leaves at its default
   if (region_open_)
     for (Rejection& r : region_.close_control().rejections)
       answer.rejections.push_back(by_job_index(std::move(r)));
@@ -139,12 +144,12 @@ Traffic RegionalAverager::traffic(int w) const {
 }
 
 GroupedAverager::GroupedAverager(std::vector<std::vector<int>> groups, int workers, int shards,
-                                 const PayloadGuard& guard)
+                                 const PayloadGuard& guard, int lanes, double lane_share)
     : groups_(std::move(groups)), workers_(workers) {
   averagers_.reserve(groups_.size());
   for (const auto& g : groups_) {
-    averagers_.push_back(
-        std::make_unique<VirtualAverager>(static_cast<int>(g.size()), SumOrder::kRing, shards, 1));
+    averagers_.push_back(std::make_unique<VirtualAverager>(
+        static_cast<int>(g.size()), SumOrder::kRing, shards, lanes, lane_share));
     PayloadGuard mine = guard;
     mine.site_names.clear();
     for (int w : g) mine.site_names.push_back(guard.site_name(w));

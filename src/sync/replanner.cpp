@@ -48,11 +48,23 @@ double replan_overhead(SyncMethod method, const Periods& periods, double state_s
   return cost / (double(n) * double(periods.kx) * compute_seconds);
 }
 
-Replanner::Replanner(SyncMethod method, Periods base, ReplanOptions options)
+Replanner::Replanner(SyncMethod method, Periods base, ReplanOptions options, Periods region)
     : method_(method), opt_(options), periods_(base) {
   if (method_ == SyncMethod::kDesloc && base.kx > 0) {
     ratio_u_ = std::max<std::int64_t>(1, std::llround(double(base.ku) / double(base.kx)));
     ratio_v_ = std::max<std::int64_t>(1, std::llround(double(base.kv) / double(base.kx)));
+  }
+  const Periods& r = region;
+  if (r.kx > 0) {
+    // Ends: region kx x region ku x region kv is such a multiple.
+    kx_step_ = r.kx;
+    for (;; kx_step_ += r.kx) {
+      const Periods p = periods_of(kx_step_);
+      if (p.ku % std::max<std::int64_t>(1, r.ku) == 0 &&
+          p.kv % std::max<std::int64_t>(1, r.kv) == 0)
+        break;
+    }
+    opt_.min_kx = std::max(opt_.min_kx, r.kx + 1);
   }
 }
 
@@ -76,17 +88,19 @@ Periods Replanner::plan(double state_seconds, double compute_seconds, double tar
     return replan_overhead(method_, periods_of(kx), state_seconds, compute_seconds,
                            opt_.hidden_steps) <= target;
   };
-  std::int64_t lo = std::max<std::int64_t>(1, opt_.min_kx);
-  std::int64_t hi = std::max(lo, opt_.max_kx);
-  if (!fits(hi)) return periods_of(hi);
+  // Over multiples j of kx_step_: kx = j x kx_step_.
+  const std::int64_t g = kx_step_;
+  std::int64_t lo = (std::max<std::int64_t>(1, opt_.min_kx) + g - 1) / g;
+  std::int64_t hi = std::max(lo, opt_.max_kx / g);
+  if (!fits(hi * g)) return periods_of(hi * g);
   while (lo < hi) {  // the overhead falls as kx grows
     const std::int64_t mid = lo + (hi - lo) / 2;
-    if (fits(mid))
+    if (fits(mid * g))
       hi = mid;
     else
       lo = mid + 1;
   }
-  return periods_of(lo);
+  return periods_of(lo * g);
 }
 
 std::optional<ReplanDecision> Replanner::observe(const SyncMeasure& m) {

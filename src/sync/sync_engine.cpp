@@ -128,6 +128,7 @@ void SyncEngine::open(std::int64_t t, Averager& averager) {
   global_due_ = policy_.global_at(t);
   t_ = t;
   averager.begin_step(t);
+  averager.set_levels(global_due_);
 }
 
 const SyncDecision& SyncEngine::begin(std::int64_t t, Averager& averager) {

@@ -319,14 +319,23 @@ void check_switches(const Binder& b, const sync::SyncConfig& s) {
       throw ConfigError(fmt::format("{}: sync.switches[{}]: {}", at, i + 1, e.message()));
     }
     const SyncSchedule& after = policy.schedule_at(sw.after + 1);
-    for (const auto& [name, period, delay] :
-         {std::tuple{"kx", after.kx, tau[0]}, std::tuple{"ku", after.ku, tau[1]},
-          std::tuple{"kv", after.kv, tau[2]}})
+    for (const auto& [name, period, delay, region] :
+         {std::tuple{"kx", after.kx, tau[0], s.region_kx},
+          std::tuple{"ku", after.ku, tau[1], s.regional() ? s.effective_region_ku() : 0},
+          std::tuple{"kv", after.kv, tau[2], s.regional() ? s.effective_region_kv() : 0}}) {
       if (delay >= period)
         throw ConfigError(
             fmt::format("{}: sync.switches[{}] makes {} = {}, not longer than "
                         "its delay {}",
                         at, i + 1, name, period, delay));
+      // With regions, as the config's own periods: each region period divides its job-wide one.
+      if (region > 0 && (period <= region || period % region != 0))
+        throw ConfigError(
+            fmt::format("{}: sync.switches[{}] makes {} = {}, which sync.region_{} = {} must "
+                        "divide and be shorter than: a job-wide average must fall on a step the "
+                        "regions average too",
+                        at, i + 1, name, period, name, region));
+    }
   }
 }
 

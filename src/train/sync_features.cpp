@@ -105,9 +105,6 @@ struct Conflict {
 constexpr const char* kNeedsAverage =
     "it acts on the parameter average, and the method has none (ddp averages the gradient "
     "every step; none, nothing)";
-constexpr const char* kRegionsBuilt =
-    "regions average whole states, blocking or with overlap = \"step\"; with delayed averages "
-    "the job-wide level streams; this level of the combination is not built yet";
 
 const std::vector<Conflict>& conflicts() {
   static const std::vector<Conflict> c = {
@@ -152,9 +149,9 @@ const std::vector<Conflict>& conflicts() {
        "a region averages whole states; fragments stream the job-wide averages, with delayed "
        "averages only",
        "delayed averages"},
-      {"regions", "period switches", Verdict::kNotBuilt, kRegionsBuilt},
-      {"regions", "re-planning", Verdict::kNotBuilt, kRegionsBuilt},
-      {"regions", "elastic join", Verdict::kNotBuilt, kRegionsBuilt},
+      {"regions", "elastic join", Verdict::kNotBuilt,
+       "a joining site would join a region's ring and the job-wide one at once; the regions' "
+       "membership follows the job's epochs, and growing it is not built yet"},
       {"regions", "favg_reset", Verdict::kNotBuilt,
        "which level's average resets u and v is not defined yet; use favg, local_adam or "
        "desloc"},

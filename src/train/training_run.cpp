@@ -155,8 +155,9 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
         groups.back().push_back(
             static_cast<int>(std::find(names.begin(), names.end(), site) - names.begin()));
     }
-    region_averager_.emplace(std::move(groups), cfg.sync.workers, R_, guard);
-    regional_.emplace(virtual_averager_, *region_averager_, cfg.sync.schedule());
+    region_averager_.emplace(std::move(groups), cfg.sync.workers, R_, guard, cfg.transport.lanes,
+                             cfg.transport.lane_share);
+    regional_.emplace(virtual_averager_, *region_averager_);
     averager_ = &*regional_;
   }
   evaluator_.bind(rank_);
@@ -549,7 +550,11 @@ void TrainingRun::replan_reset(std::int64_t next, bool keep_target) {
     o.hidden_steps = cfg_.sync.overlap == Overlap::kStep ? 1.0
                      : cfg_.sync.delays()                ? double(tau[0] + 1)
                                                          : 0.0;
-    replanner_.emplace(cfg_.sync.method, sync::Periods{base.kx, base.ku, base.kv}, o);
+    sync::Periods region;  // all 0 without regions
+    if (cfg_.sync.regional())
+      region = {cfg_.sync.region_kx, cfg_.sync.effective_region_ku(),
+                cfg_.sync.effective_region_kv()};
+    replanner_.emplace(cfg_.sync.method, sync::Periods{base.kx, base.ku, base.kv}, o, region);
   }
   replanner_->reset(in_force, keep_target);
 }

@@ -189,6 +189,15 @@ TEST(Launch, HierarchicalDeslocOfTwoRanksOverlappingReproducesTheInProcessRunBit
                               "overlap = \"step\"\n", "region_kx = 1\n", "", kRegions);
 }
 
+// A region of three sites runs both lanes at the default transport.lanes = 2, as the job-wide
+// ring does: half of every shard round the region's reversed ring, summed in that order in one
+// process too.
+TEST(Launch, ARegionOfThreeSitesWithBothLanesReproducesTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch4x1_region_lanes", {"west", "east", "north", "south"}, 1, "",
+                              "region_kx = 1\n", "",
+                              "regions = [[\"west\", \"east\", \"north\"], [\"south\"]]\n");
+}
+
 // Regions with the slow level compressed (x in int4, u in int8, with error feedback) and the
 // outer step on every job-wide average, two ranks per site: the region rings stay fp32, and the
 // launched ranks (overlapping each step's averages) equal the blocking in-process run.
@@ -311,6 +320,65 @@ TEST(Launch, AReplannedSwitchSurvivesAResumeAndMatchesItsReplayBitForBit) {
     EXPECT_EQ(0, std::memcmp(a.v.data(), b.v.data(), bytes)) << sites[s] << " v";
     ASSERT_EQ(ref.switches.size(), 1u);  // the config's spelling: ku and kv left at 3 and 6 kx
     EXPECT_EQ(ref.switches[0], (sync::PeriodSwitch{4, 3, 0, 0}));
+  }
+}
+
+// Re-planning with regions: the job-wide periods switch (injected: kx 2 -> 4 after step 4, with
+// u and v at 12 and 24) while the regions keep theirs (1, 3, 6), and every level routes by the
+// periods in force. Every site ends equal, bit for bit, to `desloc train` replaying the switch.
+TEST(Launch, ARePlannedSwitchWithRegionsMatchesItsReplayBitForBit) {
+  const fs::path dir = fresh_dir("replan_regions");
+  const std::vector<std::string> sites = {"west", "east", "north", "south"};
+  std::string toml = with_steps(
+      multi_site_toml(dir / "launch", "\"west\", \"east\", \"north\", \"south\"", 1), 12);
+  toml.replace(toml.find("[job]\n"), 6, std::string("[job]\n") + kRegions);
+  toml.replace(toml.find("[sync]\n"), 7, "[sync]\nregion_kx = 1\n");
+  std::string launched = toml;
+  launched.replace(launched.find("[sync]\n"), 7, "[sync]\nreplan = true\nreplan_drift = 100000\n");
+  const fs::path launch_cfg = write_text(dir / "launch.toml", launched);
+  std::string reference = toml;
+  reference.replace(reference.find("[sync]\n"), 7, "[sync]\nswitches = [{ after = 4, kx = 4 }]\n");
+  const fs::path train_cfg = write_text(dir / "train.toml", reference);
+
+  ::setenv("DESLOC_INJECT_REPLAN", "4:4", 1);
+  const auto run = run_command(std::string(DESLOC_CLI) + " launch --config " + launch_cfg.string());
+  ::unsetenv("DESLOC_INJECT_REPLAN");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("re-planned after step 4: kx 2 -> 4"), std::string::npos) << run.output;
+  const auto replay = run_command(std::string(DESLOC_CLI) + " train --no-progress --config " +
+                                  train_cfg.string() + " --out-dir " + (dir / "train").string());
+  ASSERT_EQ(replay.exit_code, 0) << replay.output;
+  EXPECT_EQ(train_field(dir / "launch" / "metrics.jsonl", "synced"),
+            train_field(dir / "train" / "metrics.jsonl", "synced"));
+  // Each level by the periods in force (the byte counts are the run's totals so far): after the
+  // switch, step 6 averages inside the regions only (it was job-wide at kx 2) and step 8 over
+  // every site.
+  for (const fs::path& run : {dir / "launch", dir / "train"}) {
+    const auto job_wide = train_field(run / "metrics.jsonl", "bytes_sent");
+    const auto region = train_field(run / "metrics.jsonl", "region_bytes_sent");
+    ASSERT_EQ(job_wide.size(), 12u) << run;
+    ASSERT_EQ(region.size(), 12u) << run;
+    EXPECT_NE(job_wide[3], job_wide[2]) << run << ": step 4";
+    EXPECT_EQ(job_wide[5], job_wide[4]) << run << ": step 6";
+    EXPECT_NE(region[5], region[4]) << run << ": step 6";
+    EXPECT_NE(job_wide[7], job_wide[6]) << run << ": step 8";
+  }
+  const auto ref =
+      train::load_checkpoint(train::checkpoint_path((dir / "train" / "checkpoints").string(), 12));
+  for (std::size_t s = 0; s < sites.size(); ++s) {
+    const fs::path d = s == 0 ? dir / "launch" : dir / "launch" / "ranks" / (sites[s] + "-0");
+    const auto mine =
+        train::load_checkpoint(train::checkpoint_path((d / "checkpoints").string(), 12));
+    ASSERT_EQ(mine.workers.size(), 1u);
+    const auto& a = ref.workers.at(s);
+    const auto& b = mine.workers[0];
+    const std::size_t bytes = a.params.size() * sizeof(float);
+    ASSERT_EQ(b.params.size(), a.params.size());
+    EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), bytes)) << sites[s] << " x";
+    EXPECT_EQ(0, std::memcmp(a.u.data(), b.u.data(), bytes)) << sites[s] << " u";
+    EXPECT_EQ(0, std::memcmp(a.v.data(), b.v.data(), bytes)) << sites[s] << " v";
+    ASSERT_EQ(mine.switches.size(), 1u) << sites[s];
+    EXPECT_EQ(mine.switches[0], (sync::PeriodSwitch{4, 4, 12, 24})) << sites[s];
   }
 }
 

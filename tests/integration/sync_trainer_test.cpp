@@ -90,21 +90,29 @@ TEST_F(SyncTrainer, RegionsTrainBetweenFlatDeslocAtTheirTwoPeriodsAndSendBytesIn
   EXPECT_NE(job_wide[3], "0");
 }
 
-// One region holding every site in the ring's order, one lane: the region averages are the
-// job-wide ones, so the run equals flat DES-LOC at the region's periods bit for bit, with the
-// same bytes.
+// One region holding every site in the ring's order: the region averages are the job-wide ones,
+// so the run equals flat DES-LOC at the region's periods bit for bit, with the same bytes. At
+// the default two lanes a region of four sites sends half of each shard round the reversed
+// ring, as the flat ring does; with one lane the sums run in another order, and the run
+// differs.
 TEST_F(SyncTrainer, OneRegionOfEverySiteIsFlatDeslocAtTheRegionPeriods) {
-  const std::string lanes = "[transport]\nlanes = 1\n";
-  const auto regional = job(fresh_dir("one_region"),
-                            std::string("method = \"desloc\"\nkx = 4\nregion_kx = 2\n") +
-                                kFourSites + "regions = [[\"A\", \"B\", \"C\", \"D\"]]\n" + lanes);
+  const std::string one_lane = "[transport]\nlanes = 1\n";
+  const std::string regions =
+      kFourSites + std::string("regions = [[\"A\", \"B\", \"C\", \"D\"]]\n");
+  const auto regional =
+      job(fresh_dir("one_region"), "method = \"desloc\"\nkx = 4\nregion_kx = 2\n" + regions);
   const auto flat =
-      job(fresh_dir("flat"), std::string("method = \"desloc\"\nkx = 2\n") + kFourSites + lanes);
+      job(fresh_dir("flat"), std::string("method = \"desloc\"\nkx = 2\n") + kFourSites);
+  const auto one = job(fresh_dir("one_region_one_lane"),
+                       "method = \"desloc\"\nkx = 4\nregion_kx = 2\n" + regions + one_lane);
   const auto a = train::run_training(regional, {.progress = 0});
   const auto b = train::run_training(flat, {.progress = 0});
+  train::run_training(one, {.progress = 0});
   test::expect_bitwise_equal(final_state(regional), final_state(flat));
   EXPECT_EQ(a.last_val_loss, b.last_val_loss);
   EXPECT_EQ(a.bytes_sent_per_worker, b.bytes_sent_per_worker);
+  EXPECT_NE(final_state(one).workers[0].params, final_state(regional).workers[0].params)
+      << "one lane sums in another order than two";
 }
 
 // sync.overlap = "step" starts a step's averages of x, u and v before its gradient and

@@ -161,6 +161,9 @@ TEST(Config, RegionsAreRefusedWhenTheyDoNotPartitionTheSitesOrThePeriodsDoNotNes
   const std::string two = "regions = [[\"A\", \"B\"], [\"C\", \"D\"]]\n";
   const std::string desloc = "[sync]\nmethod = \"desloc\"\nkx = 4\nregion_kx = 2\n";
   EXPECT_EQ(error_of(desloc + sites + two), "<no error>");
+  // The job-wide periods switch (or are re-planned) in multiples of the regions'.
+  EXPECT_EQ(error_of(desloc + "switches = [{ after = 4, kx = 8 }]\nreplan = true\n" + sites + two),
+            "<no error>");
   // The slow level streams, compressed, with the outer step and fragments.
   EXPECT_EQ(error_of(desloc +
                      "overlap = \"delayed\"\ndelay = 1\nfragments = 2\ncodec_x = \"int4\"\n"
@@ -193,8 +196,12 @@ TEST(Config, RegionsAreRefusedWhenTheyDoNotPartitionTheSitesOrThePeriodsDoNotNes
        "sync.fragments = 2 (fragments) with job.regions (regions) is not supported yet: a "
        "region averages whole states; fragments stream the job-wide averages, with delayed "
        "averages only"},
-      {desloc + "switches = [{ after = 4, kx = 8 }]\n" + sites + two,
-       "sync.switches (period switches) with job.regions (regions) is not supported yet"},
+      {desloc + "switches = [{ after = 4, kx = 5 }]\n" + sites + two,
+       "sync.switches[1] makes kx = 5, which sync.region_kx = 2 must divide"},
+      {desloc + "switches = [{ after = 4, kx = 8, ku = 20 }]\n" + sites + two,
+       "sync.switches[1] makes ku = 20, which sync.region_ku = 6 must divide"},
+      {desloc + "switches = [{ after = 4, kx = 2 }]\n" + sites + two,
+       "sync.switches[1] makes kx = 2, which sync.region_kx = 2 must divide and be shorter"},
       {desloc + "phase_x = 3\n" + sites + two,
        "sync.phase_x = 3 must be smaller than sync.region_kx"},
   };
@@ -240,9 +247,6 @@ TEST(Config, PeriodSwitchesAreRefusedOffAnAverageOutOfOrderOrWithModesTheyCannot
        "makes kx = 3, not longer than its delay 3"},
       {desloc + "replan_drift = 1\n", "sync.replan_drift = 1 is out of range"},
       {desloc + "replan_syncs = 0\n", "sync.replan_syncs = 0 is out of range"},
-      {desloc + "region_kx = 2\nreplan = true\n[job]\nsites = [\"A\", \"B\", \"C\", \"D\"]\n"
-                "regions = [[\"A\", \"B\"], [\"C\", \"D\"]]\n",
-       "sync.replan = true (re-planning) with job.regions (regions) is not supported yet"},
   };
   for (const auto& c : cases) {
     const std::string e = error_of(c.text);

@@ -1,5 +1,6 @@
 // Hierarchical DES-LOC's averagers: RegionalAverager routes each due state to the job-wide
-// averager or to the regions' (GroupedAverager) by the job-wide schedule, stop requests travel
+// averager or to the regions' (GroupedAverager) by the levels the sync engine gives it from the
+// job-wide schedule in force, stop requests travel
 // only with job-wide exchanges, and the regions' guard names sites by their job-wide index.
 #include "desloc/sync/regional_averager.hpp"
 
@@ -9,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "desloc/core/error.hpp"
 #include "desloc/core/sync_schedule.hpp"
 
 namespace desloc::sync {
@@ -21,7 +23,8 @@ struct World {
   std::vector<std::span<float>> views;
   VirtualAverager global{4, SumOrder::kRing};
   GroupedAverager regions{{{0, 1}, {2, 3}}, 4, 1, PayloadGuard{}};
-  RegionalAverager avg{global, regions, SyncSchedule{SyncMethod::kDesloc, 4, 12, 24, 0, 0, 0}};
+  RegionalAverager avg{global, regions};
+  SyncSchedule job_wide{SyncMethod::kDesloc, 4, 12, 24, 0, 0, 0};
   World() {
     for (int w = 0; w < 4; ++w) {
       replicas.emplace_back(kN);
@@ -29,8 +32,13 @@ struct World {
     }
     views.assign(replicas.begin(), replicas.end());
   }
-  bool control(std::int64_t t, bool stop) {
+  // As the sync engine opens a step: its number, then which averages span every site.
+  void begin(std::int64_t t) {
     avg.begin_step(t);
+    avg.set_levels(job_wide.at(t));
+  }
+  bool control(std::int64_t t, bool stop) {
+    begin(t);
     const DueAverage d{optim::StateKind::kX, views, nullptr};
     return avg.exchange_control(std::span(&d, 1), stop);
   }
@@ -84,7 +92,7 @@ TEST(RegionalAverager, TheExchangeInTwoHalvesAnswersAsTheWholeOne) {
   World w;
   w.replicas[3][5] = std::numeric_limits<float>::quiet_NaN();
   const DueAverage d{optim::StateKind::kX, w.views, nullptr};
-  w.avg.begin_step(2);  // only inside the regions: no stop agreed
+  w.begin(2);  // only inside the regions: no stop agreed
   w.avg.open_control(std::span(&d, 1), true);
   Averager::ControlAnswer a = w.avg.close_control();
   EXPECT_FALSE(a.stop);
@@ -96,12 +104,26 @@ TEST(RegionalAverager, TheExchangeInTwoHalvesAnswersAsTheWholeOne) {
   ASSERT_EQ(w.avg.rejections().size(), 1u);
   EXPECT_EQ(w.replicas[3][0], 3.0f);  // left out of its region's mean, as with the whole exchange
   w.avg.clear_rejections();
-  w.avg.begin_step(4);  // job-wide: the stop travels
+  w.begin(4);  // job-wide: the stop travels
   w.avg.open_control(std::span(&d, 1), true);
   a = w.avg.close_control();
   EXPECT_TRUE(a.stop);
   EXPECT_TRUE(a.rejections.empty());
   EXPECT_FALSE(a.measure.has_value());
+}
+
+// The levels follow what the engine says, not a schedule of the averager's own: after a period
+// switch to kx = 2 (a re-plan), step 2 is job-wide; and a step whose levels were never given
+// is an error, not a guess.
+TEST(RegionalAverager, TheLevelsOfAStepAreTheOnesTheEngineGives) {
+  World w;
+  w.job_wide = SyncSchedule{SyncMethod::kDesloc, 2, 6, 12, 0, 0, 0};
+  w.control(2, false);
+  w.average_x();
+  for (std::size_t i = 0; i < kN; ++i)
+    for (int s = 0; s < 4; ++s) EXPECT_EQ(w.replicas[std::size_t(s)][i], 2.5f + float(i) / 16);
+  w.avg.begin_step(3);
+  EXPECT_THROW(w.average_x(), Error);
 }
 
 }  // namespace

@@ -174,6 +174,31 @@ TEST(Replanner, RatiosThatAreNoMultiplesArePricedPerStateAndPlannedAsWholeMultip
   }
 }
 
+// With regions, a plan keeps each job-wide period a multiple of its region period, and kx longer
+// than the region's: region periods 4, 8, 24 under 8, 24, 48 (ratios 3 and 6) allow kx in
+// multiples of 8 only (kx = 4j gives ku = 12j, a multiple of 8 for even j).
+TEST(Replanner, WithRegionsAPlanKeepsEveryPeriodAMultipleOfItsRegionPeriod) {
+  const Replanner r(SyncMethod::kDesloc, {8, 24, 48}, ReplanOptions{.max_kx = 100000},
+                    Periods{4, 8, 24});
+  EXPECT_EQ(r.kx_step(), 8);
+  EXPECT_EQ(r.plan(1e-6, 0.05, 0.05).kx, 8) << "not 1, nor the region's own 4";
+  for (const double s : {0.01, 0.3, 7.0}) {
+    const Periods p = r.plan(s, 0.05, 0.2);
+    EXPECT_EQ(p.kx % 4, 0) << s;
+    EXPECT_EQ(p.ku % 8, 0) << s;
+    EXPECT_EQ(p.kv % 24, 0) << s;
+    EXPECT_LE(sync::replan_overhead(SyncMethod::kDesloc, p, s, 0.05, 0.0), 0.2) << s;
+    if (p.kx > 8) {  // the smallest multiple that fits
+      const Periods shorter{p.kx - 8, 3 * (p.kx - 8), 6 * (p.kx - 8)};
+      EXPECT_GT(sync::replan_overhead(SyncMethod::kDesloc, shorter, s, 0.05, 0.0), 0.2) << s;
+    }
+  }
+  const Replanner favg(SyncMethod::kFavg, {6, 6, 6}, ReplanOptions{.max_kx = 100000},
+                       Periods{3, 3, 3});
+  EXPECT_EQ(favg.kx_step(), 3);
+  EXPECT_EQ(favg.plan(1e-6, 0.05, 0.05).kx, 6);
+}
+
 // A switch every rank made keeps the target; a new epoch or a resume forgets it (every rank
 // resets at the same step).
 TEST(Replanner, AResetKeepsTheTargetOnlyWhenAsked) {

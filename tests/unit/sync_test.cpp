@@ -624,7 +624,7 @@ TEST(SyncEngine, WithRegionsTheCodecAndTheOuterStepActOnTheJobWideAveragesOnly) 
   const SyncPolicy policy(sc);
   sync::VirtualAverager global(M, sync::SumOrder::kRing);
   sync::GroupedAverager regions({{0, 1}, {2, 3}}, M, 1, sync::PayloadGuard{});
-  sync::RegionalAverager avg(global, regions, sc.schedule());
+  sync::RegionalAverager avg(global, regions);
   sync::SyncEngine engine(policy, sync::step_options(sc, nullptr, &outer, &codecs));
   for (std::int64_t t = 1; t <= 8; ++t) {
     const std::vector<float> ref_before = codecs.reference(optim::StateKind::kX);
@@ -678,7 +678,7 @@ TEST(SyncEngine, DelayedAveragesWithRegionsFoldOneCorrectionPerRegion) {
   const SyncPolicy policy(sc);
   sync::VirtualAverager global(M, sync::SumOrder::kRing);
   sync::GroupedAverager regions({{0, 1}, {2, 3}}, M, 1, sync::PayloadGuard{});
-  sync::RegionalAverager avg(global, regions, sc.schedule());
+  sync::RegionalAverager avg(global, regions);
   sync::SyncEngine engine(policy, sync::step_options(sc, nullptr, nullptr));
   const auto gap = [&] {  // between the regions
     float most = 0.0f;

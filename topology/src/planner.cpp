@@ -632,7 +632,9 @@ RegionPlan plan_regions(const Topology& t, const Plan& flat,
   r.regions = regions;
   std::string slowest;
   for (const auto& g : regions) {
-    const double secs = ring_seconds(t, g, req.state_bytes, 1);
+    // Both lanes in a region of three sites or more, at the share the job-wide ring takes (the
+    // trainer splits every ring alike, transport.lane_share).
+    const double secs = ring_seconds(t, g, req.state_bytes, req.lanes, flat.chosen.lane_share);
     if (secs > r.region_seconds || slowest.empty()) {
       r.region_seconds = secs;
       slowest = describe_regions({g});

@@ -150,7 +150,7 @@ void Simulation::price() {
     for (const auto& name : names)  // t.site() throws naming a site the topology lacks
       g.sites.push_back(static_cast<std::size_t>(&t_.site(name) - t_.sites.data()));
     for (std::size_t k = 0; k < 3; ++k) {
-      g.seconds[k] = ring_seconds(t_, names, job_.state_bytes, 1);
+      g.seconds[k] = ring_seconds(t_, names, job_.state_bytes, job_.lanes, job_.lane_share);
       g.bytes[k] = site_bytes(job_.state_bytes, names.size());
     }
     regions_.push_back(std::move(g));

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "desloc/core/sync_schedule.hpp"
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/compression.hpp"
 #include "desloc/sync/payload_guard.hpp"
@@ -89,6 +90,10 @@ class Averager {
     verdicts_ = {};
     codec_ = {};
   }
+  // Which of the averages due at this step span every site (SyncPolicy::global_at); the rest
+  // are due inside regions only. The sync engine gives it after begin_step(); only a
+  // hierarchical averager (RegionalAverager) routes by it, and it follows period switches.
+  virtual void set_levels(const desloc::SyncDecision& /*job_wide*/) {}
   // Compresses the next average of `kind` (compression.hpp): each site sends its difference
   // from views.reference, encoded with views.codec, and the encoded segments are summed along
   // the ring (decoded, added, re-encoded) and all-gathered. The views must match the replicas of

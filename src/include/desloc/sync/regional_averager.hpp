@@ -1,8 +1,10 @@
 // Hierarchical DES-LOC (job.regions, sync.region_k*): two averagers behind one. A state due in
 // the job-wide schedule at step t is averaged over every site (`global`); a state due only in
 // the regions' schedule is averaged over the sites of each region (`region`). The sync engine
-// sees one Averager and the union of the two schedules (SyncPolicy::at), so blocking and
-// step-overlapped averages work unchanged, and so does the payload guard, judged per level.
+// sees one Averager and the union of the two schedules (SyncPolicy::at), and says at each step
+// which of its averages are job-wide (set_levels, from the schedule in force: period switches
+// and re-plans included), so blocking and step-overlapped averages work unchanged, and so does
+// the payload guard, judged per level.
 // Codecs compress the job-wide averages only (SyncEngine compresses nothing else): the fast
 // level inside a region stays fp32, and the codecs' references stay the last job-wide means.
 //
@@ -16,7 +18,9 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "desloc/core/sync_schedule.hpp"
@@ -26,12 +30,13 @@ namespace desloc::sync {
 
 class RegionalAverager final : public Averager {
  public:
-  // `global` and `region` must outlive this. `global_schedule` is the job-wide schedule
-  // (SyncPolicy::schedule()). `region_sites[p]` is the job-wide site index (ring position) of
-  // position p of the region averager, for naming the sites its guard rejects; empty when the
-  // region averager already reports job-wide indices (GroupedAverager).
-  RegionalAverager(Averager& global, Averager& region, desloc::SyncSchedule global_schedule,
-                   std::vector<int> region_sites = {});
+  // `global` and `region` must outlive this. `region_sites[p]` is the job-wide site index (ring
+  // position) of position p of the region averager, for naming the sites its guard rejects;
+  // empty when the region averager already reports job-wide indices (GroupedAverager).
+  RegionalAverager(Averager& global, Averager& region, std::vector<int> region_sites = {});
+  // Must follow each begin_step() before the step's averages: without it the step's levels are
+  // unknown, and an average is an Error.
+  void set_levels(const desloc::SyncDecision& job_wide) override;
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   void average_across_sites(optim::StateKind kind,
                             std::span<const std::span<float>> local) override;
@@ -40,6 +45,10 @@ class RegionalAverager final : public Averager {
   void open_control(std::span<const DueAverage> due, bool stop) override;
   ControlAnswer close_control() override;
   int workers() const override { return global_.workers(); }
+  // Re-planning measures the job-wide averages only: the regions' links are not the ones the
+  // job-wide periods are chosen for.
+  void note_compute(double seconds) override { global_.note_compute(seconds); }
+  std::optional<SyncMeasure> take_measure() override { return std::exchange(measure_, {}); }
   double helper_cpu_seconds() const override {
     return global_.helper_cpu_seconds() + region_.helper_cpu_seconds();
   }
@@ -69,19 +78,23 @@ class RegionalAverager final : public Averager {
 
   Averager& global_;
   Averager& region_;
-  desloc::SyncSchedule schedule_;
   std::vector<int> region_sites_;
+  desloc::SyncDecision levels_;  // set_levels() of step levels_step_
+  std::int64_t levels_step_ = -1;
+  std::optional<SyncMeasure> measure_;  // the job-wide exchange's, until take_measure()
   std::int64_t opened_ = -1;
   bool job_open_ = false, region_open_ = false;  // which levels open_control() opened
 };
 
 // The region level in one process: each region's replicas (by job-wide site index, in the
 // region's ring order) averaged by a VirtualAverager of their own, in ring order like the
-// networked region groups. Rejections are reported by job-wide site index.
+// networked region groups, with both lanes in a region of three sites or more when `lanes` is 2
+// (transport.lanes, as the networked region rings). Rejections are reported by job-wide site
+// index.
 class GroupedAverager final : public Averager {
  public:
   GroupedAverager(std::vector<std::vector<int>> groups, int workers, int shards,
-                  const PayloadGuard& guard);
+                  const PayloadGuard& guard, int lanes = 1, double lane_share = 0.5);
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   bool exchange_control(std::span<const DueAverage> due, bool stop) override;
   int workers() const override { return workers_; }

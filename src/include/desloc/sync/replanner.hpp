@@ -66,7 +66,10 @@ class Replanner {
   // `base`: the config's periods (ku and kv resolved). A plan keeps Ku and Kv whole multiples
   // of Kx, their ratios to it rounded (3 and 6 by default). Every rank derives them from the
   // config, so every rank plans alike whatever it went through (a resume, a rejoin).
-  Replanner(SyncMethod method, Periods base, ReplanOptions options);
+  // `region`, with regions (job.regions): the periods inside a region (all 0: no regions). A
+  // plan then keeps each job-wide period a whole multiple of its region period and Kx longer
+  // than the region's, as the config's own periods must be.
+  Replanner(SyncMethod method, Periods base, ReplanOptions options, Periods region = {});
 
   // One job-wide parameter average's control exchange brought `m` (the average before it).
   // The first is ignored; the medians of the next reference_syncs() give the reference state
@@ -87,14 +90,18 @@ class Replanner {
   std::size_t reference_syncs() const { return static_cast<std::size_t>(std::max(3, opt_.syncs)); }
   double target() const { return target_; }
   // The smallest Kx (with Ku, Kv in the base ratios) whose overhead at `state_seconds` is at
-  // most `target`, within [min_kx, max_kx]. A Kx near max_kx leaves few averages to measure a
-  // recovery by: the job may not re-plan back before it ends.
+  // most `target`, within [min_kx, max_kx], a multiple of kx_step(). A Kx near max_kx leaves few
+  // averages to measure a recovery by: the job may not re-plan back before it ends.
   Periods plan(double state_seconds, double compute_seconds, double target) const;
+  // 1 without regions; with them the smallest multiple of the region's Kx whose Ku and Kv (in
+  // the base ratios) are multiples of the region's.
+  std::int64_t kx_step() const { return kx_step_; }
 
  private:
   SyncMethod method_;
   ReplanOptions opt_;
   std::int64_t ratio_u_ = 3, ratio_v_ = 6;
+  std::int64_t kx_step_ = 1;
   Periods periods_;
   double target_ = 0.0;
   double reference_ = 0.0;           // state_seconds the periods in force were chosen at
