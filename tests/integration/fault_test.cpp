@@ -278,6 +278,27 @@ TEST(FaultSuite, SiteKilledInsideARegionIsDroppedAndTheSurvivorsFinish) {
              "dropped east, west alone in its region, finished on 2 sites");
 }
 
+// One region of three sites runs both lanes at the default transport.lanes = 2 (a reversed
+// region ring beside the region ring). east dies: the survivors' epoch rebuilds the region from
+// west and north alone, on one lane, and both finish near the fault-free run.
+TEST(FaultSuite, SiteKilledInARegionOfThreeWithBothLanesIsDroppedAndTheSurvivorsFinish) {
+  Job job("kill_region_lanes", 1, 3, "regions = [[\"west\", \"east\", \"north\"]]\n", {}, "",
+          "region_kx = 2\n");
+  ASSERT_TRUE(job.reach(kSteps / 3)) << job.ranks[0][0].output();
+  ::kill(job.ranks[1][0].pid, SIGKILL);
+  EXPECT_EQ(job.ranks[1][0].wait(5s), 128 + SIGKILL);
+  ASSERT_TRUE(wait_for_text(job.ranks[0][0], "rolled back to step", 30s))
+      << job.ranks[0][0].output();
+  const double val = expect_leader_finishes(job);
+  EXPECT_EQ(job.ranks[2][0].wait(60s), 0) << job.ranks[2][0].output();
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_NEAR(val, ref, kLossTolerance);
+  report_row("kill -9 a site of a 3-site region with both lanes (region [west, east, north])", -1,
+             -1, val - ref,
+             last_field(job.leader_metrics(), "recovery", "bytes_resent").value_or(-1),
+             "dropped east, the region's ring rebuilt on one lane, finished on 2 sites");
+}
+
 // The same loss while the job-wide level streams (delayed by 1, x in 2 fragments, int4 with
 // error feedback) and the regions average at the start of their steps: the job-wide batch in
 // flight when east dies is dropped with the epoch, and the survivors finish near the fault-free
