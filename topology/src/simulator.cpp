@@ -62,6 +62,12 @@ class Simulation {
  public:
   Simulation(const Topology& t, const SimJob& job);
   void step(std::int64_t step);
+  // The last step of the run of quiet steps from `step` on (step - 1 when `step` is not quiet).
+  // A quiet step only adds each site's compute to its clock: no average is due at either level,
+  // no fold, no steal from an earlier average, and the sites' steps do not swing, so the run
+  // can be taken at once (advance), as most of a long period is.
+  std::int64_t quiet_until(std::int64_t step) const;
+  void advance(std::int64_t steps);
   SimResult result();
 
  private:
@@ -97,6 +103,8 @@ class Simulation {
   double stolen_ = 0.0;
   std::vector<Fold> folds_;
   std::vector<std::vector<Steal>> steals_;
+  std::int64_t steals_until_ = 0;  // the last step any steal in steals_ takes from
+  bool steady_ = true;             // no site's step swings (jitter 0 everywhere)
 };
 
 Simulation::Simulation(const Topology& t, const SimJob& job)
@@ -113,7 +121,10 @@ Simulation::Simulation(const Topology& t, const SimJob& job)
       steals_(n_) {
   check();
   price();
-  for (std::size_t s = 0; s < n_; ++s) jitter_[s] = job.jitter.value_or(t.sites[s].step_jitter);
+  for (std::size_t s = 0; s < n_; ++s) {
+    jitter_[s] = job.jitter.value_or(t.sites[s].step_jitter);
+    steady_ = steady_ && !(jitter_[s] > 0);
+  }
 }
 
 void Simulation::check() const {
@@ -185,7 +196,10 @@ std::vector<double> Simulation::compute_step(std::int64_t step, const Due& due) 
       for (std::size_t s = 0; s < n_; ++s) {
         const double cpu = t_.sites[s].steal_s_per_byte * p_.per_state_bytes[k] +
                            job_.codec_s[k] / double(p_.parts[k]);
-        if (cpu > 0) steals_[s].push_back({step + over - 1, cpu / double(over)});
+        if (cpu > 0) {
+          steals_[s].push_back({step + over - 1, cpu / double(over)});
+          steals_until_ = std::max(steals_until_, step + over - 1);
+        }
       }
     }
   }
@@ -334,6 +348,31 @@ void Simulation::unbounded(const Due& due, const std::vector<double>& dts) {
   link_free_ = start + due.cost;
 }
 
+std::int64_t Simulation::quiet_until(std::int64_t step) const {
+  if (!steady_ || step <= steals_until_) return step - 1;
+  std::int64_t last = step - 1;
+  // The last step drains every batch in flight (delayed), so it is never quiet.
+  for (std::int64_t t = step; t < job_.steps; ++t) {
+    if (n_ > 1 && job_.schedule_at(t).at(t).any()) break;
+    if (regional_) {
+      const SyncDecision r = job_.region_schedule.at(t);
+      if (r.x || r.u || r.v) break;
+    }
+    if (std::any_of(folds_.begin(), folds_.end(), [t](const Fold& f) { return f.step == t; }))
+      break;
+    last = t;
+  }
+  return last;
+}
+
+void Simulation::advance(std::int64_t steps) {
+  for (std::size_t s = 0; s < n_; ++s) {
+    const double dt = t_.sites[s].step_s * double(steps);
+    clock_[s] += dt;
+    compute_[s] += dt;
+  }
+}
+
 SimResult Simulation::result() {
   r_.total_s =
       std::max(*std::max_element(clock_.begin(), clock_.end()), job_.overlap ? link_free_ : 0.0);
@@ -348,7 +387,14 @@ SimResult Simulation::result() {
 
 SimResult simulate(const Topology& t, const SimJob& job) {
   Simulation sim(t, job);
-  for (std::int64_t step = 1; step <= job.steps; ++step) sim.step(step);
+  for (std::int64_t step = 1; step <= job.steps; ++step) {
+    if (const std::int64_t last = sim.quiet_until(step); last >= step) {
+      sim.advance(last - step + 1);
+      step = last;
+      continue;
+    }
+    sim.step(step);
+  }
   return sim.result();
 }
 

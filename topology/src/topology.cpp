@@ -8,6 +8,7 @@
 #include <cmath>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "desloc/core/error.hpp"
 
@@ -128,8 +129,13 @@ Topology from_table(const toml::table& root, const std::string& file) {
       throw ConfigError(fmt::format("{}: duplicate site '{}'", r.location(), s.name));
     t.sites.push_back(std::move(s));
   }
-  std::set<std::pair<std::string, std::string>> pairs;
+  // Each ordered pair once, by the sites' positions: a million links at 1024 sites.
+  std::unordered_map<std::string_view, std::size_t> position;
+  for (std::size_t i = 0; i < t.sites.size(); ++i) position.emplace(t.sites[i].name, i);
+  const std::size_t count = t.sites.size();
+  std::vector<char> linked(count * count, 0);
   if (const toml::array* links = array_of_tables(root, "link", file)) {
+    t.links.reserve(links->size());
     for (const toml::node& n : *links) {
       Reader r(file, *n.as_table(), "link");
       LinkProfile l;
@@ -140,21 +146,23 @@ Topology from_table(const toml::table& root, const std::string& file) {
       if (r.has("contended_mbit")) l.contended_bps = r.positive("contended_mbit") * 1e6 / 8;
       r.done();
       for (const auto* end : {&l.from, &l.to})
-        if (!names.contains(*end))
+        if (!position.contains(*end))
           throw ConfigError(fmt::format("{}: link {} -> {} names unknown site '{}' (sites: {})",
                                         r.location(), l.from, l.to, *end, fmt::join(names, ", ")));
       if (l.from == l.to)
         throw ConfigError(fmt::format("{}: link from '{}' to itself", r.location(), l.from));
-      if (!pairs.insert({l.from, l.to}).second)
+      char& seen = linked[position.at(l.from) * count + position.at(l.to)];
+      if (seen != 0)
         throw ConfigError(fmt::format("{}: duplicate link {} -> {}", r.location(), l.from, l.to));
+      seen = 1;
       t.links.push_back(std::move(l));
     }
   }
   std::vector<std::string> missing;
-  for (const auto& a : t.sites)
-    for (const auto& b : t.sites)
-      if (a.name != b.name && !pairs.contains({a.name, b.name}))
-        missing.push_back(a.name + " -> " + b.name);
+  for (std::size_t a = 0; a < count; ++a)
+    for (std::size_t b = 0; b < count; ++b)
+      if (a != b && linked[a * count + b] == 0)
+        missing.push_back(t.sites[a].name + " -> " + t.sites[b].name);
   if (!missing.empty())
     throw ConfigError(fmt::format(
         "{}: missing link(s) {}; every ordered pair of sites needs a measured link (run "
@@ -165,30 +173,66 @@ Topology from_table(const toml::table& root, const std::string& file) {
 
 }  // namespace
 
-const LinkProfile& Topology::link(std::string_view from, std::string_view to) const {
-  std::string key;
-  key.reserve(from.size() + 1 + to.size());
-  key.append(from).push_back('\0');
-  key.append(to);
-  const auto valid = [&](std::size_t i) {
-    return i < links.size() && links[i].from == from && links[i].to == to;
-  };
-  if (auto it = link_index_.find(key); it != link_index_.end() && valid(it->second))
-    return links[it->second];
-  // Not built yet, or built before `links` changed: rebuild and look again.
-  link_index_.clear();
-  link_index_.reserve(links.size());
-  for (std::size_t i = 0; i < links.size(); ++i)
-    link_index_.emplace(links[i].from + '\0' + links[i].to, i);
-  if (auto it = link_index_.find(key); it != link_index_.end() && valid(it->second))
-    return links[it->second];
-  throw Error(fmt::format("{}: no link {} -> {}", source, from, to));
+namespace {
+constexpr std::uint32_t kNoLink = 0xffffffffu;
+}  // namespace
+
+void Topology::index_sites() const {
+  site_index_.clear();
+  site_index_.reserve(sites.size());
+  for (std::size_t i = 0; i < sites.size(); ++i) site_index_.emplace(sites[i].name, i);
 }
 
-const SiteProfile& Topology::site(std::string_view name) const {
-  for (const auto& s : sites)
-    if (s.name == name) return s;
+std::size_t Topology::site_index(std::string_view name) const {
+  const auto valid = [&](std::size_t i) { return i < sites.size() && sites[i].name == name; };
+  if (auto it = site_index_.find(name); it != site_index_.end() && valid(it->second))
+    return it->second;
+  // Not built yet, or built before `sites` changed: rebuild and look again.
+  index_sites();
+  if (auto it = site_index_.find(name); it != site_index_.end() && valid(it->second))
+    return it->second;
   throw Error(fmt::format("{}: no site '{}'", source, name));
+}
+
+const SiteProfile& Topology::site(std::string_view name) const { return sites[site_index(name)]; }
+
+void Topology::index_links() const {
+  const std::size_t n = sites.size();
+  link_index_.assign(n * n, kNoLink);
+  for (std::size_t i = 0; i < links.size(); ++i) {
+    const auto a = site_index_.find(std::string_view(links[i].from));
+    const auto b = site_index_.find(std::string_view(links[i].to));
+    if (a == site_index_.end() || b == site_index_.end()) continue;  // named in no lookup
+    link_index_[a->second * n + b->second] = static_cast<std::uint32_t>(i);
+  }
+}
+
+const LinkProfile& Topology::link(std::size_t from, std::size_t to) const {
+  const std::size_t n = sites.size();
+  if (from >= n || to >= n)
+    throw Error(fmt::format("{}: no link between site positions {} and {} of {}", source, from,
+                            to, n));
+  const auto valid = [&](std::uint32_t i) {
+    return i < links.size() && links[i].from == sites[from].name && links[i].to == sites[to].name;
+  };
+  if (link_index_.size() == n * n && valid(link_index_[from * n + to]))
+    return links[link_index_[from * n + to]];
+  // Not built yet, or built before `sites` or `links` changed: rebuild and look again.
+  index_sites();
+  index_links();
+  if (valid(link_index_[from * n + to])) return links[link_index_[from * n + to]];
+  throw Error(fmt::format("{}: no link {} -> {}", source, sites[from].name, sites[to].name));
+}
+
+const LinkProfile& Topology::link(std::string_view from, std::string_view to) const {
+  std::size_t a = 0, b = 0;
+  try {
+    a = site_index(from);
+    b = site_index(to);
+  } catch (const Error&) {
+    throw Error(fmt::format("{}: no link {} -> {}", source, from, to));
+  }
+  return link(a, b);
 }
 
 std::vector<std::string> Topology::site_names() const {

@@ -18,6 +18,8 @@
 //   contended_mbit = 90.1   # optional: bandwidth while every pair streams at once
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -47,15 +49,28 @@ struct Topology {
   std::map<std::string, std::string> meta;  // provenance, kept as written
   std::string source;                       // the file it came from, for messages
 
-  // The link from -> to; Error naming both if absent. A hash index over `links`, built at the
-  // first lookup and again whenever it no longer matches them (1024 sites have about a million
-  // links, and a ring walks 1024 of them per price). Not for concurrent first lookups.
+  // The link from -> to; Error naming both if absent. An index by site position over `links`
+  // (a dense from x to table), built at the first lookup and again whenever it no longer
+  // matches them (1024 sites have about a million links, and a ring walks 1024 of them per
+  // price). Not for concurrent first lookups.
   const LinkProfile& link(std::string_view from, std::string_view to) const;
+  // The same by the sites' positions in `sites`.
+  const LinkProfile& link(std::size_t from, std::size_t to) const;
   const SiteProfile& site(std::string_view name) const;
+  // The position of the site `name` in `sites`; Error naming it if absent. A hash index, kept
+  // as the links' is.
+  std::size_t site_index(std::string_view name) const;
   std::vector<std::string> site_names() const;
 
  private:
-  mutable std::unordered_map<std::string, std::size_t> link_index_;
+  struct NameHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  void index_sites() const;
+  void index_links() const;
+  mutable std::unordered_map<std::string, std::size_t, NameHash, std::equal_to<>> site_index_;
+  mutable std::vector<std::uint32_t> link_index_;  // [from x sites + to]: position in links
 };
 
 // Parses and validates: ConfigError naming file:line:column and what is wrong for a syntax
