@@ -10,8 +10,9 @@
 //     topology already in memory. Validated before timing: the ring visits every site once,
 //     the proposed regions are the generated ones, the delayed hierarchical plan's Kx is a
 //     multiple of the regions' and its overhead within the target and their share.
-//   - the whole `desloc plan` command on files (the topology written with to_toml, a job config
-//     naming the sites and the regions): parsing, the checks, the plan and its printing.
+//   - the whole `desloc plan` command on files (the topology written with to_toml, its links as
+//     [links] matrices from 32 sites on, and a job config naming the sites, whose regions the
+//     plan proposes): parsing, the checks, the plan and its printing.
 // Each is warmed up and repeated: median [min-max], against the 2 s target, and the growth
 // exponent from the size before (time ~ n^e).
 //
@@ -92,17 +93,11 @@ void validate(const topology::Topology& t, const Planned& p, int regions, int pe
   }
 }
 
-// The job config `desloc plan` reads: the model of kStateBytes, the sites and their regions.
-std::string job_toml(const topology::Topology& t, int per_region, const fs::path& dir) {
-  std::vector<std::string> sites, regions, group;
-  for (std::size_t i = 0; i < t.sites.size(); ++i) {
-    sites.push_back("\"" + t.sites[i].name + "\"");
-    group.push_back(sites.back());
-    if (group.size() == std::size_t(per_region)) {
-      regions.push_back(fmt::format("[{}]", fmt::join(group, ", ")));
-      group.clear();
-    }
-  }
+// The job config `desloc plan` reads: the model of kStateBytes and the sites (the plan
+// proposes the regions from the bandwidth matrix).
+std::string job_toml(const topology::Topology& t, const fs::path& dir) {
+  std::vector<std::string> sites;
+  for (const auto& s : t.sites) sites.push_back("\"" + s.name + "\"");
   // 24 layers of d 1024, vocabulary 50304, context 1024: about 350M parameters.
   return fmt::format(
       "[model]\nvocab = 50304\ncontext = 1024\nlayers = 24\nheads = 16\nd_model = 1024\n"
@@ -152,7 +147,7 @@ int run(int argc, char** argv) {
     const fs::path topo = dir / fmt::format("topology{}.toml", n);
     const fs::path job = dir / fmt::format("job{}.toml", n);
     std::ofstream(topo) << topology::to_toml(t);
-    std::ofstream(job) << job_toml(t, per, dir);
+    std::ofstream(job) << job_toml(t, dir);
     for (const auto mode : {topology::PlanMode::kBlocking, topology::PlanMode::kDelayed}) {
       const bool delayed = mode == topology::PlanMode::kDelayed;
       const std::string what = fmt::format("{} sites, {}", n, delayed ? "delayed" : "blocking");

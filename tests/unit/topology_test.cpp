@@ -123,6 +123,57 @@ TEST(Topology, RoundTripsThroughToml) {
   EXPECT_DOUBLE_EQ(parse_topology(to_toml(j), "j2.toml").site("A").step_jitter, 0.29);
 }
 
+// From 32 sites on, to_toml writes the links as matrices ([links], row = from, column = to):
+// read back, every link, its latency and its contended rate are the same; and the matrix is
+// checked as the tables are, each bad cell named by its row and column.
+TEST(Topology, ManySitesRoundTripThroughTheLinkMatrix) {
+  Topology t;
+  t.source = "t";
+  for (int s = 0; s < 40; ++s) t.sites.push_back({"s" + std::to_string(s), 0.01 * (1 + s % 3)});
+  for (int a = 0; a < 40; ++a)
+    for (int b = 0; b < 40; ++b)
+      if (a != b) {
+        LinkProfile l;
+        l.from = t.sites[std::size_t(a)].name;
+        l.to = t.sites[std::size_t(b)].name;
+        l.bandwidth_bps = (100.0 + a * 40 + b) * 1e6 / 8;
+        l.latency_s = 0.001 * ((a + 2 * b) % 7);  // some zero
+        l.contended_bps = a == 3 && b == 5 ? 50e6 / 8 : 0.0;
+        t.links.push_back(l);
+      }
+  const std::string text = to_toml(t);
+  EXPECT_NE(text.find("[links]"), std::string::npos);
+  EXPECT_EQ(text.find("[[link]]"), std::string::npos);
+  const Topology back = parse_topology(text, "m.toml");
+  ASSERT_EQ(back.links.size(), t.links.size());
+  for (const LinkProfile& l : t.links) {
+    const LinkProfile& r = back.link(l.from, l.to);
+    EXPECT_NEAR(r.bandwidth_bps, l.bandwidth_bps, 1e-3) << l.from << " -> " << l.to;
+    EXPECT_NEAR(r.latency_s, l.latency_s, 1e-12) << l.from << " -> " << l.to;
+    EXPECT_NEAR(r.contended_bps, l.contended_bps, 1e-3) << l.from << " -> " << l.to;
+  }
+  const std::string two = "[[site]]\nname = \"A\"\nstep_ms = 1\n[[site]]\nname = \"B\"\nstep_ms = 1\n";
+  const std::string lat = "latency_ms = [[0, 1], [1, 0]]\n";
+  EXPECT_DOUBLE_EQ(
+      parse_topology(two + "[links]\nbandwidth_mbit = [[0, 8], [16, 0]]\n" + lat, "m").link("B", "A")
+          .bandwidth_bps,
+      2e6);
+  expect_config_error(two + "[links]\nbandwidth_mbit = [[0, 8]]\n" + lat,
+                      "links.bandwidth_mbit must be an array of 2 rows");
+  expect_config_error(two + "[links]\nbandwidth_mbit = [[0, 8], [16]]\n" + lat,
+                      "links.bandwidth_mbit row 2 must hold 2 numbers");
+  expect_config_error(two + "[links]\nbandwidth_mbit = [[0, 8], [0, 0]]\n" + lat,
+                      "links.bandwidth_mbit[2][1] = 0 must be a finite number > 0");
+  expect_config_error(two + "[links]\nbandwidth_mbit = [[0, \"fast\"], [1, 0]]\n" + lat,
+                      "links.bandwidth_mbit[1][2] must be a number");
+  expect_config_error(two + "[links]\nbandwidth_mbit = [[0, 8], [16, 0]]\n", "[links] has no 'latency_ms'");
+  expect_config_error(two + "[links]\nbandwidth_mbit = [[0, 8], [16, 0]]\nrtt = 1\n" + lat,
+                      "unknown key 'rtt' in [links]");
+  expect_config_error(two + "[links]\nbandwidth_mbit = [[0, 8], [16, 0]]\n" + lat +
+                          "[[link]]\nfrom = \"A\"\nto = \"B\"\nbandwidth_mbit = 1\nlatency_ms = 1\n",
+                      "[links] and [[link]] both give the links");
+}
+
 TEST(Topology, BadInputIsNamed) {
   const std::string good = topology_toml("AB", 10, triangle);
   expect_config_error(good + "[[site]]\nname = \"A\"\nstep_ms = 1\n", "duplicate site 'A'");

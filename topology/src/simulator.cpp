@@ -76,7 +76,7 @@ class Simulation {
   Due due_at(std::int64_t step) const;
   // Each site's compute for the step (jitter drawn in site order), with what overlapped
   // averages steal from it; adds the step's steals of `due` first.
-  std::vector<double> compute_step(std::int64_t step, const Due& due);
+  const std::vector<double>& compute_step(std::int64_t step, const Due& due);
   // The averages due only inside the regions at `step`: each region over its own ring, only
   // its sites waiting for each other. dts is added by the caller.
   void region_averages(std::int64_t step, const Due& due, const std::vector<double>& dts,
@@ -95,6 +95,7 @@ class Simulation {
   Prices p_;
   std::vector<Region> regions_;
   std::vector<double> clock_, compute_, jitter_;
+  std::vector<double> dts_;  // compute_step's answer, kept from step to step
   std::mt19937_64 gen_;
   std::normal_distribution<double> noise_{0.0, 1.0};
   SimResult r_;
@@ -117,6 +118,7 @@ Simulation::Simulation(const Topology& t, const SimJob& job)
       clock_(n_, 0.0),
       compute_(n_, 0.0),
       jitter_(n_),
+      dts_(n_),
       gen_(job.seed),
       steals_(n_) {
   check();
@@ -186,7 +188,7 @@ Due Simulation::due_at(std::int64_t step) const {
   return d;
 }
 
-std::vector<double> Simulation::compute_step(std::int64_t step, const Due& due) {
+const std::vector<double>& Simulation::compute_step(std::int64_t step, const Due& due) {
   // Overlapped averages take CPU from the compute: steal per byte times the bytes a site sends,
   // plus the codec's work (blocking averages cost no compute: the sites wait for them anyway).
   if (overlapped_ && due.states > 0 && !due.decision.grad) {
@@ -203,7 +205,7 @@ std::vector<double> Simulation::compute_step(std::int64_t step, const Due& due) 
       }
     }
   }
-  std::vector<double> dts(n_);
+  std::vector<double>& dts = dts_;
   for (std::size_t s = 0; s < n_; ++s) {
     const double j = jitter_[s];
     dts[s] = t_.sites[s].step_s * (j > 0 ? std::exp(j * noise_(gen_) - j * j / 2) : 1.0);
@@ -263,7 +265,7 @@ void Simulation::region_averages(std::int64_t step, const Due& due, const std::v
 
 void Simulation::step(std::int64_t step) {
   const Due due = due_at(step);
-  const std::vector<double> dts = compute_step(step, due);
+  const std::vector<double>& dts = compute_step(step, due);
   const bool delays = job_.delayed() && !job_.overlap && !due.decision.grad;
   const bool under = job_.mode == Overlap::kStep && !job_.overlap && !due.decision.grad;
   if (regional_)

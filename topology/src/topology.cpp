@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <toml++/toml.h>
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -16,6 +17,8 @@ namespace desloc::topology {
 namespace {
 
 constexpr double kMaxStepJitter = 2.0;  // site.step_jitter's bound (SiteProfile)
+// From this many sites on, to_toml writes the links as matrices ([links]).
+constexpr std::size_t kMatrixSites = 32;
 
 std::string where(const std::string& file, const toml::source_region& r) {
   return fmt::format("{}:{}:{}", file, r.begin.line, r.begin.column);
@@ -86,14 +89,87 @@ const toml::array* array_of_tables(const toml::table& root, const char* key,
   return a;
 }
 
+// One n x n matrix of [links] (`key`): rows of numbers, the diagonal unread; empty when the
+// matrix is optional and absent.
+std::vector<std::vector<double>> matrix_of(const toml::table& links, const char* key,
+                                           std::size_t n, const std::string& file, bool optional,
+                                           bool allow_zero) {
+  const toml::node* node = links.get(key);
+  if (node == nullptr) {
+    if (optional) return {};
+    throw ConfigError(
+        fmt::format("{}: [links] has no '{}'", where(file, links.source()), key));
+  }
+  const toml::array* rows = node->as_array();
+  if (rows == nullptr || rows->size() != n)
+    throw ConfigError(fmt::format("{}: links.{} must be an array of {} rows, one per [[site]]",
+                                  where(file, node->source()), key, n));
+  std::vector<std::vector<double>> out(n, std::vector<double>(n, 0.0));
+  for (std::size_t i = 0; i < n; ++i) {
+    const toml::node& row_node = *rows->get(i);
+    const toml::array* row = row_node.as_array();
+    if (row == nullptr || row->size() != n)
+      throw ConfigError(fmt::format("{}: links.{} row {} must hold {} numbers, one per [[site]]",
+                                    where(file, row_node.source()), key, i + 1, n));
+    for (std::size_t j = 0; j < n; ++j) {
+      const toml::node& cell = *row->get(j);
+      double v;
+      if (const auto* f = cell.as_floating_point())
+        v = f->get();
+      else if (const auto* k = cell.as_integer())
+        v = static_cast<double>(k->get());
+      else
+        throw ConfigError(fmt::format("{}: links.{}[{}][{}] must be a number",
+                                      where(file, cell.source()), key, i + 1, j + 1));
+      if (i == j) continue;  // a site to itself: no link
+      if (!std::isfinite(v) || v < 0 || (v == 0 && !allow_zero))
+        throw ConfigError(fmt::format("{}: links.{}[{}][{}] = {} must be a finite number {} 0",
+                                      where(file, cell.source()), key, i + 1, j + 1, v,
+                                      allow_zero ? ">=" : ">"));
+      out[i][j] = v;
+    }
+  }
+  return out;
+}
+
+// [links]: the links as matrices, row = from, column = to, in [[site]] order. For many sites:
+// a million [[link]] tables take toml++ seconds to build, a million numbers a fraction of one.
+void read_link_matrix(const toml::node& node, const std::string& file, Topology& t) {
+  const toml::table* links = node.as_table();
+  if (links == nullptr)
+    throw ConfigError(fmt::format("{}: 'links' must be a table", where(file, node.source())));
+  for (auto&& [k, v] : *links)
+    if (k.str() != "bandwidth_mbit" && k.str() != "latency_ms" && k.str() != "contended_mbit")
+      throw ConfigError(fmt::format(
+          "{}: unknown key '{}' in [links] (expected bandwidth_mbit, latency_ms, contended_mbit)",
+          where(file, k.source()), k.str()));
+  const std::size_t n = t.sites.size();
+  const auto bandwidth = matrix_of(*links, "bandwidth_mbit", n, file, false, false);
+  const auto latency = matrix_of(*links, "latency_ms", n, file, false, true);
+  const auto contended = matrix_of(*links, "contended_mbit", n, file, true, true);
+  t.links.reserve(n * (n - 1));
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      if (i == j) continue;
+      LinkProfile l;
+      l.from = t.sites[i].name;
+      l.to = t.sites[j].name;
+      l.bandwidth_bps = bandwidth[i][j] * 1e6 / 8;
+      l.latency_s = latency[i][j] / 1e3;
+      if (!contended.empty()) l.contended_bps = contended[i][j] * 1e6 / 8;
+      t.links.push_back(std::move(l));
+    }
+}
+
 Topology from_table(const toml::table& root, const std::string& file) {
   Topology t;
   t.source = file;
   for (auto&& [k, v] : root) {
     const std::string key(k.str());
-    if (key != "meta" && key != "site" && key != "link")
-      throw ConfigError(fmt::format("{}: unknown table '{}' (expected [meta], [[site]], [[link]])",
-                                    where(file, k.source()), key));
+    if (key != "meta" && key != "site" && key != "link" && key != "links")
+      throw ConfigError(
+          fmt::format("{}: unknown table '{}' (expected [meta], [[site]], and [[link]] or [links])",
+                      where(file, k.source()), key));
   }
   if (const toml::node* meta = root.get("meta")) {
     if (!meta->is_table())
@@ -134,6 +210,14 @@ Topology from_table(const toml::table& root, const std::string& file) {
   for (std::size_t i = 0; i < t.sites.size(); ++i) position.emplace(t.sites[i].name, i);
   const std::size_t count = t.sites.size();
   std::vector<char> linked(count * count, 0);
+  if (const toml::node* matrix = root.get("links")) {
+    if (root.get("link") != nullptr)
+      throw ConfigError(fmt::format(
+          "{}: [links] and [[link]] both give the links; use one (the matrix for many sites)",
+          where(file, matrix->source())));
+    read_link_matrix(*matrix, file, t);
+    return t;
+  }
   if (const toml::array* links = array_of_tables(root, "link", file)) {
     t.links.reserve(links->size());
     for (const toml::node& n : *links) {
@@ -281,12 +365,34 @@ std::string to_toml(const Topology& t) {
         s.steal_s_per_byte > 0 ? fmt::format("steal_ms_per_mb = {:.6g}\n", s.steal_s_per_byte * 1e9)
                                : std::string(),
         s.step_jitter > 0 ? fmt::format("step_jitter = {:.4g}\n", s.step_jitter) : std::string());
-  for (const auto& l : t.links)
-    out << fmt::format(
-        "\n[[link]]\nfrom = \"{}\"\nto = \"{}\"\nbandwidth_mbit = {:.6g}\nlatency_ms = {:.6g}\n{}",
-        l.from, l.to, l.bandwidth_bps * 8 / 1e6, l.latency_s * 1e3,
-        l.contended_bps > 0 ? fmt::format("contended_mbit = {:.6g}\n", l.contended_bps * 8 / 1e6)
-                            : std::string());
+  if (t.sites.size() < kMatrixSites) {
+    for (const auto& l : t.links)
+      out << fmt::format(
+          "\n[[link]]\nfrom = \"{}\"\nto = \"{}\"\nbandwidth_mbit = {:.6g}\nlatency_ms = {:.6g}\n{}",
+          l.from, l.to, l.bandwidth_bps * 8 / 1e6, l.latency_s * 1e3,
+          l.contended_bps > 0 ? fmt::format("contended_mbit = {:.6g}\n", l.contended_bps * 8 / 1e6)
+                              : std::string());
+    return out.str();
+  }
+  // Many sites: the links as matrices (row = from, column = to, in [[site]] order).
+  const bool contended = std::any_of(t.links.begin(), t.links.end(),
+                                     [](const LinkProfile& l) { return l.contended_bps > 0; });
+  const auto matrix = [&](const char* key, auto value) {
+    out << key << " = [\n";
+    for (std::size_t i = 0; i < t.sites.size(); ++i) {
+      out << "  [";
+      for (std::size_t j = 0; j < t.sites.size(); ++j)
+        out << (j > 0 ? ", " : "") << (i == j ? std::string("0") : fmt::format("{:.6g}", value(t.link(i, j))));
+      out << "],\n";
+    }
+    out << "]\n";
+  };
+  out << "\n# The links, row = from, column = to, in the order of the [[site]] tables above.\n"
+         "[links]\n";
+  matrix("bandwidth_mbit", [](const LinkProfile& l) { return l.bandwidth_bps * 8 / 1e6; });
+  matrix("latency_ms", [](const LinkProfile& l) { return l.latency_s * 1e3; });
+  if (contended)
+    matrix("contended_mbit", [](const LinkProfile& l) { return l.contended_bps * 8 / 1e6; });
   return out.str();
 }
 
