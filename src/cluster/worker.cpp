@@ -277,6 +277,31 @@ Ports open_ports(const train::JobConfig& cfg, const Session& ss, bool pair_group
   return p;
 }
 
+// A wide-area ring over rank `rank` of `ring`'s sites, this rank being that of ring[me]: in
+// the ring's order, or `reversed` (a second lane: site i has group rank reversed_rank(i, n) and
+// its successor is site i - 1). The successor's address is `slot` of its registration. One site
+// makes a group of one, which needs no port.
+std::unique_ptr<transport::Collective> connect_ring(std::unique_ptr<transport::UcxPort> port,
+                                                    const std::vector<std::string>& ring, int me,
+                                                    std::uint32_t rank, int slot, bool reversed,
+                                                    transport::CollectiveOptions o,
+                                                    const transport::Membership& m) {
+  const int n = static_cast<int>(ring.size());
+  for (int p = 0; p < n; ++p)
+    o.peer_names.push_back(
+        fmt::format("{}/{}", ring[std::size_t(reversed ? (n - p) % n : p)], rank));
+  transport::WorkerAddress successor;
+  if (n > 1) {
+    const auto& next =
+        member(m, ring[std::size_t(reversed ? (me - 1 + n) % n : (me + 1) % n)], rank);
+    successor =
+        unpack_address(next.worker_address, slot, fmt::format("{}/{}", next.site, next.rank));
+  }
+  return transport::connect_ucx_collective(n > 1 ? std::move(port) : nullptr,
+                                           reversed ? transport::reversed_rank(me, n) : me, n,
+                                           successor, o);
+}
+
 // Builds the session's groups for membership m (whose ring is ss.sites), consuming the ports.
 void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
                     const transport::Membership& m) {
@@ -316,35 +341,17 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
         unpack_address(next.worker_address, kSiteSlot, fmt::format("{}/{}", next.site, next.rank)),
         o);
   }
-  {
-    auto o = base;
-    o.chunk_headers = cfg.transport.chunk_headers;
-    o.crash_in = crash;
-    for (const auto& s : sites) o.peer_names.push_back(fmt::format("{}/{}", s, ss.rank));
-    transport::WorkerAddress successor;
-    if (S > 1) {
-      const auto& next =
-          member(m, sites[std::size_t((site_index + 1) % S)], static_cast<std::uint32_t>(ss.rank));
-      successor =
-          unpack_address(next.worker_address, kWanSlot, fmt::format("{}/{}", next.site, next.rank));
-    }
-    ss.wan_group = transport::connect_ucx_collective(S > 1 ? std::move(ports.wan) : nullptr,
-                                                     site_index, S, successor, o);
-  }
-  if (transport::effective_lanes(cfg.transport.lanes, S) == 2) {
-    auto o = base;
-    o.chunk_headers = cfg.transport.chunk_headers;
-    o.crash_in = crash;
-    for (int p = 0; p < S; ++p)
-      o.peer_names.push_back(fmt::format("{}/{}", sites[std::size_t((S - p) % S)], ss.rank));
-    const auto& next = member(m, sites[std::size_t((site_index - 1 + S) % S)],
-                              static_cast<std::uint32_t>(ss.rank));
-    ss.wan_reverse = transport::connect_ucx_collective(
-        std::move(ports.reverse), transport::reversed_rank(site_index, S), S,
-        unpack_address(next.worker_address, kReverseSlot,
-                       fmt::format("{}/{}", next.site, next.rank)),
-        o);
-  }
+  // The wide-area rings: every site's rank r, and this site's region's, each with its second
+  // lane (the reversed ring) from three sites on at transport.lanes = 2.
+  auto wide = base;
+  wide.chunk_headers = cfg.transport.chunk_headers;
+  wide.crash_in = crash;  // $DESLOC_INJECT_CRASH, also at a step only the regions average
+  const auto rank = static_cast<std::uint32_t>(ss.rank);
+  ss.wan_group =
+      connect_ring(std::move(ports.wan), sites, site_index, rank, kWanSlot, false, wide, m);
+  if (transport::effective_lanes(cfg.transport.lanes, S) == 2)
+    ss.wan_reverse = connect_ring(std::move(ports.reverse), sites, site_index, rank, kReverseSlot,
+                                  true, wide, m);
   ss.region_reverse.reset();
   ss.region_group.reset();
   ss.region_sites.clear();
@@ -353,38 +360,13 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
       ss.region_sites.push_back(
           static_cast<int>(std::find(sites.begin(), sites.end(), s) - sites.begin()));
     const int n = static_cast<int>(region.size());
-    if (n > 1) {
-      const int me =
-          static_cast<int>(std::find(region.begin(), region.end(), site) - region.begin());
-      auto o = base;
-      o.chunk_headers = cfg.transport.chunk_headers;
-      o.crash_in = crash;  // $DESLOC_INJECT_CRASH at a step only the regions average
-      for (const auto& s : region) o.peer_names.push_back(fmt::format("{}/{}", s, ss.rank));
-      const auto& next =
-          member(m, region[std::size_t((me + 1) % n)], static_cast<std::uint32_t>(ss.rank));
-      ss.region_group = transport::connect_ucx_collective(
-          std::move(ports.region), me, n,
-          unpack_address(next.worker_address, kRegionSlot,
-                         fmt::format("{}/{}", next.site, next.rank)),
-          o);
-    }
-    // Its second lane, as the wide-area group's: the reversed ring over the same sites.
-    if (transport::effective_lanes(cfg.transport.lanes, n) == 2) {
-      const int me =
-          static_cast<int>(std::find(region.begin(), region.end(), site) - region.begin());
-      auto o = base;
-      o.chunk_headers = cfg.transport.chunk_headers;
-      o.crash_in = crash;
-      for (int p = 0; p < n; ++p)
-        o.peer_names.push_back(fmt::format("{}/{}", region[std::size_t((n - p) % n)], ss.rank));
-      const auto& next =
-          member(m, region[std::size_t((me - 1 + n) % n)], static_cast<std::uint32_t>(ss.rank));
-      ss.region_reverse = transport::connect_ucx_collective(
-          std::move(ports.region_reverse), transport::reversed_rank(me, n), n,
-          unpack_address(next.worker_address, kRegionReverseSlot,
-                         fmt::format("{}/{}", next.site, next.rank)),
-          o);
-    }
+    const int me = static_cast<int>(std::find(region.begin(), region.end(), site) - region.begin());
+    if (n > 1)
+      ss.region_group =
+          connect_ring(std::move(ports.region), region, me, rank, kRegionSlot, false, wide, m);
+    if (transport::effective_lanes(cfg.transport.lanes, n) == 2)
+      ss.region_reverse = connect_ring(std::move(ports.region_reverse), region, me, rank,
+                                       kRegionReverseSlot, true, wide, m);
   }
   ss.pairs.clear();
   ss.pairs.resize(static_cast<std::size_t>(S));
