@@ -15,6 +15,7 @@
 #include "cluster/session.hpp"
 #include "desloc/cluster/cluster.hpp"
 #include "desloc/core/error.hpp"
+#include "desloc/core/fault_plan.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/sync/collective_averager.hpp"
 #include "desloc/sync/regional_averager.hpp"
@@ -182,46 +183,25 @@ std::vector<std::string> live_region(const train::JobConfig& cfg,
   return {};
 }
 
-// Fault injection for the fault suite, from $DESLOC_INJECT_CRASH (read in epoch 1 only):
-//   SITE:STEP:x|u|v  every rank of SITE kills itself halfway through its wide-area ring of that
-//                    average;
-//   SITE:membership  every rank of SITE exits (status 9) right after it received membership
-//                    epoch 1, before it connects its groups: a death the others cannot have
-//                    taken a step past.
+// $DESLOC_INJECT_CRASH (fault_plan.hpp) as it concerns `site` in epoch `epoch` (epoch 1 only):
+// whether it exits at membership, and the average whose ring it dies in (step < 0: none).
 struct CrashInjection {
   bool at_membership = false;
-  transport::OpLabel in_average;  // step 0: none
+  transport::OpLabel in_average;
 };
 
-CrashInjection crash_from_environment(const std::string& site, std::uint64_t epoch) {
-  CrashInjection off;
-  const char* env = std::getenv("DESLOC_INJECT_CRASH");
-  if (env == nullptr || *env == '\0' || epoch != 1) return off;
-  const std::string text(env);
-  const auto a = text.find(':');
-  if (a != std::string::npos && text.substr(a + 1) == "membership") {
-    if (text.substr(0, a) != site) return off;
-    CrashInjection at;
-    at.at_membership = true;
-    return at;
-  }
-  const auto b = a == std::string::npos ? a : text.find(':', a + 1);
-  if (b == std::string::npos)
-    throw ConfigError("$DESLOC_INJECT_CRASH = '" + text +
-                      "': expected SITE:STEP:x|u|v or SITE:membership");
-  if (text.substr(0, a) != site) return off;
-  const std::string state = text.substr(b + 1);
-  const auto kind =
-      state == "x"   ? optim::StateKind::kX
-      : state == "u" ? optim::StateKind::kU
-      : state == "v"
-          ? optim::StateKind::kV
-          : throw ConfigError("$DESLOC_INJECT_CRASH: state '" + state + "' is not x, u or v");
+CrashInjection crash_injection(const std::string& site, std::uint64_t epoch) {
+  const std::optional<FaultPlan::Crash> c = FaultPlan::from_environment().crash;
+  if (!c || epoch != 1 || c->site != site) return {};
   CrashInjection at;
-  at.in_average.step = std::atoll(text.substr(a + 1, b - a - 1).c_str());
-  at.in_average.state = static_cast<std::uint8_t>(kind);
-  log::warn("fault injection: site {} dies halfway through its {} average at step {}", site, state,
-            at.in_average.step);
+  at.at_membership = c->at_membership;
+  if (c->at_membership) return at;
+  at.in_average.step = c->step;
+  at.in_average.state = static_cast<std::uint8_t>(c->state == 'x'   ? optim::StateKind::kX
+                                                  : c->state == 'u' ? optim::StateKind::kU
+                                                                    : optim::StateKind::kV);
+  log::warn("fault injection: site {} dies halfway through its {} average at step {}", site,
+            c->state, c->step);
   return at;
 }
 
@@ -318,7 +298,7 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
     transport::RankClient* client = ss.client.get();
     base.should_abort = [client] { return client->recovery_pending(); };
   }
-  const transport::OpLabel crash = crash_from_environment(site, m.epoch).in_average;
+  const transport::OpLabel crash = crash_injection(site, m.epoch).in_average;
 
   if (uses_nccl(cfg)) {
     auto o = base;
@@ -462,7 +442,7 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   ss.client->connect(host, port, deadline);
   const transport::Membership m = ss.client->wait_membership(deadline);
   log::info("{}: membership epoch {} with {} ranks", name, m.epoch, m.members.size());
-  if (crash_from_environment(opts.id.site, m.epoch).at_membership) {
+  if (crash_injection(opts.id.site, m.epoch).at_membership) {
     log::warn("fault injection: site {} dies right after membership epoch {}", opts.id.site,
               m.epoch);
     std::_Exit(9);

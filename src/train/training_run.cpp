@@ -48,40 +48,6 @@ class StopSignals {
 
 }  // namespace
 
-std::optional<Poison> poison_from_environment() {
-  const char* env = std::getenv("DESLOC_INJECT_POISON");
-  if (env == nullptr || *env == '\0') return std::nullopt;
-  const std::string text(env);
-  const auto a = text.find(':');
-  const auto b = text.find(':', a == std::string::npos ? a : a + 1);
-  if (a == std::string::npos)
-    throw ConfigError("$DESLOC_INJECT_POISON = '" + text + "': expected SITE:STEP[:nan|huge]");
-  Poison p;
-  p.site = text.substr(0, a);
-  p.step = std::atoll(text.substr(a + 1, b == std::string::npos ? b : b - a - 1).c_str());
-  p.huge = b != std::string::npos && text.substr(b + 1) == "huge";
-  log::warn(
-      "fault injection: site {} sends a {} parameter payload at its first x average from "
-      "step {}",
-      p.site, p.huge ? "1000x" : "NaN", p.step);
-  return p;
-}
-
-std::optional<std::pair<std::int64_t, std::int64_t>> replan_from_environment() {
-  const char* env = std::getenv("DESLOC_INJECT_REPLAN");
-  if (env == nullptr || *env == '\0') return std::nullopt;
-  const std::string text(env);
-  const auto colon = text.find(':');
-  char* end = nullptr;
-  const long long step = std::strtoll(text.c_str(), &end, 10);
-  const long long kx = colon == std::string::npos ? 0 : std::atoll(text.c_str() + colon + 1);
-  if (colon == std::string::npos || end != text.c_str() + colon || step < 1 || kx < 1)
-    throw ConfigError("$DESLOC_INJECT_REPLAN = '" + text + "': expected STEP:KX, both >= 1");
-  log::warn("fault injection: every rank re-plans kx to {} at the parameter average of step {}", kx,
-            step);
-  return std::pair{static_cast<std::int64_t>(step), static_cast<std::int64_t>(kx)};
-}
-
 namespace {
 void check_rank_context(const JobConfig& cfg, const RankContext& rank) {
   const int R = cfg.job.ranks_per_site;
@@ -135,7 +101,7 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
       engine_(policy_,
               sync::step_options(cfg.sync, &cfg.clip, outer_ ? &*outer_ : nullptr, &compression_)),
       evaluator_(cfg, *model_, dataset_),
-      poison_(poison_from_environment()),
+      faults_(FaultPlan::from_environment()),
       live_sites_(cfg.sync.workers),
       inputs_(static_cast<std::size_t>(B_) * T_),
       targets_(inputs_.size()) {
@@ -162,7 +128,15 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
   }
   evaluator_.bind(rank_);
   if (networked_ && rank_->recover) recovery_.emplace(*rank_);
-  if (networked_ && cfg.sync.replan) inject_replan_ = replan_from_environment();
+  if (!networked_ || !cfg.sync.replan) faults_.replan.reset();
+  if (const auto& p = faults_.poison)
+    log::warn(
+        "fault injection: site {} sends a {} parameter payload at its first x average from "
+        "step {}",
+        p->site, p->huge ? "1000x" : "NaN", p->step);
+  if (const auto& r = faults_.replan)
+    log::warn("fault injection: every rank re-plans kx to {} at the parameter average of step {}",
+              r->kx, r->step);
   if (!networked_ && cfg.sync.replan)
     log::info(
         "sync.replan: one process measures no wide-area link, so the periods stay as "
@@ -488,7 +462,7 @@ TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
 void TrainingRun::replan(std::int64_t t) {
   if (!policy_.global_at(t).x) return;
   const std::optional<sync::SyncMeasure> m = engine_.take_measure(*averager_);
-  const bool injected = inject_replan_ && inject_replan_->first == t;
+  const bool injected = faults_.replan && faults_.replan->step == t;
   // Configured switches are the config's plan: re-planning starts after the last, measuring
   // afresh from the periods each puts in force.
   const std::vector<sync::PeriodSwitch>& configured = cfg_.sync.switches;
@@ -503,7 +477,7 @@ void TrainingRun::replan(std::int64_t t) {
   std::optional<sync::ReplanDecision> d;
   if (injected) {  // tests: a decision without a drift
     d = sync::ReplanDecision{};
-    d->periods = replanner_->periods_of(inject_replan_->second);
+    d->periods = replanner_->periods_of(faults_.replan->kx);
     d->reason = "fault injection ($DESLOC_INJECT_REPLAN)";
   } else {
     d = replanner_->observe(*m);
@@ -587,18 +561,19 @@ float TrainingRun::site_gradient(std::size_t i, std::int64_t t) {
 
 // After the gradients, before the averages of this step.
 void TrainingRun::inject_poison(std::int64_t t, const sync::SyncDecision& due) {
-  if (!poison_ || poison_->done || t < poison_->step || !due.x) return;
+  const std::optional<FaultPlan::Poison>& poison = faults_.poison;
+  if (!poison || poisoned_ || t < poison->step || !due.x) return;
   for (std::size_t i = 0; i < sites_.size(); ++i) {
     const int site = networked_ ? rank_->site : static_cast<int>(i);
-    if (cfg_.site_names().at(static_cast<std::size_t>(site)) != poison_->site) continue;
+    if (cfg_.site_names().at(static_cast<std::size_t>(site)) != poison->site) continue;
     // Into the part of x this step averages (its fragment with sync.fragments).
     const transport::Range part = transport::block(sites_[i].x.size(), due.parts_x, due.frag_x);
     const std::span<float> x = std::span<float>(sites_[i].x).subspan(part.offset, part.count);
-    if (poison_->huge)
+    if (poison->huge)
       for (float& v : x) v *= 1000.0f;
     else
       x[0] = std::numeric_limits<float>::quiet_NaN();
-    poison_->done = true;
+    poisoned_ = true;
     return;
   }
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cluster/recovery.hpp"
+#include "desloc/core/fault_plan.hpp"
 #include "desloc/data/loader.hpp"
 #include "desloc/model/model.hpp"
 #include "desloc/sync/averager.hpp"
@@ -30,18 +31,6 @@
 #include "train/replica.hpp"
 
 namespace desloc::train {
-
-// Fault injection for the fault suite: $DESLOC_INJECT_POISON = "SITE:STEP[:nan|huge]" corrupts
-// that site's parameters right before their first average at or after STEP, as a bug or a
-// hostile site would; the payload guard must leave it out of that average.
-struct Poison {
-  std::string site;
-  std::int64_t step = 0;
-  bool huge = false;  // x1000 instead of NaN
-  bool done = false;
-};
-std::optional<Poison> poison_from_environment();
-std::optional<std::pair<std::int64_t, std::int64_t>> replan_from_environment();
 
 class TrainingRun {
  public:
@@ -104,8 +93,6 @@ class TrainingRun {
   const std::uint64_t tokens_per_step_;       // per site: its R ranks each read B x T tokens
   sync::SyncPolicy policy_;                   // a re-plan adds period switches
   std::optional<sync::Replanner> replanner_;  // sync.replan on a networked rank
-  // Tests ($DESLOC_INJECT_REPLAN=STEP:KX): every rank switches to KX at the average of STEP.
-  std::optional<std::pair<std::int64_t, std::int64_t>> inject_replan_;
   data::DatasetInfo dataset_;
   std::unique_ptr<model::Model> model_;
   std::vector<SiteReplica> sites_;  // in-process: every site; networked: this rank's
@@ -119,7 +106,10 @@ class TrainingRun {
   sync::SiteReducer reducer_;
   sync::SyncEngine engine_;
   Evaluator evaluator_;
-  std::optional<Poison> poison_;
+  // The fault suite's: a poisoned payload (any run), a re-plan (a networked rank with
+  // sync.replan).
+  FaultPlan faults_;
+  bool poisoned_ = false;  // the poison is injected once
   std::optional<MetricsWriter> metrics_;
   std::optional<ProgressReporter> progress_;
   std::optional<cluster::Recovery> recovery_;  // elastic networked ranks only

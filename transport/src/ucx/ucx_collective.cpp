@@ -416,6 +416,13 @@ class UcxCollective final : public Collective {
       scratch_.resize(window_ * slot);
     std::vector<Transfer*> recvs(units.size(), nullptr);
     std::size_t posted = 0;
+    // Fault injection (CollectiveOptions::crash_in), decided once per operation: the unit
+    // after which this rank dies, or none.
+    const std::size_t crash_after =
+        options_.crash_in.step >= 0 && op.op == CollectiveOp::kAllReduce &&
+                op.label.step == options_.crash_in.step && op.label.state == options_.crash_in.state
+            ? units.size() / 2
+            : 0;
     // A unit whose guard send is still in flight is not posted yet, so that receives for the
     // earlier units keep flowing; it is waited for only when the loop reaches it.
     auto guard_of = [&](const RecvUnit& u) -> Transfer* {
@@ -467,9 +474,7 @@ class UcxCollective final : public Collective {
       // Fault injection: die at the end of the reduce-scatter, before forwarding the shard it
       // completed, so its successor can never finish. (Later, an eager send of the last
       // forward may already sit in the peer's socket, and the others would finish whole.)
-      if (k + 1 == units.size() / 2 && options_.crash_in.step >= 0 &&
-          op.op == CollectiveOp::kAllReduce && op.label.step == options_.crash_in.step &&
-          op.label.state == options_.crash_in.state) {
+      if (k + 1 == crash_after) {
         log::warn(
             "rank {}: fault injection: killing this process halfway through {} #{} (step "
             "{}, state {})",
