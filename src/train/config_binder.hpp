@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "desloc/core/error.hpp"
+#include "desloc/core/toml_number.hpp"
 #include "desloc/train/config.hpp"
 
 namespace desloc::train {
@@ -63,13 +64,9 @@ class Binder {
             bool min_exclusive = false) {
     if (describe(key, fmt::format("{}", out), doc)) return;
     if (const toml::node* n = take(key)) {
-      double v;
-      if (n->is_floating_point())
-        v = n->as_floating_point()->get();
-      else if (n->is_integer())
-        v = static_cast<double>(n->as_integer()->get());
-      else
-        type_error(key, *n, "a number");
+      const std::optional<double> number = toml_number(*n);
+      if (!number) type_error(key, *n, "a number");
+      const double v = *number;
       // The bounds hold for the float that is stored: 1e-50 is > 0 but becomes 0.0f.
       const double stored = static_cast<float>(v);
       if (!(v >= min && v <= max) || (min_exclusive && (v == min || stored == min))) {

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "desloc/core/error.hpp"
+#include "desloc/core/toml_number.hpp"
 
 namespace desloc::topology {
 namespace {
@@ -41,14 +42,11 @@ class Reader {
   // A finite, positive number (zero too when allow_zero).
   double positive(const char* key, bool allow_zero = false) {
     const toml::node* n = need(key);
-    double v;
-    if (n->is_floating_point())
-      v = n->as_floating_point()->get();
-    else if (n->is_integer())
-      v = static_cast<double>(n->as_integer()->get());
-    else
+    const std::optional<double> number = toml_number(*n);
+    if (!number)
       throw ConfigError(
           fmt::format("{}: {}.{} must be a number", where(file_, n->source()), what_, key));
+    const double v = *number;
     if (!std::isfinite(v) || v < 0 || (v == 0 && !allow_zero))
       throw ConfigError(fmt::format("{}: {}.{} = {} must be a finite number {} 0",
                                     where(file_, n->source()), what_, key, v,
@@ -113,14 +111,11 @@ std::vector<std::vector<double>> matrix_of(const toml::table& links, const char*
                                     where(file, row_node.source()), key, i + 1, n));
     for (std::size_t j = 0; j < n; ++j) {
       const toml::node& cell = *row->get(j);
-      double v;
-      if (const auto* f = cell.as_floating_point())
-        v = f->get();
-      else if (const auto* k = cell.as_integer())
-        v = static_cast<double>(k->get());
-      else
+      const std::optional<double> number = toml_number(cell);
+      if (!number)
         throw ConfigError(fmt::format("{}: links.{}[{}][{}] must be a number",
                                       where(file, cell.source()), key, i + 1, j + 1));
+      const double v = *number;
       if (i == j) continue;  // a site to itself: no link
       if (!std::isfinite(v) || v < 0 || (v == 0 && !allow_zero))
         throw ConfigError(fmt::format("{}: links.{}[{}][{}] = {} must be a finite number {} 0",
