@@ -66,7 +66,7 @@ transport::CoordinatorOptions coordinator_options(const train::JobConfig& cfg,
   o.config = agreement_values(cfg);
   o.bind_address = bind;
   o.heartbeat_timeout = std::chrono::milliseconds(cfg.job.heartbeat_timeout_ms);
-  o.elastic = cfg.job.on_site_failure == "continue";
+  o.elastic = cfg.job.on_site_failure == train::OnSiteFailure::kContinue;
   o.min_sites = static_cast<std::size_t>(cfg.job.min_sites);
   o.straggler_ratio = cfg.job.straggler_ratio;
   o.recovery_timeout = std::chrono::seconds(cfg.job.recovery_timeout_s);
@@ -108,7 +108,8 @@ transport::JobDescription describe_job(const train::JobConfig& cfg, const std::s
     }
     add("fragments", s.fragments);
     add("codecs (x, u, v)", fmt::format("{}, {}, {}", s.codec_x, s.codec_u, s.codec_v));
-    if (s.outer != "none") add("outer", fmt::format("{} (lr {})", s.outer, s.outer_lr));
+    if (s.outer != sync::OuterStep::kNone)
+      add("outer", fmt::format("{} (lr {})", to_string(s.outer), s.outer_lr));
   }
   add("lanes", cfg.transport.lane_share != 0.5f && cfg.transport.lanes == 2
                    ? fmt::format("2 ({:.3g} of each shard on the ring)", cfg.transport.lane_share)
@@ -511,7 +512,7 @@ struct Supervision {
 // first failure starts the others' deadline.
 void reap(std::vector<Child>& children, Supervision& sv, const train::JobConfig& cfg,
           Clock::duration grace) {
-  const bool elastic = cfg.job.on_site_failure == "continue";
+  const bool elastic = cfg.job.on_site_failure == train::OnSiteFailure::kContinue;
   for (auto& c : children) {
     if (c.exited) continue;
     int st = 0;
@@ -590,7 +591,7 @@ Supervision supervise(std::vector<Child>& children, const transport::Coordinator
         if (fds[i].revents != 0) pump(*owners[i]);
     reap(children, sv, cfg, grace);
     forward_stops(children, sv, signals, grace);
-    if (cfg.job.on_site_failure == "continue")
+    if (cfg.job.on_site_failure == train::OnSiteFailure::kContinue)
       stop_dropped_ranks(children, coord.departed(), grace);
     if (opts.progress && Clock::now() - last_report > 10s && coord.membership()) {
       last_report = Clock::now();
@@ -627,7 +628,7 @@ int launch_outcome(const train::JobConfig& cfg, const std::vector<Child>& childr
                    fmt::format("{}", fmt::join(unsaved, ", ")).c_str());
     return 130;
   }
-  const bool elastic = cfg.job.on_site_failure == "continue";
+  const bool elastic = cfg.job.on_site_failure == train::OnSiteFailure::kContinue;
   std::size_t finished_sites = 0;
   for (const std::string& site : cfg.site_names())
     finished_sites += std::all_of(children.begin(), children.end(), [&](const Child& c) {

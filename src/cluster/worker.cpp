@@ -294,7 +294,7 @@ void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
   base.chunk_bytes = static_cast<std::size_t>(cfg.transport.chunk_bytes);
   base.max_inflight_chunks = static_cast<std::size_t>(cfg.transport.inflight_chunks);
   base.epoch = m.epoch;
-  if (cfg.job.on_site_failure == "continue") {
+  if (cfg.job.on_site_failure == train::OnSiteFailure::kContinue) {
     transport::RankClient* client = ss.client.get();
     base.should_abort = [client] { return client->recovery_pending(); };
   }
@@ -471,7 +471,7 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   ss.site_index = static_cast<int>(at - ring.begin());
   ss.membership = m;
   const auto failed = mendable_failure([&] { connect_groups(cfg, ss, std::move(ports), m); },
-                                       cfg.job.on_site_failure == "continue");
+                                       cfg.job.on_site_failure == train::OnSiteFailure::kContinue);
   if (failed) {
     // Nothing is trained yet, so this rank holds its start state: it offers that as step 0,
     // which every survivor that has not stepped shares. A rejoining site holds nothing yet.
@@ -633,7 +633,7 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
     report.region_lane = region_meter.lane(0);
     ss.client->set_report(report);
   };
-  if (cfg.job.on_site_failure == "continue") {
+  if (cfg.job.on_site_failure == train::OnSiteFailure::kContinue) {
     ctx.recovery_pending = [&ss] { return ss.client->recovery_pending(); };
     ctx.recover = [&](std::span<const std::int64_t> snapshots, const std::string& reason) {
       regional.reset();

@@ -46,8 +46,8 @@ void validate(const ToyProblemConfig& cfg) {
     throw ConfigError("toy problem: steps must be >= 0, got " + std::to_string(cfg.steps));
   if (!(cfg.sigma >= 0.0f))
     throw ConfigError("toy problem: sigma must be >= 0, got " + std::to_string(cfg.sigma));
-  if (s.outer != "none")
-    throw ConfigError("toy problem: sync.outer = \"" + s.outer +
+  if (s.outer != OuterStep::kNone)
+    throw ConfigError("toy problem: sync.outer = \"" + std::string(to_string(s.outer)) +
                       "\" is not supported here; set it to \"none\"");
   // Every method but ddp has a parameter period (none ignores it).
   if (s.averages_params() && s.kx <= 0)

@@ -105,6 +105,30 @@ class Binder {
     }
   }
 
+  // One of a few names, bound to the enum value it names (`names`: each name with its value);
+  // described, and fingerprinted, by its name.
+  template <typename E>
+  void choice(const char* key, E& out, const char* doc,
+              std::initializer_list<std::pair<const char*, E>> names) {
+    std::string current, list;
+    for (const auto& [name, value] : names) {
+      if (value == out) current = name;
+      list += (list.empty() ? "\"" : ", \"") + std::string(name) + "\"";
+    }
+    if (describe(key, fmt::format("\"{}\"", current), doc)) return;
+    const toml::node* n = take(key);
+    if (n == nullptr) return;
+    if (!n->is_string()) type_error(key, *n, "a string");
+    const std::string& v = n->as_string()->get();
+    for (const auto& [name, value] : names)
+      if (v == name) {
+        out = value;
+        return;
+      }
+    throw ConfigError(fmt::format("{}: {}.{} = \"{}\" is not one of {}", where(file_, n->source()),
+                                  section_, key, v, list));
+  }
+
   void string_lists(const char* key, std::vector<std::vector<std::string>>& out, const char* doc) {
     std::string text;
     for (const auto& list : out)

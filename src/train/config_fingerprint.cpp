@@ -31,7 +31,7 @@ JobConfig normalized(const JobConfig& in) {
     s.fragments_u = schedule.parts_u();
     s.fragments_v = schedule.parts_v();
   }
-  if (s.outer == "none") {
+  if (s.outer == sync::OuterStep::kNone) {
     s.outer_lr = d.outer_lr;
     s.outer_momentum = d.outer_momentum;
   }

@@ -104,8 +104,8 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
   b.integer64("phase_u", s.phase_u, "desloc: phase of the u average", 0);
   b.comment_next();
   b.integer64("phase_v", s.phase_v, "desloc: phase of the v average", 0);
-  b.string("outer", s.outer, "outer optimizer on the parameter average: \"none\" or \"nesterov\"",
-           {"none", "nesterov"});
+  b.choice("outer", s.outer, "outer optimizer on the parameter average: \"none\" or \"nesterov\"",
+           {{"none", sync::OuterStep::kNone}, {"nesterov", sync::OuterStep::kNesterov}});
   b.real("outer_lr", s.outer_lr, "outer Nesterov learning rate", 0.0, 10.0, true);
   b.real("outer_momentum", s.outer_momentum, "outer Nesterov momentum", 0.0, 0.999999);
   b.integer64("join_step", s.join_step,
@@ -215,9 +215,9 @@ void bind_job(Binder& b, JobSection& j) {
   // What a failure does: the ranks abort their collectives on the coordinator's word only when
   // the job continues, so they must agree with it.
   b.scope_next(KeyScope::kJob);
-  b.string("on_site_failure", j.on_site_failure,
+  b.choice("on_site_failure", j.on_site_failure,
            "\"continue\": drop a failed site and go on in a new epoch; \"stop\": end the job",
-           {"continue", "stop"});
+           {{"continue", OnSiteFailure::kContinue}, {"stop", OnSiteFailure::kStop}});
   b.scope_next(KeyScope::kJob);
   b.integer("min_sites", j.min_sites, "fewer live sites than this end the job", 1, 4096);
   b.scope_next(KeyScope::kJob);

@@ -143,7 +143,8 @@ MemoryEstimate estimate_memory(const JobConfig& cfg, ProcessRole role) {
     e.parts.push_back({"activations for data.batch sequences of model.context tokens",
                        activation_keys(cfg),
                        model::cpu_activation_floats(cfg.model, cfg.data.batch) * kFloat});
-  if (!in_process && cfg.job.on_site_failure == "continue" && cfg.sync.workers > 1)
+  if (!in_process && cfg.job.on_site_failure == train::OnSiteFailure::kContinue &&
+      cfg.sync.workers > 1)
     e.parts.push_back({"two recovery snapshots of x, u and v (job.on_site_failure = \"continue\")",
                        pkeys, 2 * 3 * P * kFloat});
   if (cfg.sync.overlaps()) {
@@ -155,7 +156,7 @@ MemoryEstimate estimate_memory(const JobConfig& cfg, ProcessRole role) {
                      copies == 2 ? "two copies" : "copies", site_keys, to_string(cfg.sync.overlap)),
          pkeys, copies * 3 * P * sites * kFloat});
   }
-  if (cfg.sync.outer != "none")
+  if (cfg.sync.outer != sync::OuterStep::kNone)
     e.parts.push_back(
         {"the outer optimizer's reference and momentum (sync.outer)", pkeys, 2 * P * kFloat});
   e.parts.push_back({fmt::format("a checkpoint write (x, u and v of {}, {} copies)", site_keys,

@@ -71,7 +71,7 @@ data::DatasetInfo checked_dataset(const JobConfig& cfg, const RankContext* rank)
 }
 
 std::optional<sync::OuterNesterov> outer_of(const sync::SyncConfig& c) {
-  if (c.outer != "nesterov") return std::nullopt;
+  if (c.outer != sync::OuterStep::kNesterov) return std::nullopt;
   return sync::OuterNesterov(c.outer_lr, c.outer_momentum);
 }
 }  // namespace
@@ -240,7 +240,7 @@ void TrainingRun::write_run_record() {
     r.ku = cfg_.sync.effective_ku();
     r.kv = cfg_.sync.effective_kv();
   }
-  r.outer = cfg_.sync.outer;
+  r.outer = std::string(to_string(cfg_.sync.outer));
   r.parameters = model_->layout().total();
   r.batch = B_;
   r.seq_len = T_;

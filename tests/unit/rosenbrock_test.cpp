@@ -152,7 +152,7 @@ TEST(Rosenbrock, BadConfigIsAConfigError) {
   c.sigma = -1.0f;
   EXPECT_THROW(run_rosenbrock(c), ConfigError);
   c = paper_config("desloc");
-  c.sync.outer = "nesterov";
+  c.sync.outer = sync::OuterStep::kNesterov;
   EXPECT_THROW(run_rosenbrock(c), ConfigError);
   c = paper_config("desloc");  // an unknown method is now unrepresentable; a bad period is not
   c.sync.kx = 0;

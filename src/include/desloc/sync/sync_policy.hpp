@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "desloc/core/sync_schedule.hpp"
@@ -28,6 +29,13 @@ struct PeriodSwitch {
   bool operator==(const PeriodSwitch&) const = default;
 };
 
+// The outer step on the parameter average (sync.outer): none, or DiLoCo's Nesterov step on
+// x_ref - mean x.
+enum class OuterStep : std::uint8_t { kNone, kNesterov };
+constexpr std::string_view to_string(OuterStep o) {
+  return o == OuterStep::kNesterov ? "nesterov" : "none";
+}
+
 // The most switches a job keeps (a checkpoint holds them in a fixed-size block).
 inline constexpr std::size_t kMaxPeriodSwitches = 32;
 
@@ -40,7 +48,7 @@ struct SyncConfig {
   std::int64_t phase_x = 0;               // average x at steps t with (t - phase_x) mod kx == 0
   std::int64_t phase_u = 0;
   std::int64_t phase_v = 0;
-  std::string outer = "none";  // "none" | "nesterov" (DiLoCo outer step on x_ref - mean x)
+  OuterStep outer = OuterStep::kNone;
   float outer_lr = 0.7f;
   float outer_momentum = 0.9f;
   std::int64_t join_step = 0;  // elastic join: grow to join_workers at the first sync from here on

@@ -38,6 +38,15 @@ struct RunConfig {
 // [job]: the sites and ranks of a multi-site job and how its processes find each other. A
 // site is one DES-LOC worker; its R ranks all-reduce gradients every step, so a site trains
 // with R * data.batch sequences per step.
+// What a site's failure does (job.on_site_failure).
+enum class OnSiteFailure : std::uint8_t {
+  kContinue,  // "continue": a new membership epoch without it; the survivors roll back
+  kStop,      // "stop": the job ends with an error naming it
+};
+constexpr std::string_view to_string(OnSiteFailure f) {
+  return f == OnSiteFailure::kStop ? "stop" : "continue";
+}
+
 struct JobSection {
   std::vector<std::string> sites;  // names, in wide-area ring order; empty = site0..site{M-1}
   // Hierarchical DES-LOC: sites grouped into regions, each a list of sites in its ring order.
@@ -54,7 +63,7 @@ struct JobSection {
   // When a site fails (a rank exits, goes silent, or its link breaks): "continue" opens a new
   // membership epoch without it and the survivors roll back to their newest common snapshot;
   // "stop" ends the job with an error naming it.
-  std::string on_site_failure = "continue";
+  OnSiteFailure on_site_failure = OnSiteFailure::kContinue;
   int min_sites = 1;             // fewer live sites than this end the job
   float straggler_ratio = 4.0f;  // drop a live site whose TCP backlog is this x others'; 0 = never
   int recovery_timeout_s = 30;   // a survivor must report for the next epoch within this
