@@ -196,7 +196,8 @@ Row run_size(const SizeSpec& spec, const Options& o, const std::filesystem::path
   cfg.d_model = spec.d_model;
   const int B = o.batch, T = o.seq;
 
-  auto model = dm::make_model(cfg, {.backend = "cpu", .threads = o.threads, .max_batch = B});
+  auto model =
+      dm::make_model(cfg, {.backend = dm::Backend::kCpu, .threads = o.threads, .max_batch = B});
   const auto& layout = model->layout();
   dm::init_params(layout, cfg, /*seed=*/1234, model->params());
   model->params_updated();

@@ -75,8 +75,8 @@ double step_flops(const dm::GptConfig& c, int B, int T) {
 void validate() {
   const dm::GptConfig cfg{.vocab = 256, .context = 64, .layers = 2, .heads = 4, .d_model = 128};
   const int B = 4, T = 64;
-  auto cpu = dm::make_model(cfg, {.backend = "cpu", .threads = 0, .max_batch = B});
-  auto gpu = dm::make_model(cfg, {.backend = "cuda", .max_batch = B});
+  auto cpu = dm::make_model(cfg, {.backend = dm::Backend::kCpu, .threads = 0, .max_batch = B});
+  auto gpu = dm::make_model(cfg, {.backend = dm::Backend::kCuda, .max_batch = B});
   dm::init_params(cpu->layout(), cfg, 1, cpu->params());
   cpu->params_updated();
   std::copy(cpu->params().begin(), cpu->params().end(), gpu->params().begin());
@@ -101,7 +101,7 @@ void validate() {
 }
 
 int run(int warmup, int repeats) {
-  if (!dm::backend_available("cuda")) {
+  if (!dm::backend_available(dm::Backend::kCuda)) {
     std::printf("no CUDA device: skipping\n");
     return 0;
   }
@@ -114,7 +114,7 @@ int run(int warmup, int repeats) {
                               "tokens/s", "TFLOP/s", "of fp32 peak"});
   for (const SizeSpec& s : kSizes) {
     const int B = s.batch, T = s.cfg.context;
-    auto model = dm::make_model(s.cfg, {.backend = "cuda", .max_batch = B});
+    auto model = dm::make_model(s.cfg, {.backend = dm::Backend::kCuda, .max_batch = B});
     dm::init_params(model->layout(), s.cfg, 1, model->params());
     model->params_updated();
     const Tokens tok = random_tokens(static_cast<std::size_t>(B) * T, s.cfg.vocab, 2);

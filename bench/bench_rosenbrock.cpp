@@ -180,7 +180,7 @@ ToyProblemConfig make_config(const Options& o, const char* method) {
   c.sync.kx = o.kx;
   c.sync.ku = o.ku;
   c.sync.kv = o.kv;
-  c.optimizer.name = "adamw";
+  c.optimizer.algorithm = desloc::optim::Algorithm::kAdamW;
   c.optimizer.beta1 = o.beta1;
   c.optimizer.beta2 = o.beta2;
   c.optimizer.eps = o.eps;

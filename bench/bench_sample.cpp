@@ -79,7 +79,7 @@ std::string generate(const train::TrainedModel& m, bool cache, int tokens) {
 // The training forward over the whole sequence for every new token (greedy), as a sampler
 // without a decoder would run it.
 void generate_with_forward(const train::TrainedModel& m, int tokens) {
-  auto model = model::make_model(m.model, {"cpu", 0, 1, 0});
+  auto model = model::make_model(m.model, {model::Backend::kCpu, 0, 1, 0});
   std::copy(m.params.begin(), m.params.end(), model->params().begin());
   model->params_updated();
   std::vector<std::int32_t> seq{'T'};

@@ -85,8 +85,8 @@ int main(int argc, char** argv) {
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.set_version_flag("--version", [] {
     return fmt::format("desloc 0.1.0 (UCX {}, CUDA backend {})", desloc::transport::ucx_version(),
-                       !desloc::model::backend_compiled("cuda") ? "not built"
-                       : desloc::model::backend_available("cuda")
+                       !desloc::model::backend_compiled(desloc::model::Backend::kCuda) ? "not built"
+                       : desloc::model::backend_available(desloc::model::Backend::kCuda)
                            ? "built, device present"
                            : "built, no CUDA device visible");
   });

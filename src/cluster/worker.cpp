@@ -206,7 +206,7 @@ CrashInjection crash_injection(const std::string& site, std::uint64_t epoch) {
 }
 
 bool uses_nccl(const train::JobConfig& cfg) {
-  return cfg.train.backend == "cuda" && cfg.job.ranks_per_site > 1;
+  return cfg.train.backend == model::Backend::kCuda && cfg.job.ranks_per_site > 1;
 }
 
 // Opens the ports for any world the job can become: a recovery opens them before it knows

@@ -8,38 +8,36 @@
 
 namespace desloc::model {
 
-bool backend_available(const std::string& backend) {
-  if (backend == "cpu") return true;
+bool backend_available(Backend backend) {
+  if (backend == Backend::kCpu) return true;
 #ifdef DESLOC_HAVE_CUDA
-  if (backend == "cuda") return cuda_device_count() > 0;
-#endif
+  return cuda_device_count() > 0;
+#else
   return false;
+#endif
 }
 
-bool backend_compiled(const std::string& backend) {
-  if (backend == "cpu") return true;
+bool backend_compiled(Backend backend) {
+  if (backend == Backend::kCpu) return true;
 #ifdef DESLOC_HAVE_CUDA
-  if (backend == "cuda") return true;
-#endif
+  return true;
+#else
   return false;
+#endif
 }
 
 std::unique_ptr<Model> make_model(const GptConfig& cfg, const BackendOptions& opts) {
   cfg.validate();
-  if (opts.backend == "cpu") return make_cpu_gpt(cfg, opts);
-  if (opts.backend == "cuda") {
+  if (opts.backend == Backend::kCpu) return make_cpu_gpt(cfg, opts);
 #ifdef DESLOC_HAVE_CUDA
-    if (cuda_device_count() == 0)
-      throw ConfigError("model.backend = \"cuda\" but no CUDA device is visible; use \"cpu\"");
-    return make_cuda_gpt(cfg, opts);
+  if (cuda_device_count() == 0)
+    throw ConfigError("train.backend = \"cuda\" but no CUDA device is visible; use \"cpu\"");
+  return make_cuda_gpt(cfg, opts);
 #else
-    throw ConfigError(
-        "model.backend = \"cuda\" but this desloc was built without CUDA "
-        "(nvcc, cuBLAS or NCCL not found at configure time); use \"cpu\"");
+  throw ConfigError(
+      "train.backend = \"cuda\" but this desloc was built without CUDA "
+      "(nvcc, cuBLAS or NCCL not found at configure time); use \"cpu\"");
 #endif
-  }
-  throw ConfigError("model.backend = \"" + opts.backend +
-                    "\" is unknown; expected \"cpu\" or \"cuda\"");
 }
 
 }  // namespace desloc::model

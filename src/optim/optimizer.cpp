@@ -25,8 +25,6 @@ const char* to_string(StateKind kind) {
 }
 
 void OptimizerConfig::validate() const {
-  if (name != "adamw" && name != "adopt")
-    throw ConfigError("optim.name = \"" + name + "\" is unknown; expected \"adamw\" or \"adopt\"");
   if (!(beta1 >= 0.0f && beta1 < 1.0f))
     throw ConfigError("optim.beta1 = " + std::to_string(beta1) + " must be in [0, 1)");
   if (!(beta2 >= 0.0f && beta2 < 1.0f))
@@ -71,7 +69,7 @@ void Optimizer::step(std::span<float> x, std::span<const float> g, float lr) {
   const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
   const float wd_lr = lr * cfg_.weight_decay;
 
-  if (cfg_.name == "adamw") {
+  if (cfg_.algorithm == Algorithm::kAdamW) {
     const auto t = static_cast<double>(state_.t + 1);
     // torch.optim.AdamW: x -= lr/bc1 * u / (sqrt(v)/sqrt(bc2) + eps)
     const float bc1 =

@@ -66,7 +66,7 @@ void bound_momentum(std::span<Replica> replicas) {
   for (auto& r : replicas) {
     const optim::OptimizerConfig& c = r.opt->config();
     const double b1 = c.beta1, b2 = c.beta2;
-    if (c.name != "adamw" || b1 * b1 >= b2) continue;
+    if (c.algorithm != optim::Algorithm::kAdamW || b1 * b1 >= b2) continue;
     // A hair of slack, so float rounding never clamps a u that Adam itself produced.
     const auto bound =
         static_cast<float>(1.0001 * (1.0 - b1) / std::sqrt((1.0 - b2) * (1.0 - b1 * b1 / b2)));

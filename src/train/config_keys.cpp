@@ -22,7 +22,8 @@ void bind_model(Binder& b, model::GptConfig& m) {
   b.integer("d_model", m.d_model, "embedding width C", 1);
 }
 void bind_optim(Binder& b, optim::OptimizerConfig& o, optim::ClipConfig& c) {
-  b.string("name", o.name, "local optimizer: \"adamw\" or \"adopt\"", {"adamw", "adopt"});
+  b.choice("name", o.algorithm, "local optimizer: \"adamw\" or \"adopt\"",
+           {{"adamw", optim::Algorithm::kAdamW}, {"adopt", optim::Algorithm::kAdopt}});
   b.real("beta1", o.beta1, "first-moment decay (u)", 0.0, 0.999999);
   b.real("beta2", o.beta2, "second-moment decay (v)", 0.0, 0.999999);
   b.real("eps", o.eps, "denominator epsilon", 0.0, 1.0, true);
@@ -68,7 +69,8 @@ void bind_train(Binder& b, RunConfig& r) {
   b.scope_next(KeyScope::kProcess);
   b.string("out_dir", r.out_dir, "where metrics.jsonl and checkpoints are written");
   b.unsigned64("seed", r.seed, "parameter initialisation seed");
-  b.string("backend", r.backend, "\"cpu\" or \"cuda\"", {"cpu", "cuda"});
+  b.choice("backend", r.backend, "\"cpu\" or \"cuda\"",
+           {{"cpu", model::Backend::kCpu}, {"cuda", model::Backend::kCuda}});
   // Sums split by thread round differently, but launch gives each rank its share of the cores:
   // a job is identified without it (README: the same job at another thread count).
   b.scope_next(KeyScope::kProcess);

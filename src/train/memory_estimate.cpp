@@ -139,7 +139,7 @@ MemoryEstimate estimate_memory(const JobConfig& cfg, ProcessRole role) {
     e.parts.push_back(
         {fmt::format("the gradients of job.ranks_per_site = {} ranks of each site", ranks), pkeys,
          P * sites * ranks * kFloat});
-  if (cfg.train.backend == "cpu")
+  if (cfg.train.backend == model::Backend::kCpu)
     e.parts.push_back({"activations for data.batch sequences of model.context tokens",
                        activation_keys(cfg),
                        model::cpu_activation_floats(cfg.model, cfg.data.batch) * kFloat});

@@ -113,7 +113,7 @@ std::vector<float> prompt_logits(const TrainedModel& m, const std::vector<std::u
   if (P == 0 || P > m.model.context)
     throw ConfigError(fmt::format("the prompt is {} tokens; it must be 1 to {} (model.context)", P,
                                   m.model.context));
-  auto model = model::make_model(m.model, {"cpu", 0, 1, 0});
+  auto model = model::make_model(m.model, {model::Backend::kCpu, 0, 1, 0});
   std::copy(m.params.begin(), m.params.end(), model->params().begin());
   model->params_updated();
   std::vector<std::int32_t> in(prompt.begin(), prompt.end()), tgt(in.size(), 0);

@@ -97,8 +97,8 @@ struct Pair {
 
 // Both backends with the same init_params(seed) weights.
 Pair make_pair(const Case& c, std::uint64_t seed) {
-  BackendOptions cpu_opts{.backend = "cpu", .threads = 2, .max_batch = c.max_batch};
-  BackendOptions cuda_opts{.backend = "cuda", .max_batch = c.max_batch};
+  BackendOptions cpu_opts{.backend = Backend::kCpu, .threads = 2, .max_batch = c.max_batch};
+  BackendOptions cuda_opts{.backend = Backend::kCuda, .max_batch = c.max_batch};
   Pair p{make_model(c.cfg, cpu_opts), make_model(c.cfg, cuda_opts)};
   init_params(p.cpu->layout(), c.cfg, seed, p.cpu->params());
   p.cpu->params_updated();
@@ -110,7 +110,7 @@ Pair make_pair(const Case& c, std::uint64_t seed) {
 class GptCudaParity : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    if (!backend_available("cuda")) GTEST_SKIP() << "no CUDA device";
+    if (!backend_available(Backend::kCuda)) GTEST_SKIP() << "no CUDA device";
   }
 };
 
@@ -166,7 +166,7 @@ TEST_P(GptCudaParity, AdamWStepsMatchCpu) {
   const Case& c = GetParam();
   Pair p = make_pair(c, 21);
   optim::OptimizerConfig ocfg;
-  ocfg.name = "adamw";
+  ocfg.algorithm = optim::Algorithm::kAdamW;
   optim::Optimizer opt_cpu(ocfg, p.cpu->layout());
   optim::Optimizer opt_cuda(ocfg, p.cuda->layout());
   constexpr int kSteps = 5;
@@ -204,9 +204,9 @@ INSTANTIATE_TEST_SUITE_P(Configs, GptCudaParity, ::testing::ValuesIn(kCases),
 // the backend and the way out; with one, an out-of-range device ordinal is refused.
 TEST(CudaFactory, RefusesUnavailableDevice) {
   const GptConfig cfg{.vocab = 32, .context = 8, .layers = 1, .heads = 1, .d_model = 8};
-  if (!backend_available("cuda")) {
+  if (!backend_available(Backend::kCuda)) {
     try {
-      make_model(cfg, BackendOptions{.backend = "cuda"});
+      make_model(cfg, BackendOptions{.backend = Backend::kCuda});
       FAIL() << "make_model(\"cuda\") succeeded without a CUDA device";
     } catch (const ConfigError& e) {
       const std::string msg = e.what();
@@ -215,7 +215,7 @@ TEST(CudaFactory, RefusesUnavailableDevice) {
     }
   } else {
     try {
-      make_model(cfg, BackendOptions{.backend = "cuda", .device = 1 << 20});
+      make_model(cfg, BackendOptions{.backend = Backend::kCuda, .device = 1 << 20});
       FAIL() << "make_model(\"cuda\") accepted device 1048576";
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("device"), std::string::npos) << e.what();

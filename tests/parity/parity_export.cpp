@@ -62,13 +62,13 @@ desloc::model::BackendOptions parity_options() {
 }
 
 // Losses of the first kSteps optimizer steps from the initial params, same batch every step.
-std::vector<float> step_losses(const std::string& optimizer, const std::vector<float>& init,
+std::vector<float> step_losses(desloc::optim::Algorithm optimizer, const std::vector<float>& init,
                                const Batch& batch) {
   auto model = desloc::model::make_model(parity_config(), parity_options());
   std::copy(init.begin(), init.end(), model->params().begin());
   model->params_updated();
   desloc::optim::OptimizerConfig cfg;
-  cfg.name = optimizer;
+  cfg.algorithm = optimizer;
   cfg.beta1 = 0.9f;
   cfg.beta2 = 0.95f;
   cfg.eps = 1e-8f;
@@ -126,8 +126,10 @@ void run(const std::filesystem::path& out) {
        ", \"beta1\": 0.9, \"beta2\": 0.95, \"eps\": 1e-8, \"weight_decay\": 0.1, "
        "\"bias_correction\": true, \"steps\": " +
        std::to_string(kSteps) + "},\n";
-  m += "  \"step_losses\": {\"adamw\": " + json_floats(step_losses("adamw", init, batch)) +
-       ", \"adopt\": " + json_floats(step_losses("adopt", init, batch)) + "},\n";
+  m += "  \"step_losses\": {\"adamw\": " +
+       json_floats(step_losses(desloc::optim::Algorithm::kAdamW, init, batch)) +
+       ", \"adopt\": " + json_floats(step_losses(desloc::optim::Algorithm::kAdopt, init, batch)) +
+       "},\n";
   m += "  \"tensors\": [\n";
   const auto& tensors = model->layout().tensors();
   for (std::size_t i = 0; i < tensors.size(); ++i) {

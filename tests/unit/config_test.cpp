@@ -28,7 +28,7 @@ std::string error_of(const std::string& text) {
 TEST(Config, EmptyDocumentGivesDefaults) {
   const auto cfg = parse_config("", "empty.toml");
   EXPECT_EQ(cfg.model.vocab, 256);
-  EXPECT_EQ(cfg.optim.name, "adamw");
+  EXPECT_EQ(cfg.optim.algorithm, desloc::optim::Algorithm::kAdamW);
   EXPECT_EQ(cfg.seq_len(), cfg.model.context);
 }
 
@@ -62,7 +62,7 @@ steps = 10
                                 "ok.toml");
   EXPECT_EQ(cfg.model.layers, 2);
   EXPECT_EQ(cfg.model.heads, 8);
-  EXPECT_EQ(cfg.optim.name, "adopt");
+  EXPECT_EQ(cfg.optim.algorithm, desloc::optim::Algorithm::kAdopt);
   EXPECT_FLOAT_EQ(cfg.optim.beta2, 0.9999f);
   EXPECT_EQ(cfg.clip.mode, "norm");
   EXPECT_FLOAT_EQ(cfg.clip.value, 2.0f);

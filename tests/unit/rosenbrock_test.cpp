@@ -24,7 +24,7 @@ ToyProblemConfig paper_config(const char* method) {
   c.sync.kx = 192;
   c.sync.ku = 192;
   c.sync.kv = 692;
-  c.optimizer.name = "adamw";
+  c.optimizer.algorithm = optim::Algorithm::kAdamW;
   c.optimizer.beta1 = 0.99f;
   c.optimizer.beta2 = 0.999f;
   c.optimizer.eps = 1e-8f;

@@ -147,7 +147,7 @@ TEST(OuterNesterov, MomentumFollowsTheFormula) {
 // Had the gradient been taken after the average, g0 = 0.25 and x0 would end at -0.5; had the
 // update come before the average, both would end at 0.
 TEST(SyncedStep, OrderIsGradientThenAverageThenUpdate) {
-  optim::OptimizerConfig sign{.name = "adamw",
+  optim::OptimizerConfig sign{.algorithm = optim::Algorithm::kAdamW,
                               .beta1 = 0.0f,
                               .beta2 = 0.0f,
                               .eps = 1e-12f,
@@ -207,7 +207,7 @@ TEST(SyncedStep, MomentumBoundNeverTouchesWhatAdamProducesAndTamesAForeignMoment
 
   // ADOPT's step does not divide by sqrt(v): left alone.
   optim::OptimizerConfig adopt_cfg;
-  adopt_cfg.name = "adopt";
+  adopt_cfg.algorithm = optim::Algorithm::kAdopt;
   optim::Optimizer adopt(adopt_cfg, n);
   adopt.state().u.assign(n, 0.3f);
   std::vector<sync::Replica> adopt_replicas{{x, zeros, &adopt}};
@@ -216,7 +216,7 @@ TEST(SyncedStep, MomentumBoundNeverTouchesWhatAdamProducesAndTamesAForeignMoment
 }
 
 TEST(SyncedStep, ResetZeroesMomentsAfterTheAverage) {
-  optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+  optim::OptimizerConfig cfg{.algorithm = optim::Algorithm::kAdamW, .weight_decay = 0.0f};
   optim::Optimizer o0(cfg, 2), o1(cfg, 2);
   std::vector<float> x0 = {1, 2}, x1 = {3, 4}, g0(2), g1(2);
   std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
@@ -297,7 +297,7 @@ TEST(SyncPolicy, FragmentsAreStaggeredOverEachPeriod) {
 // into its own block only.
 TEST(SyncEngine, FragmentsAverageOneBlockAtATime) {
   const std::size_t n = 5;  // blocks of 3 and 2
-  optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+  optim::OptimizerConfig cfg{.algorithm = optim::Algorithm::kAdamW, .weight_decay = 0.0f};
   const SyncPolicy policy(
       {.method = SyncMethod::kLocalAdam, .workers = 2, .kx = 4, .fragments = 2});
   {
@@ -368,7 +368,8 @@ TEST(SyncEngine, FragmentsAverageOneBlockAtATime) {
 // The naive delay replaces the state by mean(s_4) instead.
 TEST(SyncEngine, DelayedAverageFoldsTheMeanIntoTheLocalProgressAsDerived) {
   for (const bool naive : {false, true}) {
-    optim::OptimizerConfig cfg{.name = "adamw", .beta1 = 0.8f, .beta2 = 0.9f, .weight_decay = 0.0f};
+    optim::OptimizerConfig cfg{
+        .algorithm = optim::Algorithm::kAdamW, .beta1 = 0.8f, .beta2 = 0.9f, .weight_decay = 0.0f};
     const std::size_t n = 5;
     optim::Optimizer o0(cfg, n), o1(cfg, n), h0(cfg, n), h1(cfg, n);
     std::vector<float> x0(n, 0.5f), x1(n, -0.25f), g0(n), g1(n);
@@ -450,7 +451,7 @@ TEST(SyncEngine, DelayedAverageFoldsTheMeanIntoTheLocalProgressAsDerived) {
 //   d = ref - m; the other fragment's reference and momentum do not move.
 TEST(SyncEngine, DelayedFragmentsTakeTheOuterStepAtTheirFold) {
   const std::size_t n = 6;
-  optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+  optim::OptimizerConfig cfg{.algorithm = optim::Algorithm::kAdamW, .weight_decay = 0.0f};
   optim::Optimizer o0(cfg, n), o1(cfg, n);
   std::vector<float> x0(n), x1(n), g0(n, 0.0f), g1(n, 0.0f);
   for (std::size_t i = 0; i < n; ++i) {
@@ -517,7 +518,8 @@ TEST(SyncEngine, DelayedFragmentsTakeTheOuterStepAtTheirFold) {
 // with delayed averages diverged on the e2e bed (loss 477). Gradients of scales 1e-3 to 10
 // put small and large v in the same codec blocks.
 TEST(SyncEngine, ADelayedFoldOfACompressedVBoundsU) {
-  optim::OptimizerConfig cfg{.name = "adamw", .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.0f};
+  optim::OptimizerConfig cfg{
+      .algorithm = optim::Algorithm::kAdamW, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.0f};
   const std::size_t n = 64;
   optim::Optimizer o0(cfg, n), o1(cfg, n);
   std::vector<float> x0(n, 0.0f), x1(n, 0.0f), g0(n), g1(n);
@@ -562,7 +564,7 @@ TEST(SyncEngine, ADelayedFoldOfACompressedVBoundsU) {
 // progress since the outer step (DiLoCo's pseudo-gradient), on every site alike.
 TEST(SyncEngine, ACompressedXSendsItsProgressSinceTheOuterStep) {
   for (const bool delayed : {false, true}) {
-    optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+    optim::OptimizerConfig cfg{.algorithm = optim::Algorithm::kAdamW, .weight_decay = 0.0f};
     const std::size_t n = 32;
     optim::Optimizer o0(cfg, n), o1(cfg, n);
     std::vector<float> x0(n, 0.0f), x1(n, 0.0f), g0(n), g1(n);
@@ -606,7 +608,7 @@ TEST(SyncEngine, ACompressedXSendsItsProgressSinceTheOuterStep) {
 // step's parameters alone; a job-wide average is compressed, takes the outer step, and leaves
 // both equal to its result on every site.
 TEST(SyncEngine, WithRegionsTheCodecAndTheOuterStepActOnTheJobWideAveragesOnly) {
-  optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+  optim::OptimizerConfig cfg{.algorithm = optim::Algorithm::kAdamW, .weight_decay = 0.0f};
   constexpr std::size_t n = 32;
   constexpr int M = 4;
   std::vector<optim::Optimizer> opts(M, optim::Optimizer(cfg, n));
@@ -662,7 +664,7 @@ TEST(SyncEngine, WithRegionsTheCodecAndTheOuterStepActOnTheJobWideAveragesOnly) 
 // a region's sites then agree bit for bit after every step's folds, while the job-wide average
 // (x every 4 steps, folded a step later) pulls the two regions together.
 TEST(SyncEngine, DelayedAveragesWithRegionsFoldOneCorrectionPerRegion) {
-  optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+  optim::OptimizerConfig cfg{.algorithm = optim::Algorithm::kAdamW, .weight_decay = 0.0f};
   constexpr std::size_t n = 16;
   constexpr int M = 4;
   std::vector<optim::Optimizer> opts(M, optim::Optimizer(cfg, n));
@@ -713,7 +715,7 @@ TEST(SyncEngine, DelayedAveragesWithRegionsFoldOneCorrectionPerRegion) {
 // A delayed average that is drained (a checkpoint after step t's update) is folded with the
 // updates made so far; a state due again before its fold is refused.
 TEST(SyncEngine, DelayedAveragesDrainEarlyAndRefuseAnOverlap) {
-  optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+  optim::OptimizerConfig cfg{.algorithm = optim::Algorithm::kAdamW, .weight_decay = 0.0f};
   optim::Optimizer o0(cfg, 1), o1(cfg, 1);
   std::vector<float> x0 = {1.0f}, x1 = {3.0f}, g0 = {0.0f}, g1 = {0.0f};
   std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
@@ -792,7 +794,7 @@ class HeldV final : public sync::Averager {
 // A batch of delayed averages (x, u and v started at one step) travels in that order; x and u
 // are folded at their own steps while v is still on the wire, not after the whole batch.
 TEST(SyncEngine, ADelayedFoldWaitsForItsOwnAverageOnly) {
-  optim::OptimizerConfig cfg{.name = "adamw", .weight_decay = 0.0f};
+  optim::OptimizerConfig cfg{.algorithm = optim::Algorithm::kAdamW, .weight_decay = 0.0f};
   optim::Optimizer o0(cfg, 1), o1(cfg, 1);
   std::vector<float> x0 = {1.0f}, x1 = {3.0f}, g0 = {0.0f}, g1 = {0.0f};
   o0.state().v[0] = 4.0f;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "desloc/model/gpt_config.hpp"
 #include "desloc/model/param_layout.hpp"
@@ -52,11 +53,15 @@ class Model {
 void init_params(const ParamLayout& layout, const GptConfig& cfg, std::uint64_t seed,
                  std::span<float> params);
 
+// Where the model runs (train.backend).
+enum class Backend : std::uint8_t { kCpu, kCuda };
+constexpr std::string_view to_string(Backend b) { return b == Backend::kCuda ? "cuda" : "cpu"; }
+
 struct BackendOptions {
-  std::string backend = "cpu";  // "cpu" | "cuda"
-  int threads = 0;              // CPU threads for loops and BLAS; 0 = hardware concurrency
-  int max_batch = 16;           // largest B the activation buffers are sized for
-  int device = 0;               // CUDA device ordinal
+  Backend backend = Backend::kCpu;
+  int threads = 0;     // CPU threads for loops and BLAS; 0 = hardware concurrency
+  int max_batch = 16;  // largest B the activation buffers are sized for
+  int device = 0;      // CUDA device ordinal
 };
 
 // Floats of the CPU backend's activation arena for batches of up to max_batch sequences of
@@ -66,13 +71,13 @@ struct BackendOptions {
 // device.
 double cpu_activation_floats(const GptConfig& cfg, int max_batch);
 
-// Creates a backend. Throws ConfigError for an unknown backend, or for "cuda" when this
-// build has no CUDA support or no device is present.
+// Creates a backend. Throws ConfigError for CUDA when this build has no CUDA support or no
+// device is present.
 std::unique_ptr<Model> make_model(const GptConfig& cfg, const BackendOptions& opts);
 
-// True when this build can create the named backend ("cuda" also needs a device).
-bool backend_available(const std::string& backend);
+// True when this build can create the backend (CUDA also needs a device).
+bool backend_available(Backend backend);
 // True when the backend was compiled into this build, device or not.
-bool backend_compiled(const std::string& backend);
+bool backend_compiled(Backend backend);
 
 }  // namespace desloc::model

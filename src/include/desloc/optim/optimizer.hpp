@@ -17,8 +17,12 @@ namespace desloc::optim {
 enum class StateKind : std::uint8_t { kGrad = 0, kX = 1, kU = 2, kV = 3 };
 const char* to_string(StateKind kind);
 
+// The local optimizer (optim.name): AdamW, or ADOPT (Taniguchi et al., 2024).
+enum class Algorithm : std::uint8_t { kAdamW, kAdopt };
+constexpr const char* to_string(Algorithm a) { return a == Algorithm::kAdopt ? "adopt" : "adamw"; }
+
 struct OptimizerConfig {
-  std::string name = "adamw";  // "adamw" | "adopt"
+  Algorithm algorithm = Algorithm::kAdamW;  // optim.name
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   float eps = 1e-8f;

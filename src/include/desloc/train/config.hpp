@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "desloc/model/gpt_config.hpp"
+#include "desloc/model/model.hpp"
 #include "desloc/optim/optimizer.hpp"
 #include "desloc/sync/sync_policy.hpp"
 
@@ -31,8 +32,8 @@ struct RunConfig {
   int log_every = 10;          // steps between plain log lines (when not on a TTY)
   std::string out_dir = "runs/quickstart";  // metrics.jsonl and checkpoints go here
   std::uint64_t seed = 42;                  // parameter initialisation
-  std::string backend = "cpu";              // "cpu" | "cuda"
-  int threads = 0;                          // CPU threads (0 = all cores)
+  model::Backend backend = model::Backend::kCpu;
+  int threads = 0;  // CPU threads (0 = all cores)
 };
 
 // [job]: the sites and ranks of a multi-site job and how its processes find each other. A
