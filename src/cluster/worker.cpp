@@ -225,8 +225,8 @@ Ports open_ports(const train::JobConfig& cfg, const Session& ss, bool pair_group
   // Opened whenever there are regions: a recovery opens ports before it knows who survives.
   if (!cfg.job.regions.empty()) {
     p.region = transport::open_ucx_port(ucx_options(cfg.transport, true));
-    const auto& home = cfg.site_names().at(static_cast<std::size_t>(ss.home_site));
-    const auto whole = live_region(cfg, cfg.site_names(), home);
+    const std::vector<std::string> names = cfg.site_names();
+    const auto whole = live_region(cfg, names, names.at(static_cast<std::size_t>(ss.home_site)));
     if (transport::effective_lanes(cfg.transport.lanes, static_cast<int>(whole.size())) == 2)
       p.region_reverse = transport::open_ucx_port(ucx_options(cfg.transport, true));
   }

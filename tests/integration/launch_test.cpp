@@ -260,6 +260,33 @@ TEST(Launch, DelayedAveragesWithPeriodSwitchesAndReplanningReproduceTheInProcess
                               std::string(kSwitches) + "overlap = \"delayed\"\ndelay = 1\n");
 }
 
+// Each site's rank 0 holds, at `step`, the final x, u and v of that site in the in-process
+// run in `train_dir`, bit for bit; `rank_dirs[s]` is site s's rank-0 directory. Returns the
+// rank checkpoints, for the caller's further checks.
+std::vector<train::Checkpoint> expect_sites_equal_the_in_process_run(
+    const fs::path& train_dir, const std::vector<fs::path>& rank_dirs,
+    const std::vector<std::string>& sites, std::int64_t step) {
+  const auto ref =
+      train::load_checkpoint(train::checkpoint_path((train_dir / "checkpoints").string(), step));
+  std::vector<train::Checkpoint> out;
+  for (std::size_t s = 0; s < sites.size(); ++s) {
+    out.push_back(train::load_checkpoint(
+        train::checkpoint_path((rank_dirs[s] / "checkpoints").string(), step)));
+    const auto& mine = out.back();
+    EXPECT_EQ(mine.workers.size(), 1u) << sites[s];
+    if (mine.workers.size() != 1u) continue;
+    const auto& a = ref.workers.at(s);
+    const auto& b = mine.workers[0];
+    const std::size_t bytes = a.params.size() * sizeof(float);
+    EXPECT_EQ(b.params.size(), a.params.size()) << sites[s];
+    if (b.params.size() != a.params.size()) continue;
+    EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), bytes)) << sites[s] << " x";
+    EXPECT_EQ(0, std::memcmp(a.u.data(), b.u.data(), bytes)) << sites[s] << " u";
+    EXPECT_EQ(0, std::memcmp(a.v.data(), b.v.data(), bytes)) << sites[s] << " v";
+  }
+  return out;
+}
+
 // Re-planning (issue 15, item 5): a switch decided while training is part of the training
 // state. A launched job with sync.replan re-plans after step 4 (injected: every rank decides
 // kx 2 -> 3 there, as a drift would make it), and is cut back to its step-8 checkpoints (kx 3
@@ -305,22 +332,12 @@ TEST(Launch, AReplannedSwitchSurvivesAResumeAndMatchesItsReplayBitForBit) {
   EXPECT_EQ(train_field(dir / "launch" / "metrics.jsonl", "synced"),
             (std::vector<std::string>{"\"\"", "\"x\"", "\"\"", "\"x\"", "\"\"", "\"\"", "\"x\"",
                                       "\"\"", "\"\"", "\"x\"", "\"\"", "\"\""}));
+  expect_sites_equal_the_in_process_run(dir / "train", rank_dirs, sites, 12);
+  // The config's spelling: ku and kv left at 3 and 6 kx.
   const auto ref =
       train::load_checkpoint(train::checkpoint_path((dir / "train" / "checkpoints").string(), 12));
-  for (std::size_t s = 0; s < sites.size(); ++s) {
-    const auto mine =
-        train::load_checkpoint(train::checkpoint_path((rank_dirs[s] / "checkpoints").string(), 12));
-    ASSERT_EQ(mine.workers.size(), 1u);
-    const auto& a = ref.workers.at(s);
-    const auto& b = mine.workers[0];
-    const std::size_t bytes = a.params.size() * sizeof(float);
-    ASSERT_EQ(b.params.size(), a.params.size());
-    EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), bytes)) << sites[s] << " x";
-    EXPECT_EQ(0, std::memcmp(a.u.data(), b.u.data(), bytes)) << sites[s] << " u";
-    EXPECT_EQ(0, std::memcmp(a.v.data(), b.v.data(), bytes)) << sites[s] << " v";
-    ASSERT_EQ(ref.switches.size(), 1u);  // the config's spelling: ku and kv left at 3 and 6 kx
-    EXPECT_EQ(ref.switches[0], (sync::PeriodSwitch{4, 3, 0, 0}));
-  }
+  ASSERT_EQ(ref.switches.size(), 1u);
+  EXPECT_EQ(ref.switches[0], (sync::PeriodSwitch{4, 3, 0, 0}));
 }
 
 // Re-planning with regions: the job-wide periods switch (injected: kx 2 -> 4 after step 4, with
@@ -363,22 +380,13 @@ TEST(Launch, ARePlannedSwitchWithRegionsMatchesItsReplayBitForBit) {
     EXPECT_NE(region[5], region[4]) << run << ": step 6";
     EXPECT_NE(job_wide[7], job_wide[6]) << run << ": step 8";
   }
-  const auto ref =
-      train::load_checkpoint(train::checkpoint_path((dir / "train" / "checkpoints").string(), 12));
-  for (std::size_t s = 0; s < sites.size(); ++s) {
-    const fs::path d = s == 0 ? dir / "launch" : dir / "launch" / "ranks" / (sites[s] + "-0");
-    const auto mine =
-        train::load_checkpoint(train::checkpoint_path((d / "checkpoints").string(), 12));
-    ASSERT_EQ(mine.workers.size(), 1u);
-    const auto& a = ref.workers.at(s);
-    const auto& b = mine.workers[0];
-    const std::size_t bytes = a.params.size() * sizeof(float);
-    ASSERT_EQ(b.params.size(), a.params.size());
-    EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), bytes)) << sites[s] << " x";
-    EXPECT_EQ(0, std::memcmp(a.u.data(), b.u.data(), bytes)) << sites[s] << " u";
-    EXPECT_EQ(0, std::memcmp(a.v.data(), b.v.data(), bytes)) << sites[s] << " v";
-    ASSERT_EQ(mine.switches.size(), 1u) << sites[s];
-    EXPECT_EQ(mine.switches[0], (sync::PeriodSwitch{4, 4, 12, 24})) << sites[s];
+  std::vector<fs::path> rank_dirs = {dir / "launch"};
+  for (std::size_t s = 1; s < sites.size(); ++s)
+    rank_dirs.push_back(dir / "launch" / "ranks" / (sites[s] + "-0"));
+  for (const auto& mine :
+       expect_sites_equal_the_in_process_run(dir / "train", rank_dirs, sites, 12)) {
+    ASSERT_EQ(mine.switches.size(), 1u);
+    EXPECT_EQ(mine.switches[0], (sync::PeriodSwitch{4, 4, 12, 24}));
   }
 }
 
