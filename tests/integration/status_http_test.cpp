@@ -246,7 +246,8 @@ TEST(StatusHttp, BadClientsAreRefusedOrTimedOutAndTheJobTrainsOn) {
   ASSERT_TRUE(big_answer.has_value()) << "the oversized request was left open";
   EXPECT_FALSE(contains(*big_answer, "200 OK")) << *big_answer;
   const RawClient garbage(port);
-  garbage.send(std::string("\x16\x03\x01\x00\xff garbage \0\r\n\r\n", 24));
+  constexpr char kGarbage[] = "\x16\x03\x01\x00\xff garbage \0\r\n\r\n";  // NULs inside
+  garbage.send(std::string(kGarbage, sizeof(kGarbage) - 1));
   const auto garbage_answer = garbage.read_all(15);
   ASSERT_TRUE(garbage_answer.has_value()) << "the garbage request was left open";
   EXPECT_FALSE(contains(*garbage_answer, "200 OK")) << *garbage_answer;
