@@ -152,12 +152,13 @@ TEST(Topology, ManySitesRoundTripThroughTheLinkMatrix) {
     EXPECT_NEAR(r.latency_s, l.latency_s, 1e-12) << l.from << " -> " << l.to;
     EXPECT_NEAR(r.contended_bps, l.contended_bps, 1e-3) << l.from << " -> " << l.to;
   }
-  const std::string two = "[[site]]\nname = \"A\"\nstep_ms = 1\n[[site]]\nname = \"B\"\nstep_ms = 1\n";
+  const std::string two =
+      "[[site]]\nname = \"A\"\nstep_ms = 1\n[[site]]\nname = \"B\"\nstep_ms = 1\n";
   const std::string lat = "latency_ms = [[0, 1], [1, 0]]\n";
-  EXPECT_DOUBLE_EQ(
-      parse_topology(two + "[links]\nbandwidth_mbit = [[0, 8], [16, 0]]\n" + lat, "m").link("B", "A")
-          .bandwidth_bps,
-      2e6);
+  EXPECT_DOUBLE_EQ(parse_topology(two + "[links]\nbandwidth_mbit = [[0, 8], [16, 0]]\n" + lat, "m")
+                       .link("B", "A")
+                       .bandwidth_bps,
+                   2e6);
   expect_config_error(two + "[links]\nbandwidth_mbit = [[0, 8]]\n" + lat,
                       "links.bandwidth_mbit must be an array of 2 rows");
   expect_config_error(two + "[links]\nbandwidth_mbit = [[0, 8], [16]]\n" + lat,
@@ -166,12 +167,14 @@ TEST(Topology, ManySitesRoundTripThroughTheLinkMatrix) {
                       "links.bandwidth_mbit[2][1] = 0 must be a finite number > 0");
   expect_config_error(two + "[links]\nbandwidth_mbit = [[0, \"fast\"], [1, 0]]\n" + lat,
                       "links.bandwidth_mbit[1][2] must be a number");
-  expect_config_error(two + "[links]\nbandwidth_mbit = [[0, 8], [16, 0]]\n", "[links] has no 'latency_ms'");
+  expect_config_error(two + "[links]\nbandwidth_mbit = [[0, 8], [16, 0]]\n",
+                      "[links] has no 'latency_ms'");
   expect_config_error(two + "[links]\nbandwidth_mbit = [[0, 8], [16, 0]]\nrtt = 1\n" + lat,
                       "unknown key 'rtt' in [links]");
-  expect_config_error(two + "[links]\nbandwidth_mbit = [[0, 8], [16, 0]]\n" + lat +
-                          "[[link]]\nfrom = \"A\"\nto = \"B\"\nbandwidth_mbit = 1\nlatency_ms = 1\n",
-                      "[links] and [[link]] both give the links");
+  expect_config_error(
+      two + "[links]\nbandwidth_mbit = [[0, 8], [16, 0]]\n" + lat +
+          "[[link]]\nfrom = \"A\"\nto = \"B\"\nbandwidth_mbit = 1\nlatency_ms = 1\n",
+      "[links] and [[link]] both give the links");
 }
 
 TEST(Topology, BadInputIsNamed) {

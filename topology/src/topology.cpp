@@ -89,14 +89,13 @@ const toml::array* array_of_tables(const toml::table& root, const char* key,
 
 // One n x n matrix of [links] (`key`): rows of numbers, the diagonal unread; empty when the
 // matrix is optional and absent.
-std::vector<std::vector<double>> matrix_of(const toml::table& links, const char* key,
-                                           std::size_t n, const std::string& file, bool optional,
+std::vector<std::vector<double>> matrix_of(const toml::table& links, const char* key, std::size_t n,
+                                           const std::string& file, bool optional,
                                            bool allow_zero) {
   const toml::node* node = links.get(key);
   if (node == nullptr) {
     if (optional) return {};
-    throw ConfigError(
-        fmt::format("{}: [links] has no '{}'", where(file, links.source()), key));
+    throw ConfigError(fmt::format("{}: [links] has no '{}'", where(file, links.source()), key));
   }
   const toml::array* rows = node->as_array();
   if (rows == nullptr || rows->size() != n)
@@ -289,8 +288,8 @@ void Topology::index_links() const {
 const LinkProfile& Topology::link(std::size_t from, std::size_t to) const {
   const std::size_t n = sites.size();
   if (from >= n || to >= n)
-    throw Error(fmt::format("{}: no link between site positions {} and {} of {}", source, from,
-                            to, n));
+    throw Error(
+        fmt::format("{}: no link between site positions {} and {} of {}", source, from, to, n));
   const auto valid = [&](std::uint32_t i) {
     return i < links.size() && links[i].from == sites[from].name && links[i].to == sites[to].name;
   };
@@ -363,7 +362,8 @@ std::string to_toml(const Topology& t) {
   if (t.sites.size() < kMatrixSites) {
     for (const auto& l : t.links)
       out << fmt::format(
-          "\n[[link]]\nfrom = \"{}\"\nto = \"{}\"\nbandwidth_mbit = {:.6g}\nlatency_ms = {:.6g}\n{}",
+          "\n[[link]]\nfrom = \"{}\"\nto = \"{}\"\nbandwidth_mbit = {:.6g}\nlatency_ms = "
+          "{:.6g}\n{}",
           l.from, l.to, l.bandwidth_bps * 8 / 1e6, l.latency_s * 1e3,
           l.contended_bps > 0 ? fmt::format("contended_mbit = {:.6g}\n", l.contended_bps * 8 / 1e6)
                               : std::string());
@@ -377,7 +377,8 @@ std::string to_toml(const Topology& t) {
     for (std::size_t i = 0; i < t.sites.size(); ++i) {
       out << "  [";
       for (std::size_t j = 0; j < t.sites.size(); ++j)
-        out << (j > 0 ? ", " : "") << (i == j ? std::string("0") : fmt::format("{:.6g}", value(t.link(i, j))));
+        out << (j > 0 ? ", " : "")
+            << (i == j ? std::string("0") : fmt::format("{:.6g}", value(t.link(i, j))));
       out << "],\n";
     }
     out << "]\n";
