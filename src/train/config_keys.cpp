@@ -78,11 +78,14 @@ void bind_train(Binder& b, RunConfig& r) {
 }
 
 void bind_sync(Binder& b, sync::SyncConfig& s) {
-  std::string method(to_string(s.method));
-  b.string("method", method,
+  b.choice("method", s.method,
            "\"none\", \"ddp\", \"favg\" (FAVG+OPT), \"favg_reset\", \"local_adam\" or \"desloc\"",
-           {"none", "ddp", "favg", "favg_reset", "local_adam", "desloc"});
-  s.method = parse_sync_method(method).value_or(s.method);  // the list above checked it
+           {{"none", SyncMethod::kNone},
+            {"ddp", SyncMethod::kDdp},
+            {"favg", SyncMethod::kFavg},
+            {"favg_reset", SyncMethod::kFavgReset},
+            {"local_adam", SyncMethod::kLocalAdam},
+            {"desloc", SyncMethod::kDesloc}});
   b.integer("workers", s.workers, "in-process virtual workers (sites) M", 1, 4096);
   // At most INT64_MAX / 6, so that the default Kv = 6 * kx cannot overflow.
   b.integer64("kx", s.kx, "parameter-average period Kx (the K of favg, favg_reset, local_adam)", 1,
@@ -113,14 +116,15 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
   b.integer64("join_step", s.join_step,
               "elastic join: from this step on, grow to join_workers (0 = never)", 0);
   b.integer("join_workers", s.join_workers, "elastic join: worker count after the join", 0, 4096);
-  std::string overlap(to_string(s.overlap));
-  b.string("overlap", overlap,
+  b.choice("overlap", s.overlap,
            "\"none\": averages block the step; \"step\": the averages of x, u and v run during "
            "the step's forward and backward pass (the same numbers); \"delayed\": an average "
            "started at step t is folded in at t + delay, keeping the progress made meanwhile; "
            "\"delayed_naive\": the same, replacing the state by the stale mean (comparison only)",
-           {"none", "step", "delayed", "delayed_naive"});
-  s.overlap = parse_overlap(overlap).value_or(s.overlap);  // the list above checked it
+           {{"none", Overlap::kNone},
+            {"step", Overlap::kStep},
+            {"delayed", Overlap::kDelayed},
+            {"delayed_naive", Overlap::kDelayedNaive}});
   b.comment_next();
   b.integer64("delay", s.delay,
               "overlap = \"delayed\": steps tau from an average's start to its "
