@@ -160,8 +160,8 @@ void Simulation::price() {
   p_.exchange = job_.delayed() ? exchange_seconds(t_, ring_) : 0.0;
   for (const auto& names : regional_ ? job_.regions : std::vector<std::vector<std::string>>{}) {
     Region g;
-    for (const auto& name : names)  // t.site() throws naming a site the topology lacks
-      g.sites.push_back(static_cast<std::size_t>(&t_.site(name) - t_.sites.data()));
+    for (const auto& name : names)  // throws naming a site the topology lacks
+      g.sites.push_back(t_.site_index(name));
     for (std::size_t k = 0; k < 3; ++k) {
       g.seconds[k] = ring_seconds(t_, names, job_.state_bytes, job_.lanes, job_.lane_share);
       g.bytes[k] = site_bytes(job_.state_bytes, names.size());

@@ -7,9 +7,9 @@
 #include <toml++/toml.h>
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <sstream>
-#include <unordered_map>
 
 #include "desloc/core/error.hpp"
 #include "desloc/core/toml_number.hpp"
@@ -200,8 +200,6 @@ Topology from_table(const toml::table& root, const std::string& file) {
     t.sites.push_back(std::move(s));
   }
   // Each ordered pair once, by the sites' positions: a million links at 1024 sites.
-  std::unordered_map<std::string_view, std::size_t> position;
-  for (std::size_t i = 0; i < t.sites.size(); ++i) position.emplace(t.sites[i].name, i);
   const std::size_t count = t.sites.size();
   std::vector<char> linked(count * count, 0);
   if (const toml::node* matrix = root.get("links")) {
@@ -223,13 +221,14 @@ Topology from_table(const toml::table& root, const std::string& file) {
       l.latency_s = r.positive("latency_ms", /*allow_zero=*/true) / 1e3;
       if (r.has("contended_mbit")) l.contended_bps = r.positive("contended_mbit") * 1e6 / 8;
       r.done();
-      for (const auto* end : {&l.from, &l.to})
-        if (!position.contains(*end))
+      const std::optional<std::size_t> from = t.find_site(l.from), to = t.find_site(l.to);
+      for (const auto& [end, at] : {std::pair{&l.from, from}, std::pair{&l.to, to}})
+        if (!at)
           throw ConfigError(fmt::format("{}: link {} -> {} names unknown site '{}' (sites: {})",
                                         r.location(), l.from, l.to, *end, fmt::join(names, ", ")));
       if (l.from == l.to)
         throw ConfigError(fmt::format("{}: link from '{}' to itself", r.location(), l.from));
-      char& seen = linked[position.at(l.from) * count + position.at(l.to)];
+      char& seen = linked[*from * count + *to];
       if (seen != 0)
         throw ConfigError(fmt::format("{}: duplicate link {} -> {}", r.location(), l.from, l.to));
       seen = 1;
@@ -261,7 +260,7 @@ void Topology::index_sites() const {
   for (std::size_t i = 0; i < sites.size(); ++i) site_index_.emplace(sites[i].name, i);
 }
 
-std::size_t Topology::site_index(std::string_view name) const {
+std::optional<std::size_t> Topology::find_site(std::string_view name) const {
   const auto valid = [&](std::size_t i) { return i < sites.size() && sites[i].name == name; };
   if (auto it = site_index_.find(name); it != site_index_.end() && valid(it->second))
     return it->second;
@@ -269,6 +268,11 @@ std::size_t Topology::site_index(std::string_view name) const {
   index_sites();
   if (auto it = site_index_.find(name); it != site_index_.end() && valid(it->second))
     return it->second;
+  return std::nullopt;
+}
+
+std::size_t Topology::site_index(std::string_view name) const {
+  if (const std::optional<std::size_t> i = find_site(name)) return *i;
   throw Error(fmt::format("{}: no site '{}'", source, name));
 }
 
@@ -303,14 +307,9 @@ const LinkProfile& Topology::link(std::size_t from, std::size_t to) const {
 }
 
 const LinkProfile& Topology::link(std::string_view from, std::string_view to) const {
-  std::size_t a = 0, b = 0;
-  try {
-    a = site_index(from);
-    b = site_index(to);
-  } catch (const Error&) {
-    throw Error(fmt::format("{}: no link {} -> {}", source, from, to));
-  }
-  return link(a, b);
+  const std::optional<std::size_t> a = find_site(from), b = find_site(to);
+  if (!a || !b) throw Error(fmt::format("{}: no link {} -> {}", source, from, to));
+  return link(*a, *b);
 }
 
 std::vector<std::string> Topology::site_names() const {

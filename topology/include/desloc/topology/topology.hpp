@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -60,6 +61,8 @@ struct Topology {
   // The position of the site `name` in `sites`; Error naming it if absent. A hash index, kept
   // as the links' is.
   std::size_t site_index(std::string_view name) const;
+  // The same, or nullopt where no site has that name.
+  std::optional<std::size_t> find_site(std::string_view name) const;
   std::vector<std::string> site_names() const;
 
  private:
