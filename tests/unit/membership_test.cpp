@@ -954,6 +954,35 @@ TEST(Membership, AHeartbeatsBacklogIsEvidenceWhereARecoverSawNone) {
   EXPECT_NE(logged(d).find("dropping site north"), std::string::npos) << logged(d);
 }
 
+// As above, but east finished its sends before the average broke, and its latest heartbeat
+// shows no backlog either: what its heartbeats reported while the failed operation ran (8 s,
+// the longest any report names) still corroborates north. A backlog from before that operation
+// is no evidence of it.
+TEST(Membership, AHeartbeatsBacklogDuringTheFailedOperationIsEvidenceAfterItDrained) {
+  const auto fail_after = [](std::chrono::milliseconds east_slow_before) {
+    Job job = Job::formed(kSites, 1);
+    job.backlog_to[{"east", 0}] = "north";
+    job.backlog_ms[{"east", 0}] = 7000;
+    job.heartbeat("east", 0, 60);
+    job.advance(east_slow_before);
+    job.backlog_ms[{"east", 0}] = 0;
+    job.heartbeat("east", 0, 60);
+    job.saw("west", 0, 8000, 0, 8000);
+    job.saw("east", 0, 300, 0, 0);
+    job.saw("north", 0, 8000, 0, 0);
+    job.backlog_to[{"west", 0}] = "north";
+    job.report("west", 0, {60});
+    job.report("east", 0, {60});
+    const auto d = job.report("north", 0, {60});
+    return std::pair(departed_sites(job.roster), logged(d));
+  };
+  const auto [during, why] = fail_after(5000ms);
+  EXPECT_EQ(during, (std::vector<std::string>{"north"})) << why;
+  EXPECT_NE(why.find("the TCP data other sites sent to site north"), std::string::npos) << why;
+  const auto [before, why_before] = fail_after(30000ms);
+  EXPECT_EQ(before, (std::vector<std::string>{"west"})) << why_before;
+}
+
 TEST(Membership, SiteAddressesLeaveOutAnAddressSeveralSitesShare) {
   std::map<RankId, RankRecord> ranks;
   const IpAddress a = parse_ip_address("10.0.0.1"), b = parse_ip_address("10.0.0.2"),

@@ -286,6 +286,11 @@ void Roster::Step::heartbeat(const HeartbeatEvent& e) {
   r->last_seen = e.now;
   r->step = e.step;
   r->report = e.report;
+  if (std::chrono::milliseconds(e.report.tcp_backlog_ms) >= kStragglerFloor)
+    r->backlogs.push_back({e.now, e.report.tcp_backlog_ms, e.report.tcp_backlog_peer});
+  while (!r->backlogs.empty() && (r->backlogs.size() > kMaxBacklogSamples ||
+                                  e.now - r->backlogs.front().at > kBacklogMemory))
+    r->backlogs.pop_front();
   if (r->silent) {
     say(log::Level::kInfo, fmt::format("{} is heartbeating again (step {})", e.id.str(), e.step));
     r->silent = false;

@@ -231,16 +231,26 @@ void Roster::Step::drop_straggler() {
   // A Recover's backlog is the longest its rank saw while an operation waited, and a rank
   // whose operations were short saw none: with one site's ingress throttled, the sender that
   // happened to finish its sends reported no backlog toward it, and the straggler rule named
-  // the other sender. Each rank's latest heartbeat carries its backlog too (what the slow-link
-  // watch judges); the longer of the two is the evidence.
+  // the other sender. Each rank's heartbeats carry its backlog too (what the slow-link watch
+  // judges): the longest of its Recover, its latest heartbeat and the heartbeats it sent while
+  // the failed operation ran (the longest operation any report names, before the recovery
+  // began) is the evidence.
   std::map<RankId, Recover> seen = s_.reports;
+  std::chrono::milliseconds operation = rules_.heartbeat_timeout;
+  for (const auto& [id, rep] : seen)
+    operation = std::max(operation, std::chrono::milliseconds(rep.operation_ms));
+  const Clock::time_point since = s_.recovery_start - operation;
   for (auto& [id, rep] : seen) {
     const auto r = s_.ranks.find(id);
-    if (r == s_.ranks.end() || r->second.silent ||
-        r->second.report.tcp_backlog_ms <= rep.backlog_ms)
-      continue;
-    rep.backlog_ms = r->second.report.tcp_backlog_ms;
-    rep.backlog_peer = r->second.report.tcp_backlog_peer;
+    if (r == s_.ranks.end() || r->second.silent) continue;
+    auto take = [&rep](std::uint32_t ms, IpAddress peer) {
+      if (ms <= rep.backlog_ms) return;
+      rep.backlog_ms = ms;
+      rep.backlog_peer = peer;
+    };
+    take(r->second.report.tcp_backlog_ms, r->second.report.tcp_backlog_peer);
+    for (const RankRecord::Backlog& b : r->second.backlogs)
+      if (b.at >= since) take(b.ms, b.peer);
   }
   const std::optional<Straggler> s =
       find_straggler(seen, rules_.straggler_ratio, site_addresses(s_.ranks));

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -47,6 +48,15 @@ struct RankRecord {
   bool silent = false;              // past heartbeat_timeout: listed missing
   std::uint64_t step = 0;           // from its latest heartbeat
   RankReport report;                // from its latest heartbeat
+  // Its heartbeats' TCP backlogs of at least kStragglerFloor over the last kBacklogMemory, oldest
+  // first: the straggler rule reads those reported while the failed operation ran, since a
+  // sender that finished its sends before the operation broke reports none at the end.
+  struct Backlog {
+    Clock::time_point at;
+    std::uint32_t ms = 0;
+    IpAddress peer = kNoAddress;
+  };
+  std::deque<Backlog> backlogs;
   bool finished = false;            // said Bye: its disconnect is the end of its work
   bool joining = false;             // its site left and is rejoining: not in the membership yet
   std::uint64_t rebuilt_epoch = 0;  // reconnected to a restarted coordinator at this epoch
@@ -191,6 +201,10 @@ class Roster {
 // evidence against the predecessor, and its kernel had acknowledged those bytes, so no backlog
 // shows there. nullopt when no site stands out, fewer than 2 sites reported, or ratio <= 0.
 inline constexpr std::chrono::milliseconds kStragglerFloor{1000};
+// How long a rank's record keeps its heartbeats' backlogs (RankRecord::backlogs), and at most
+// how many: longer than any operation the rule judges at the heartbeat intervals desloc allows.
+inline constexpr std::chrono::seconds kBacklogMemory{120};
+inline constexpr std::size_t kMaxBacklogSamples = 1024;
 // The ratio the coordinator's slow-link warning uses where job.straggler_ratio is 0 (dropping
 // off; warning still on).
 inline constexpr double kSlowLinkRatio = 4.0;
