@@ -127,7 +127,7 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
     averager_ = &*regional_;
   }
   evaluator_.bind(rank_);
-  if (networked_ && rank_->recover) recovery_.emplace(*rank_);
+  if (networked_ && rank_->recover) ft_.emplace(*rank_, static_cast<FaultTolerance::Run&>(*this), opts.resume);
   if (!networked_ || !cfg.sync.replan) faults_.replan.reset();
   if (const auto& p = faults_.poison)
     log::warn(
@@ -316,16 +316,7 @@ void TrainingRun::start(bool rejoining) {
       replan_reset(result_.start_step + 1);
       return;
     } catch (const Error& e) {
-      if (!recovery_ || rejoining || !cluster::Recovery::recoverable(e) ||
-          attempt >= cluster::Recovery::kMaxFailuresOfOneStep)
-        throw;
-      log::warn("{}: the job's start failed ({}); agreeing again in the next epoch", rank_->name,
-                e.message());
-      evaluator_.unbind();
-      averager_ = nullptr;
-      const std::int64_t before_start = 0;
-      rank_->recover(std::span(&before_start, 1), e.message());
-      bind_groups();
+      if (!ft_ || !ft_->retry_start(e, attempt)) throw;
     }
   }
 }
@@ -333,11 +324,10 @@ void TrainingRun::start(bool rejoining) {
 TrainResult TrainingRun::run() {
   // A restarted site rejoining a running job starts at the epoch's resume step; its state
   // arrives from a peer before its first step (receive_joined_state).
-  const bool rejoining = networked_ && rank_->joining && !opts_.resume;
+  const bool rejoining = ft_ && ft_->rejoining();
   start(rejoining);
   if (rejoining) {
     result_.start_step = rank_->join_step;
-    pending_transfer_ = true;
     log::info("{}: rejoining at step {}; waiting for the state from a peer", rank_->name,
               rank_->join_step);
   }
@@ -351,15 +341,12 @@ TrainResult TrainingRun::run() {
   const StopSignals signals;
   const auto run_start = Clock::now();
   step_ = result_.start_step;
-  // Survivors that have not reached a cross-site step yet can still roll back to the start.
-  if (recovery_ && !rejoining)
-    recovery_->keep(capture_state(step_, tokens_seen_, sites_, shared()),
-                    traffic_of(0).total_wire());
+  if (ft_) ft_->started(step_);
   while (step_ < total_) {
     if (stop_requested()) break;
     const std::int64_t t = step_ + 1;  // the 1-based number of the step being taken
     try {
-      before_step(t);
+      if (ft_) ft_->before_step(t, talks_across_sites(t));
       maybe_join(t);
       const StepResult s = take_step(t);
       ++step_;
@@ -382,7 +369,7 @@ TrainResult TrainingRun::run() {
       if (checkpoint) save(step_);
     } catch (const Error& e) {
       engine_.abandon();  // averages in flight end (or fail) before their groups are rebuilt
-      if (!recovery_ || !cluster::Recovery::recoverable(e)) throw;
+      if (!ft_ || !FaultTolerance::recoverable(e)) throw;
       recover(e.message());
     }
   }

@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "cluster/recovery.hpp"
 #include "desloc/core/fault_plan.hpp"
 #include "desloc/data/loader.hpp"
 #include "desloc/model/model.hpp"
@@ -26,13 +25,14 @@
 #include "desloc/train/resume_agreement.hpp"
 #include "desloc/train/trainer.hpp"
 #include "train/evaluation.hpp"
+#include "train/fault_tolerance.hpp"
 #include "train/metrics.hpp"
 #include "train/progress.hpp"
 #include "train/replica.hpp"
 
 namespace desloc::train {
 
-class TrainingRun {
+class TrainingRun : private FaultTolerance::Run {
  public:
   TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankContext* rank);
   TrainResult run();
@@ -57,7 +57,9 @@ class TrainingRun {
   // The name this process's checkpoints carry: its rank's "site/r", or "in-process".
   std::string writer() const { return networked_ ? rank_->name : "in-process"; }
   // The outer optimizer and the compressed states, which travel with the replicas.
-  SharedState shared() { return {outer_ ? &*outer_ : nullptr, &compression_, &policy_, &run_id_}; }
+  SharedState shared() override {
+    return {outer_ ? &*outer_ : nullptr, &compression_, &policy_, &run_id_};
+  }
   bool stop_requested();
 
   StepResult take_step(std::int64_t t);                // Alg. 1: gradients, averages, update
@@ -70,11 +72,15 @@ class TrainingRun {
   std::uint64_t job_hash() const { return cfg_.hash(dataset_.tokenizer_identity()); }
   void maybe_join(std::int64_t t);  // in-process elastic join
 
+  // Elastic recovery (elastic.cpp): what the fault tolerance (ft_) needs of the run.
   bool talks_across_sites(std::int64_t t) const;
-  void before_step(std::int64_t t);  // rollback point, state transfer, closed epoch
-  void bind_groups();                // a networked rank's averager, reducer and evaluator
-  void recover(const std::string& what);
-  void receive_joined_state();
+  void recover(const std::string& what);  // rolls back into the next membership epoch
+  TrainState capture(TrainState reuse) override;
+  std::uint64_t wire_bytes() override { return traffic_of(0).total_wire(); }
+  SiteReplica& replica() override { return sites_[0]; }
+  void transferred(std::int64_t step, bool joined, std::uint64_t bytes, double seconds) override;
+  void release_groups() override;
+  void bind_groups() override;  // a networked rank's averager, reducer and evaluator
   sync::Traffic traffic_of(int w) const;
   // sync.replan: after step t's job-wide average, what its control exchange measured; every
   // rank of the job decides alike and switches periods after the same step.
@@ -112,7 +118,7 @@ class TrainingRun {
   bool poisoned_ = false;  // the poison is injected once
   std::optional<MetricsWriter> metrics_;
   std::optional<ProgressReporter> progress_;
-  std::optional<cluster::Recovery> recovery_;  // elastic networked ranks only
+  std::optional<FaultTolerance> ft_;  // elastic networked ranks only
 
   TrainResult result_;
   // Drawn at a fresh start (agreed by every rank), read back on resume, received on a rejoin;
@@ -125,7 +131,6 @@ class TrainingRun {
   std::vector<float> site_losses_;
   bool site_stop_ = false;    // a rank of this site asked to stop (networked)
   bool stop_agreed_ = false;  // the sites agreed to stop after this step
-  bool pending_transfer_ = false;
   sync::Traffic traffic_base_;  // of averagers that earlier membership epochs used
   std::vector<std::int32_t> inputs_, targets_;
 };

@@ -1,41 +1,78 @@
-// Elastic recovery: rollback points, the rollback, and the state transfer (recovery.hpp).
-#include "cluster/recovery.hpp"
+// Fault tolerance of one networked rank: rollback points, the rollback, the retried start and
+// the state transfer (fault_tolerance.hpp).
+#include "train/fault_tolerance.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <vector>
 
+#include "desloc/core/cpu_time.hpp"
 #include "desloc/core/error.hpp"
 #include "desloc/core/hash.hpp"
 #include "desloc/core/log.hpp"
 #include "desloc/transport/ring_order.hpp"
 
-namespace desloc::cluster {
+namespace desloc::train {
 
-bool Recovery::recoverable(const std::exception& e) {
+bool FaultTolerance::recoverable(const std::exception& e) {
   return dynamic_cast<const TransportError*>(&e) != nullptr ||
          dynamic_cast<const TimeoutError*>(&e) != nullptr ||
          dynamic_cast<const PeerFailure*>(&e) != nullptr;
 }
 
-void Recovery::keep(train::TrainState state, std::uint64_t wire_bytes) {
+FaultTolerance::FaultTolerance(RankContext& rank, Run& run, bool resuming)
+    : rank_(rank),
+      run_(run),
+      rejoining_(rank.joining && !resuming),
+      transfer_due_(rejoining_) {}
+
+void FaultTolerance::started(std::int64_t step) {
+  if (!rejoining_) keep_point(step);
+}
+
+void FaultTolerance::keep_point(std::int64_t step) {
+  TrainState reuse;
+  if (points_.size() >= 2 && points_.back().state.step < step) {
+    reuse = std::move(points_.front().state);
+    points_.pop_front();
+  }
+  const std::uint64_t wire = run_.wire_bytes();
+  TrainState state = run_.capture(std::move(reuse));
   while (!points_.empty() && points_.back().state.step >= state.step) points_.pop_back();
-  points_.push_back({std::move(state), wire_bytes});
+  points_.push_back({std::move(state), wire});
   while (points_.size() > 2) points_.pop_front();
 }
 
-train::TrainState Recovery::spare(std::int64_t step) {
-  if (points_.size() < 2 || points_.back().state.step >= step) return {};
-  train::TrainState s = std::move(points_.front().state);
-  points_.pop_front();
-  return s;
+void FaultTolerance::before_step(std::int64_t t, bool talks_across_sites) {
+  const std::int64_t step = t - 1;  // the steps completed: the state before step t
+  // A rejoining rank has nothing worth keeping until its state arrived.
+  if (talks_across_sites && !(transfer_due_ && rank_.joining)) keep_point(step);
+  if (transfer_due_) {
+    const bool was_joining = rank_.joining;
+    transfer(step);
+    transfer_due_ = false;
+    if (was_joining && talks_across_sites) keep_point(step);
+  }
+  if (rank_.recovery_pending())
+    throw PeerFailure(
+        fmt::format("{}: the coordinator closed membership epoch {}", rank_.name, rank_.epoch));
 }
 
-Recovery::Rollback Recovery::recover(std::int64_t failed_at, const std::string& what,
-                                     std::uint64_t wire_now) {
+void FaultTolerance::transfer(std::int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool joined = rank_.joining;
+  const std::uint64_t moved = transfer_state(rank_, step, run_.replica(), run_.shared());
+  rank_.joining = false;
+  rank_.joining_sites.clear();
+  rejoining_ = false;
+  run_.transferred(step, joined, moved, seconds_since(t0));
+}
+
+FaultTolerance::Rollback FaultTolerance::recover(std::int64_t failed_at, const std::string& what) {
   failures_of_step_ = failed_at == last_failed_at_ ? failures_of_step_ + 1 : 1;
   last_failed_at_ = failed_at;
   if (failures_of_step_ > kMaxFailuresOfOneStep)
@@ -47,7 +84,11 @@ Recovery::Rollback Recovery::recover(std::int64_t failed_at, const std::string& 
   for (const auto& p : points_) offer.push_back(p.state.step);
   log::warn("{}: step {} failed ({}); recovering with rollback point(s) [{}]", rank_.name,
             failed_at, what, fmt::join(offer, ", "));
+  const std::uint64_t wire_now = run_.wire_bytes();
+  run_.release_groups();
   const std::int64_t resume = rank_.recover(offer, what);
+  run_.bind_groups();
+  transfer_due_ = !rank_.joining_sites.empty();
   Rollback out;
   out.step = resume;
   if (rank_.joining) return out;  // this rank offered no usable point: a peer sends the state
@@ -63,8 +104,22 @@ Recovery::Rollback Recovery::recover(std::int64_t failed_at, const std::string& 
   return out;
 }
 
-std::uint64_t transfer_state(train::RankContext& rank, std::int64_t step,
-                             train::SiteReplica& replica, train::SharedState shared) {
+// Before anything was written every survivor offers step 0, which stands for "before the first
+// step" here.
+bool FaultTolerance::retry_start(const Error& e, int attempt) {
+  if (rejoining_ || !recoverable(e) || attempt >= kMaxFailuresOfOneStep) return false;
+  log::warn("{}: the job's start failed ({}); agreeing again in the next epoch", rank_.name,
+            e.message());
+  run_.release_groups();
+  const std::int64_t before_start = 0;
+  rank_.recover(std::span(&before_start, 1), e.message());
+  run_.bind_groups();
+  transfer_due_ = !rank_.joining_sites.empty();
+  return true;
+}
+
+std::uint64_t transfer_state(RankContext& rank, std::int64_t step, SiteReplica& replica,
+                             SharedState shared) {
   transport::Collective& wan = *rank.wan_group;
   const int S = wan.size(), me = wan.rank();
   const auto& joining = rank.joining_sites;
@@ -179,4 +234,4 @@ std::uint64_t transfer_state(train::RankContext& rank, std::int64_t step,
   return moved;
 }
 
-}  // namespace desloc::cluster
+}  // namespace desloc::train
