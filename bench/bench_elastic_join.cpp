@@ -35,7 +35,7 @@ struct Options {
   std::int64_t steps = 1536;
   std::int64_t join = 768;
   std::int64_t kx = 32;
-  int workers = 2;
+  int sites = 2;
   int threads = 2;
 };
 
@@ -49,7 +49,7 @@ Options parse(int argc, char** argv) {
       .add("--steps", o.steps)
       .add("--join", o.join)
       .add("--kx", o.kx)
-      .add("--workers", o.workers)
+      .add("--workers", o.sites)
       .add("--threads", o.threads)
       .parse(argc, argv);
   if (o.join <= 0 || o.join >= o.steps) throw ConfigError("--join must lie inside (0, --steps)");
@@ -78,7 +78,7 @@ int run(const Options& o) {
       "bench_elastic_join: %d -> %d workers at step %lld of %lld, Kx = %lld (DES-LOC Ku = 3Kx, Kv "
       "= 6Kx), "
       "eval every %d steps\n",
-      o.workers, 2 * o.workers, static_cast<long long>(o.join), static_cast<long long>(o.steps),
+      o.sites, 2 * o.sites, static_cast<long long>(o.join), static_cast<long long>(o.steps),
       static_cast<long long>(o.kx), eval_every);
 
   std::vector<std::string> paths;
@@ -89,20 +89,20 @@ int run(const Options& o) {
     std::map<std::int64_t, double> val[2];
     double final_loss[2] = {0, 0};
     for (int joined = 0; joined < 2; ++joined) {
-      train::JobConfig cfg = bench::small_lm_job(o.data, o.steps, eval_every, o.threads, o.workers);
+      train::JobConfig cfg = bench::small_lm_job(o.data, o.steps, eval_every, o.threads, o.sites);
       cfg.sync.method = *desloc::parse_sync_method(m.method);
       cfg.sync.kx = o.kx;
       if (joined) {
         cfg.sync.join_step = o.join;
-        cfg.sync.join_workers = 2 * o.workers;
+        cfg.sync.join_sites = 2 * o.sites;
       }
       cfg.train.out_dir =
           (fs::path(o.out_dir) / fmt::format("{}_{}", m.label, joined ? "join" : "base")).string();
       fs::remove_all(cfg.train.out_dir);
       const auto r = train::run_training(cfg, {.progress = 0});
-      if (joined && r.workers != 2 * o.workers)
+      if (joined && r.sites != 2 * o.sites)
         throw Error(fmt::format("validation failed: {} ended with {} workers, expected {}", m.label,
-                                r.workers, 2 * o.workers));
+                                r.sites, 2 * o.sites));
       const auto series = report::load_run(train::metrics_path(cfg));
       val[joined] = val_by_step(series);
       final_loss[joined] = r.last_val_loss;

@@ -50,7 +50,7 @@ struct Options {
   std::string out_dir = "bench_out/lm_sync";
   std::int64_t steps = 3072;
   std::vector<std::int64_t> kx = {16, 256};
-  int workers = 4;
+  int sites = 4;
   int threads = 2;
   std::vector<std::int64_t> delays;     // the delayed-average study when not empty
   std::vector<std::int64_t> fragments;  // with delays: the streaming study
@@ -91,7 +91,7 @@ Options parse(int argc, char** argv) {
       .add("--out-dir", o.out_dir)
       .add("--steps", o.steps)
       .add("--kx", o.kx)
-      .add("--workers", o.workers)
+      .add("--workers", o.sites)
       .add("--threads", o.threads)
       .add("--delays", o.delays)
       .add("--fragments", o.fragments)
@@ -114,7 +114,7 @@ std::uint64_t expected_bytes(const sync::SyncConfig& s, std::int64_t steps,
                              std::uint64_t model_floats) {
   const sync::SyncPolicy p(s);
   const sync::CompressionConfig codecs = s.compression();
-  const auto M = static_cast<std::uint64_t>(s.workers);
+  const auto M = static_cast<std::uint64_t>(s.sites);
   auto wire = [&](optim::StateKind kind, int fragment, int fragments) -> std::uint64_t {
     const std::uint64_t floats = transport::block(model_floats, fragments, fragment).count;
     if (M <= 1) return 0;
@@ -143,7 +143,7 @@ std::vector<Outcome> train_all(const Options& o, const std::vector<Method>& meth
   std::vector<Outcome> outcomes;
   for (const auto& m : methods) {
     train::JobConfig cfg = bench::small_lm_job(
-        o.data, o.steps, int(std::max<std::int64_t>(1, o.steps / 24)), o.threads, o.workers);
+        o.data, o.steps, int(std::max<std::int64_t>(1, o.steps / 24)), o.threads, o.sites);
     cfg.sync.method = *desloc::parse_sync_method(m.method);
     cfg.sync.kx = m.kx;
     cfg.sync.overlap = desloc::parse_overlap(m.overlap).value();
@@ -164,12 +164,12 @@ std::vector<Outcome> train_all(const Options& o, const std::vector<Method>& meth
     out.expected_bytes = expected_bytes(cfg.sync, o.steps, model::ParamLayout(cfg.model).total());
     std::printf("val %.4f (%.4f bits/byte), %s per worker, %.0f tokens/s\n",
                 out.result.last_val_loss, out.result.last_val_bpb,
-                bench::human_bytes(double(out.result.bytes_sent_per_worker)).c_str(),
+                bench::human_bytes(double(out.result.bytes_sent_per_site)).c_str(),
                 out.result.tokens_per_s);
-    if (out.result.bytes_sent_per_worker != out.expected_bytes)
+    if (out.result.bytes_sent_per_site != out.expected_bytes)
       throw Error(
           fmt::format("validation failed: {} sent {} bytes per worker, its schedule implies {}",
-                      m.label, out.result.bytes_sent_per_worker, out.expected_bytes));
+                      m.label, out.result.bytes_sent_per_site, out.expected_bytes));
     outcomes.push_back(std::move(out));
   }
   std::printf("validation: every run's bytes per worker equal its schedule's closed form: ok\n\n");
@@ -206,7 +206,7 @@ int run_delays(const Options& o) {
   std::printf(
       "bench_lm_sync --delays: M = %d virtual workers, %lld steps, %d thread(s); DES-LOC "
       "Ku = 3Kx, Kv = 6Kx; tau < Kx\n",
-      o.workers, static_cast<long long>(o.steps), o.threads);
+      o.sites, static_cast<long long>(o.steps), o.threads);
   const std::vector<Outcome> outcomes = train_all(o, methods);
   const double alone = outcomes[0].result.last_val_loss;
   std::printf("%-6s %5s %10s %9s %10s %12s %10s\n", "Kx", "tau", "blocking", "delayed", "vs block",
@@ -230,7 +230,7 @@ int run_delays(const Options& o) {
   }
   std::printf("(sites training alone, method none: %.4f)\n", alone);
   write_html(o, outcomes,
-             fmt::format("Delayed DES-LOC averages: M = {} workers, {} steps", o.workers, o.steps));
+             fmt::format("Delayed DES-LOC averages: M = {} workers, {} steps", o.sites, o.steps));
   return all_ok ? 0 : 3;
 }
 
@@ -252,7 +252,7 @@ int run_streaming(const Options& o) {
   std::printf(
       "bench_lm_sync --delays --fragments: M = %d virtual workers, %lld steps, %d thread(s); "
       "DES-LOC Ku = 3Kx, Kv = 6Kx; tau < Kx, P <= Kx\n",
-      o.workers, static_cast<long long>(o.steps), o.threads);
+      o.sites, static_cast<long long>(o.steps), o.threads);
   const std::vector<Outcome> outcomes = train_all(o, methods);
   std::printf("%-6s %5s %4s %10s %10s %10s %10s %10s\n", "Kx", "tau", "P", "blocking", "whole",
               "vs block", "streaming", "vs block");
@@ -276,7 +276,7 @@ int run_streaming(const Options& o) {
   }
   std::printf("(sites training alone, method none: %.4f)\n", outcomes[0].result.last_val_loss);
   write_html(o, outcomes,
-             fmt::format("Streaming DES-LOC: M = {} workers, {} steps", o.workers, o.steps));
+             fmt::format("Streaming DES-LOC: M = {} workers, {} steps", o.sites, o.steps));
   return 0;
 }
 
@@ -335,20 +335,20 @@ int run_codecs(const Options& o) {
       "bench_lm_sync --codecs: M = %d virtual workers, %lld steps, %d thread(s); DES-LOC Ku = "
       "3Kx, Kv = 6Kx; codecs on x, u and v (a /VCODEC: v's own), block %d; a compressed average "
       "is a ring of the encoded differences from the last mean\n",
-      o.workers, static_cast<long long>(o.steps), o.threads, o.codec_block);
+      o.sites, static_cast<long long>(o.steps), o.threads, o.codec_block);
   const std::vector<Outcome> outcomes = train_all(o, methods);
   // DDP's bytes: its run's, or (without the baselines) its schedule's closed form.
-  train::JobConfig ddp_cfg = bench::small_lm_job(o.data, o.steps, 1, o.threads, o.workers);
+  train::JobConfig ddp_cfg = bench::small_lm_job(o.data, o.steps, 1, o.threads, o.sites);
   ddp_cfg.sync.method = SyncMethod::kDdp;
   const double ddp_bytes = o.baselines
-                               ? double(find(outcomes, "ddp").result.bytes_sent_per_worker)
+                               ? double(find(outcomes, "ddp").result.bytes_sent_per_site)
                                : double(expected_bytes(ddp_cfg.sync, o.steps,
                                                        model::ParamLayout(ddp_cfg.model).total()));
   std::printf("%-30s %9s %10s %13s %9s %10s\n", "method", "val loss", "vs fp32", "bytes/worker",
               "vs fp32", "DDP/this");
   std::printf("%s\n", std::string(86, '-').c_str());
   auto row = [&](const Outcome& oc, const Outcome* fp32) {
-    const double bytes = double(oc.result.bytes_sent_per_worker);
+    const double bytes = double(oc.result.bytes_sent_per_site);
     const double loss = oc.result.last_val_loss;
     std::printf(
         "%-30s %9.4f %10s %13s %9s %10s\n", oc.m.label.c_str(), loss,
@@ -358,7 +358,7 @@ int run_codecs(const Options& o) {
                         : "-",
         bench::human_bytes(bytes).c_str(),
         fp32 != nullptr
-            ? fmt::format("{:.3f}x", bytes / double(fp32->result.bytes_sent_per_worker)).c_str()
+            ? fmt::format("{:.3f}x", bytes / double(fp32->result.bytes_sent_per_site)).c_str()
             : "-",
         bytes > 0 ? fmt::format("{:.0f}x", ddp_bytes / bytes).c_str() : "-");
   };
@@ -386,7 +386,7 @@ int run_codecs(const Options& o) {
       const double dl =
           (oc.result.last_val_loss - fp32.result.last_val_loss) / fp32.result.last_val_loss;
       const double br =
-          double(oc.result.bytes_sent_per_worker) / double(fp32.result.bytes_sent_per_worker);
+          double(oc.result.bytes_sent_per_site) / double(fp32.result.bytes_sent_per_site);
       const bool ok = dl <= max_loss && br <= max_bytes;
       all_ok = all_ok && ok;
       std::printf(
@@ -404,7 +404,7 @@ int run_codecs(const Options& o) {
       const Outcome& oc = find(outcomes, label(k, v));
       const double dl =
           (oc.result.last_val_loss - fp32.result.last_val_loss) / fp32.result.last_val_loss;
-      const double ratio = ddp_bytes / double(oc.result.bytes_sent_per_worker);
+      const double ratio = ddp_bytes / double(oc.result.bytes_sent_per_site);
       if (dl <= 0.01 && ratio > best_ratio) {
         best_ratio = ratio;
         best = oc.m.label;
@@ -418,7 +418,7 @@ int run_codecs(const Options& o) {
   }
   write_html(
       o, outcomes,
-      fmt::format("Compressed DES-LOC averages: M = {} workers, {} steps", o.workers, o.steps));
+      fmt::format("Compressed DES-LOC averages: M = {} workers, {} steps", o.sites, o.steps));
   return all_ok ? 0 : 3;
 }
 
@@ -434,7 +434,7 @@ int run(const Options& o) {
     methods.push_back({fmt::format("favg_k{}", k), "favg", k});
     methods.push_back({fmt::format("reset_k{}", k), "favg_reset", k});
   }
-  std::printf("bench_lm_sync: M = %d virtual workers, %lld steps, %d thread(s), Kx in {", o.workers,
+  std::printf("bench_lm_sync: M = %d virtual workers, %lld steps, %d thread(s), Kx in {", o.sites,
               static_cast<long long>(o.steps), o.threads);
   for (std::size_t i = 0; i < o.kx.size(); ++i)
     std::printf("%s%lld", i ? ", " : "", static_cast<long long>(o.kx[i]));
@@ -450,14 +450,14 @@ int run(const Options& o) {
         (oc.m.method == "ddp" || oc.m.method == "local_adam" || oc.m.method == "desloc"))
       target = std::max(target, oc.series.eval.back().val_loss);  // as written, so each reaches it
   const double ddp_loss = outcomes[0].result.last_val_loss;
-  const double ddp_bytes = double(outcomes[0].result.bytes_sent_per_worker);
+  const double ddp_bytes = double(outcomes[0].result.bytes_sent_per_site);
 
   std::printf("%-18s %5s %9s %11s %13s %10s %16s %8s\n", "method", "Kx", "val loss", "vs DDP",
               "bytes/worker", "DDP/this", "bytes to target", "at step");
   std::printf("%s\n", std::string(98, '-').c_str());
   for (const auto& oc : outcomes) {
     const auto s = report::summarize(oc.series, target);
-    const double bytes = double(oc.result.bytes_sent_per_worker);
+    const double bytes = double(oc.result.bytes_sent_per_site);
     const std::string to_target =
         s.step_to_target < 0 ? "not reached" : bench::human_bytes(s.bytes_to_target);
     std::printf(
@@ -479,7 +479,7 @@ int run(const Options& o) {
     const double loss_diff =
         (d.result.last_val_loss - l.result.last_val_loss) / l.result.last_val_loss;
     const double byte_ratio =
-        double(d.result.bytes_sent_per_worker) / double(l.result.bytes_sent_per_worker);
+        double(d.result.bytes_sent_per_site) / double(l.result.bytes_sent_per_site);
     const bool ok = std::abs(loss_diff) <= 0.01 && byte_ratio <= 0.5 + 1e-9;
     all_ok = all_ok && ok;
     std::printf(
@@ -487,7 +487,7 @@ int run(const Options& o) {
         "(target 0.5x)"
         " -> %s\n",
         static_cast<long long>(k), 100.0 * loss_diff, byte_ratio, ok ? "met" : "NOT met");
-    const double vs_ddp = ddp_bytes / double(d.result.bytes_sent_per_worker);
+    const double vs_ddp = ddp_bytes / double(d.result.bytes_sent_per_site);
     std::printf(
         "Kx = %-4lld DES-LOC moves %.1fx fewer bytes than DDP%s; val loss gap to DDP %+.2f%%\n",
         static_cast<long long>(k), vs_ddp,
@@ -497,7 +497,7 @@ int run(const Options& o) {
   }
 
   write_html(o, outcomes,
-             fmt::format("DES-LOC and baselines: M = {} workers, {} steps, Brown corpus", o.workers,
+             fmt::format("DES-LOC and baselines: M = {} workers, {} steps, Brown corpus", o.sites,
                          o.steps));
   return all_ok ? 0 : 3;
 }

@@ -41,7 +41,7 @@ constexpr std::int64_t kSteps = 10000;
 
 struct Options {
   std::string out_dir = "bench_out";
-  int workers = 256;
+  int sites = 256;
   float sigma = 1.5f;
   float lr = kLr, beta1 = kBeta1, beta2 = kBeta2, eps = 1e-8f;
   float x1 = -1.5f, x2 = 2.0f;
@@ -118,7 +118,7 @@ Options parse(int argc, char** argv) {
     } else if (key == "--out-dir") {
       o.out_dir = value();
     } else if (key == "--workers") {
-      o.workers = static_cast<int>(positive_int());
+      o.sites = static_cast<int>(positive_int());
     } else if (key == "--sigma") {
       o.sigma = static_cast<float>(number());
     } else if (key == "--steps") {
@@ -176,7 +176,7 @@ constexpr Method kMethods[] = {{"DES-LOC", "desloc"},
 ToyProblemConfig make_config(const Options& o, const char* method) {
   ToyProblemConfig c;
   c.sync.method = *desloc::parse_sync_method(method);
-  c.sync.workers = o.workers;
+  c.sync.sites = o.sites;
   c.sync.kx = o.kx;
   c.sync.ku = o.ku;
   c.sync.kv = o.kv;
@@ -224,7 +224,7 @@ std::string sci(double v) {
 // the averager's byte count must equal the closed form for the schedule.
 void validate(const Options& o) {
   Options single = o;
-  single.workers = 1;
+  single.sites = 1;
   single.sigma = 0.0f;
   const auto r = desloc::sync::run_rosenbrock(make_config(single, "none"));
   const double d = r.distance.back();
@@ -235,7 +235,7 @@ void validate(const Options& o) {
   std::printf(" (< 5e-2: ok)\n");
 
   Options two = o;
-  two.workers = 2;
+  two.sites = 2;
   const auto t = desloc::sync::run_rosenbrock(make_config(two, "desloc"));
   const std::uint64_t syncs = std::uint64_t(o.steps / o.kx + o.steps / o.ku + o.steps / o.kv);
   if (t.traffic.total_payload() != syncs * 2 * sizeof(float))
@@ -249,7 +249,7 @@ int sweep(const Options& base) {
   std::printf(
       "sweep: M = %d, sigma = %.2f, start (%.2f, %.2f), %lld steps; each cell: mean over the "
       "last 10%% of the steps of ||mean x - (1, 1)|| / of mean_m ||x_m - (1, 1)||\n",
-      base.workers, double(base.sigma), double(base.x1), double(base.x2),
+      base.sites, double(base.sigma), double(base.x1), double(base.x2),
       static_cast<long long>(base.steps));
   desloc::bench::Table table(
       {"lr", "beta1", "beta2", "DES-LOC", "Local Adam", "keep-local", "state reset"});
@@ -280,7 +280,7 @@ int run(int argc, char** argv) {
       "bench_rosenbrock: M = %d, sigma = %.2f, start (%.2f, %.2f), steps = %lld, seed = %llu\n"
       "Adam lr = %.3g (constant), beta1 = %.3f, beta2 = %.4f, eps = %.0e; Kx = %lld, Ku = %lld, "
       "Kv = %lld\n",
-      o.workers, double(o.sigma), double(o.x1), double(o.x2), static_cast<long long>(o.steps),
+      o.sites, double(o.sigma), double(o.x1), double(o.x2), static_cast<long long>(o.steps),
       static_cast<unsigned long long>(o.seed), double(o.lr), double(o.beta1), double(o.beta2),
       double(o.eps), static_cast<long long>(o.kx), static_cast<long long>(o.ku),
       static_cast<long long>(o.kv));
@@ -309,7 +309,7 @@ int run(int argc, char** argv) {
     auto plot = [&](std::size_t t) {
       line.x.push_back(double(t));
       line.y.push_back(r.distance[t]);
-      wline.y.push_back(r.worker_distance[t]);
+      wline.y.push_back(r.site_distance[t]);
     };
     for (std::size_t t = 0; t < n; t += stride) plot(t);
     if ((n - 1) % stride != 0) plot(n - 1);
@@ -322,7 +322,7 @@ int run(int argc, char** argv) {
   table.print();
 
   desloc::report::ChartOptions chart;
-  chart.title = "Rosenbrock, M = " + std::to_string(o.workers) + ", sigma = " + fmt(o.sigma, 1) +
+  chart.title = "Rosenbrock, M = " + std::to_string(o.sites) + ", sigma = " + fmt(o.sigma, 1) +
                 ": distance of the mean x to (1, 1)";
   chart.x_label = "step";
   chart.y_label = "||mean x - (1, 1)||";
@@ -330,7 +330,7 @@ int run(int argc, char** argv) {
   std::filesystem::create_directories(o.out_dir);
   const std::string path = (std::filesystem::path(o.out_dir) / "rosenbrock.svg").string();
   desloc::report::write_svg_file(path, desloc::report::svg_line_chart(series, chart));
-  chart.title = "Rosenbrock, M = " + std::to_string(o.workers) + ", sigma = " + fmt(o.sigma, 1) +
+  chart.title = "Rosenbrock, M = " + std::to_string(o.sites) + ", sigma = " + fmt(o.sigma, 1) +
                 ": mean over workers of ||x_m - (1, 1)||";
   chart.y_label = "mean_m ||x_m - (1, 1)||";
   const std::string wpath = (std::filesystem::path(o.out_dir) / "rosenbrock_workers.svg").string();
@@ -346,7 +346,7 @@ int run(int argc, char** argv) {
   for (std::size_t t = 0; t < results[0].distance.size(); ++t) {
     std::fprintf(csv, "%zu", t);
     for (const auto& r : results) std::fprintf(csv, ",%.6e", r.distance[t]);
-    for (const auto& r : results) std::fprintf(csv, ",%.6e", r.worker_distance[t]);
+    for (const auto& r : results) std::fprintf(csv, ",%.6e", r.site_distance[t]);
     std::fprintf(csv, "\n");
   }
   if (std::fclose(csv) != 0) throw BenchError("cannot write " + cpath);

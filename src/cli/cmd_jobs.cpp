@@ -133,7 +133,7 @@ train::JobConfig load_local_job(const std::string& config_path, const std::strin
   Overrides o;
   o.out_dir = out_dir;
   auto cfg = load_with(config_path, o);
-  train::check_memory(cfg, ProcessRole::kRank, cfg.sync.workers * cfg.job.ranks_per_site);
+  train::check_memory(cfg, ProcessRole::kRank, cfg.sync.sites * cfg.job.ranks_per_site);
   return cfg;
 }
 

@@ -1,4 +1,4 @@
-// The in-process virtual-worker averager.
+// The in-process virtual-site averager.
 #include "desloc/sync/averager.hpp"
 
 #include <algorithm>
@@ -10,23 +10,23 @@
 
 namespace desloc::sync {
 
-VirtualAverager::VirtualAverager(int workers, SumOrder order, int shards, int lanes,
+VirtualAverager::VirtualAverager(int sites, SumOrder order, int shards, int lanes,
                                  double lane_share)
-    : workers_(workers),
+    : sites_(sites),
       order_(order),
       shards_(shards),
       lanes_(lanes),
       lane_share_(lane_share),
-      traffic_(static_cast<std::size_t>(workers)) {
-  if (workers < 1) throw ConfigError("sync.workers must be >= 1, got " + std::to_string(workers));
+      traffic_(static_cast<std::size_t>(sites)) {
+  if (sites < 1) throw ConfigError("sync.workers must be >= 1, got " + std::to_string(sites));
   if (shards < 1) throw ConfigError("ranks per site must be >= 1, got " + std::to_string(shards));
 }
 
-void VirtualAverager::resize(int workers) {
-  if (workers < 1) throw ConfigError("sync.workers must be >= 1, got " + std::to_string(workers));
-  workers_ = workers;
+void VirtualAverager::resize(int sites) {
+  if (sites < 1) throw ConfigError("sync.workers must be >= 1, got " + std::to_string(sites));
+  sites_ = sites;
   const std::lock_guard lock(traffic_mu_);
-  traffic_.resize(static_cast<std::size_t>(workers));
+  traffic_.resize(static_cast<std::size_t>(sites));
 }
 
 void Averager::open_control(std::span<const DueAverage> due, bool stop) {
@@ -71,9 +71,9 @@ std::optional<Averager::Verdict> Averager::take_verdict(optim::StateKind kind) {
 
 void VirtualAverager::check_replicas(optim::StateKind kind,
                                      std::span<const std::span<float>> local) const {
-  if (static_cast<int>(local.size()) != workers_)
+  if (static_cast<int>(local.size()) != sites_)
     throw Error("virtual averager: got " + std::to_string(local.size()) + " replicas of '" +
-                optim::to_string(kind) + "' for " + std::to_string(workers_) + " workers");
+                optim::to_string(kind) + "' for " + std::to_string(sites_) + " sites");
   const std::size_t n = local.empty() ? 0 : local[0].size();
   for (const auto& r : local)
     if (r.size() != n)
@@ -134,7 +134,7 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
         parts[w] = left_out[w] ? std::span<const float>(zeros).first(b.count)
                                : local[w].subspan(b.offset, b.count);
       sum.resize(b.count);
-      transport::lane_sum_reference(parts, sum, transport::effective_lanes(lanes_, workers_),
+      transport::lane_sum_reference(parts, sum, transport::effective_lanes(lanes_, sites_),
                                     lane_share_);
       const auto m = static_cast<float>(kept);
       for (float& x : sum) x /= m;
@@ -154,7 +154,7 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
   }
   const auto k = static_cast<std::size_t>(kind);
   const std::uint64_t payload = n * sizeof(float);
-  // Ring all-reduce (reduce-scatter + all-gather): each worker sends 2(M-1)/M of the payload.
+  // Ring all-reduce (reduce-scatter + all-gather): each site sends 2(M-1)/M of the payload.
   const std::uint64_t wire = M > 1 ? payload * 2 * (M - 1) / M : 0;
   const std::lock_guard lock(traffic_mu_);
   for (std::size_t w = 0; w < M; ++w) {
@@ -164,7 +164,7 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
 }
 
 // Shard by shard, as the networked ranks do: every replica's encoded contribution, each
-// segment's ring replayed (segment s from worker s on, each next worker combining), then the
+// segment's ring replayed (segment s from site s on, each next site combining), then the
 // combined sums decoded into the mean of every replica.
 void VirtualAverager::average_compressed(optim::StateKind kind,
                                          std::span<const std::span<float>> local,

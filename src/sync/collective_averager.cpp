@@ -389,7 +389,7 @@ int CollectiveAverager::guard(optim::StateKind kind, std::span<float> data,
 Traffic CollectiveAverager::traffic(int w) const {
   if (w != 0)
     throw Error("collective averager: WAN rank " + std::to_string(wan_.rank()) +
-                " only knows its own traffic (worker 0 of its local replicas), not worker " +
+                " only knows its own traffic (site 0 of its local replicas), not site " +
                 std::to_string(w));
   const std::lock_guard lock(traffic_mu_);
   return traffic_;

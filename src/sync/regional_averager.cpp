@@ -143,9 +143,9 @@ Traffic RegionalAverager::traffic(int w) const {
   return t += r;
 }
 
-GroupedAverager::GroupedAverager(std::vector<std::vector<int>> groups, int workers, int shards,
+GroupedAverager::GroupedAverager(std::vector<std::vector<int>> groups, int sites, int shards,
                                  const PayloadGuard& guard, int lanes, double lane_share)
-    : groups_(std::move(groups)), workers_(workers) {
+    : groups_(std::move(groups)), sites_(sites) {
   averagers_.reserve(groups_.size());
   for (const auto& g : groups_) {
     averagers_.push_back(std::make_unique<VirtualAverager>(
@@ -165,9 +165,9 @@ void GroupedAverager::open_step() {
 
 std::vector<std::span<float>> GroupedAverager::subset(
     std::size_t g, std::span<const std::span<float>> local) const {
-  if (local.size() != static_cast<std::size_t>(workers_))
+  if (local.size() != static_cast<std::size_t>(sites_))
     throw Error("grouped averager: got " + std::to_string(local.size()) + " replicas for " +
-                std::to_string(workers_) + " sites");
+                std::to_string(sites_) + " sites");
   std::vector<std::span<float>> out;
   for (int w : groups_[g]) out.push_back(local[static_cast<std::size_t>(w)]);
   return out;

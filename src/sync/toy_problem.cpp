@@ -24,7 +24,7 @@ std::uint64_t splitmix64_mix(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// The toy has 2 floats per worker: OpenMP regions inside the optimizer and the averager cost
+// The toy has 2 floats per site: OpenMP regions inside the optimizer and the averager cost
 // far more than they save (and on a loaded machine a barrier can cost a time slice), so the
 // run is single-threaded. The results do not depend on the thread count either way.
 class SingleThreadScope {
@@ -40,8 +40,8 @@ class SingleThreadScope {
 
 void validate(const ToyProblemConfig& cfg) {
   const SyncConfig& s = cfg.sync;
-  if (s.workers < 1)
-    throw ConfigError("toy problem: sync.workers must be >= 1, got " + std::to_string(s.workers));
+  if (s.sites < 1)
+    throw ConfigError("toy problem: sync.workers must be >= 1, got " + std::to_string(s.sites));
   if (cfg.steps < 0)
     throw ConfigError("toy problem: steps must be >= 0, got " + std::to_string(cfg.steps));
   if (!(cfg.sigma >= 0.0f))
@@ -68,8 +68,8 @@ std::array<double, 2> rosenbrock_gradient(double x1, double x2) {
   return {-2.0 * (1.0 - x1) - 400.0 * x1 * b, 200.0 * b};
 }
 
-NoiseStream::NoiseStream(std::uint64_t seed, std::uint64_t worker)
-    : state_(splitmix64_mix(seed ^ splitmix64_mix(worker + 0x632be59bd9b4e019ULL))) {}
+NoiseStream::NoiseStream(std::uint64_t seed, std::uint64_t site)
+    : state_(splitmix64_mix(seed ^ splitmix64_mix(site + 0x632be59bd9b4e019ULL))) {}
 
 std::uint64_t NoiseStream::next_u64() {
   state_ += 0x9e3779b97f4a7c15ULL;
@@ -89,9 +89,9 @@ std::array<double, 2> NoiseStream::normal_pair() {
 ToyProblemResult run_rosenbrock(const ToyProblemConfig& cfg) {
   validate(cfg);
   const SingleThreadScope single_thread;
-  const auto M = static_cast<std::size_t>(cfg.sync.workers);
+  const auto M = static_cast<std::size_t>(cfg.sync.sites);
 
-  // Worker m owns elements [2m, 2m + 2) of x and g, and its own optimizer (u, v).
+  // Site m owns elements [2m, 2m + 2) of x and g, and its own optimizer (u, v).
   std::vector<float> x(2 * M), g(2 * M);
   for (std::size_t m = 0; m < M; ++m) {
     x[2 * m] = cfg.start[0];
@@ -113,12 +113,12 @@ ToyProblemResult run_rosenbrock(const ToyProblemConfig& cfg) {
   for (std::size_t m = 0; m < M; ++m) noise.emplace_back(cfg.seed, m);
 
   const SyncPolicy policy(cfg.sync);
-  VirtualAverager averager(cfg.sync.workers);
+  VirtualAverager averager(cfg.sync.sites);
   const auto sigma = static_cast<double>(cfg.sigma);
 
   ToyProblemResult res;
   res.distance.reserve(static_cast<std::size_t>(cfg.steps) + 1);
-  res.worker_distance.reserve(static_cast<std::size_t>(cfg.steps) + 1);
+  res.site_distance.reserve(static_cast<std::size_t>(cfg.steps) + 1);
   auto record = [&] {
     double s1 = 0.0, s2 = 0.0, sd = 0.0;
     for (std::size_t m = 0; m < M; ++m) {
@@ -130,7 +130,7 @@ ToyProblemResult run_rosenbrock(const ToyProblemConfig& cfg) {
     const auto inv = 1.0 / static_cast<double>(M);
     res.final_mean_x = {s1 * inv, s2 * inv};
     res.distance.push_back(std::hypot(res.final_mean_x[0] - 1.0, res.final_mean_x[1] - 1.0));
-    res.worker_distance.push_back(sd * inv);
+    res.site_distance.push_back(sd * inv);
   };
   record();
 

@@ -129,22 +129,22 @@ std::optional<CheckpointModel> get_model(ByteReader& r, const std::string& path)
   return m;
 }
 
-// Version 4's compressed-state section: six sizes, then the references and the workers' error
+// Version 4's compressed-state section: six sizes, then the references and the sites' error
 // feedback.
 constexpr std::uint64_t kCodecHeadBytes = 6 * 8;
 struct CodecHead {
   std::array<std::uint64_t, 3> ref_n{}, ef_n{};
-  std::uint64_t data_bytes(std::uint32_t workers) const {
+  std::uint64_t data_bytes(std::uint32_t sites) const {
     std::uint64_t floats = 0;
-    for (std::size_t k = 0; k < 3; ++k) floats += ref_n[k] + std::uint64_t(workers) * ef_n[k];
+    for (std::size_t k = 0; k < 3; ++k) floats += ref_n[k] + std::uint64_t(sites) * ef_n[k];
     return floats * sizeof(float);
   }
 };
 
-// Reads the sizes and checks them against n, the workers and the bytes that remain for the
+// Reads the sizes and checks them against n, the sites and the bytes that remain for the
 // section's data (the writer's name excluded).
 CodecHead read_codec_head(ByteReader& r, const std::string& path, std::uint64_t n,
-                          std::uint32_t workers, std::uint64_t data_remaining) {
+                          std::uint32_t sites, std::uint64_t data_remaining) {
   CodecHead h;
   for (auto& v : h.ref_n) v = r.get<std::uint64_t>("codec reference size");
   for (auto& v : h.ef_n) v = r.get<std::uint64_t>("codec feedback size");
@@ -154,10 +154,10 @@ CodecHead read_codec_head(ByteReader& r, const std::string& path, std::uint64_t 
           "'{}' is inconsistent: a compressed state's reference of {} and feedback of {} "
           "values for a model of {}",
           path, h.ref_n[k], h.ef_n[k], n));
-  if (h.data_bytes(workers) != data_remaining)
+  if (h.data_bytes(sites) != data_remaining)
     throw DataError(
         fmt::format("'{}' is inconsistent: the compressed states need {} bytes, {} remain", path,
-                    h.data_bytes(workers), data_remaining));
+                    h.data_bytes(sites), data_remaining));
   return h;
 }
 
@@ -204,7 +204,7 @@ struct PayloadHead {
   std::int64_t step = 0;
   std::uint64_t tokens_seen = 0;
   std::uint64_t n = 0;  // parameters per buffer
-  std::uint32_t workers = 0;
+  std::uint32_t sites = 0;
 };
 
 PayloadHead read_payload_head(ByteReader& r) {
@@ -213,19 +213,19 @@ PayloadHead read_payload_head(ByteReader& r) {
   h.step = r.get<std::int64_t>("step");
   h.tokens_seen = r.get<std::uint64_t>("tokens_seen");
   h.n = r.get<std::uint64_t>("parameter count");
-  h.workers = r.get<std::uint32_t>("worker count");
+  h.sites = r.get<std::uint32_t>("site count");
   return h;
 }
 
-// Checks that the workers fit in the `remaining` payload bytes before anything is allocated;
-// returns the bytes per worker (24 counter bytes + 3n floats).
+// Checks that the sites fit in the `remaining` payload bytes before anything is allocated;
+// returns the bytes per site (24 counter bytes + 3n floats).
 std::uint64_t check_workers(const std::string& path, const PayloadHead& h,
                             std::uint64_t remaining) {
   const std::uint64_t per_worker = kWorkerCounterBytes + h.n * 3 * sizeof(float);
-  if (h.n > (std::uint64_t(1) << 40) || h.workers == 0 || per_worker > remaining / h.workers)
+  if (h.n > (std::uint64_t(1) << 40) || h.sites == 0 || per_worker > remaining / h.sites)
     throw DataError(fmt::format(
-        "'{}' is inconsistent: {} workers x {} parameters need {} bytes, {} remain", path,
-        h.workers, h.n, h.n > (std::uint64_t(1) << 40) ? 0 : per_worker * h.workers, remaining));
+        "'{}' is inconsistent: {} sites x {} parameters need {} bytes, {} remain", path, h.sites,
+        h.n, h.n > (std::uint64_t(1) << 40) ? 0 : per_worker * h.sites, remaining));
   return per_worker;
 }
 
@@ -289,8 +289,8 @@ std::vector<std::pair<std::int64_t, std::string>> checkpoint_files(const std::st
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Checkpoint& ck) {
-  const std::size_t n = ck.workers.empty() ? 0 : ck.workers[0].params.size();
-  for (const auto& w : ck.workers)
+  const std::size_t n = ck.sites.empty() ? 0 : ck.sites[0].params.size();
+  for (const auto& w : ck.sites)
     if (w.params.size() != n || w.u.size() != n || w.v.size() != n)
       throw Error("checkpoint buffers differ in size; refusing to write " + path);
   if (ck.outer_ref.size() != ck.outer_momentum.size())
@@ -299,9 +299,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
     throw Error(fmt::format("checkpoint of {} period switches (at most {}); refusing to write {}",
                             ck.switches.size(), sync::kMaxPeriodSwitches, path));
   for (std::size_t k = 0; k < 3; ++k) {
-    const std::size_t ef = ck.workers.empty() ? 0 : ck.workers[0].codec_feedback[k].size();
+    const std::size_t ef = ck.sites.empty() ? 0 : ck.sites[0].codec_feedback[k].size();
     bool ok = ck.codec_ref[k].empty() || ck.codec_ref[k].size() == n;
-    for (const auto& w : ck.workers)
+    for (const auto& w : ck.sites)
       ok = ok && w.codec_feedback[k].size() == ef && (ef == 0 || ef == ck.codec_ref[k].size());
     if (!ok)
       throw Error("checkpoint compressed-state buffers differ in size; refusing to write " + path);
@@ -311,8 +311,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   payload.put<std::int64_t>(ck.step);
   payload.put<std::uint64_t>(ck.tokens_seen);
   payload.put<std::uint64_t>(n);
-  payload.put<std::uint32_t>(static_cast<std::uint32_t>(ck.workers.size()));
-  for (const auto& w : ck.workers) {
+  payload.put<std::uint32_t>(static_cast<std::uint32_t>(ck.sites.size()));
+  for (const auto& w : ck.sites) {
     payload.put<std::int64_t>(w.optim_t);
     payload.put<std::uint64_t>(w.loader.epoch);
     payload.put<std::uint64_t>(w.loader.cursor);
@@ -325,10 +325,10 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   payload.put_span<float>(ck.outer_momentum);
   for (const auto& r : ck.codec_ref) payload.put<std::uint64_t>(r.size());
   for (std::size_t k = 0; k < 3; ++k)
-    payload.put<std::uint64_t>(ck.workers.empty() ? 0 : ck.workers[0].codec_feedback[k].size());
+    payload.put<std::uint64_t>(ck.sites.empty() ? 0 : ck.sites[0].codec_feedback[k].size());
   for (const auto& r : ck.codec_ref) payload.put_span<float>(r);
   for (std::size_t k = 0; k < 3; ++k)
-    for (const auto& w : ck.workers) payload.put_span<float>(w.codec_feedback[k]);
+    for (const auto& w : ck.sites) payload.put_span<float>(w.codec_feedback[k]);
   payload.put<std::uint64_t>(ck.run_id);
   put_switches(payload, ck.switches);
   put_model(payload, ck.model);
@@ -362,9 +362,9 @@ Checkpoint load_checkpoint(const std::string& path) {
   ck.step = head.step;
   ck.tokens_seen = head.tokens_seen;
   const std::uint64_t n = head.n;
-  const std::uint32_t workers = head.workers;
-  ck.workers.resize(workers);
-  for (auto& w : ck.workers) {
+  const std::uint32_t sites = head.sites;
+  ck.sites.resize(sites);
+  for (auto& w : ck.sites) {
     w.optim_t = r.get<std::int64_t>("optim_t");
     if (w.optim_t < 0) throw DataError("'" + path + "' holds a negative optimizer step counter");
     w.loader.epoch = r.get<std::uint64_t>("loader.epoch");
@@ -385,14 +385,14 @@ Checkpoint load_checkpoint(const std::string& path) {
   r.get_span<float>(ck.outer_ref, "outer_ref");
   r.get_span<float>(ck.outer_momentum, "outer_momentum");
   if (header.version >= 4) {
-    const CodecHead codec = read_codec_head(r, path, n, workers,
-                                            after_outer - kCodecHeadBytes - header.trailer_bytes());
+    const CodecHead codec =
+        read_codec_head(r, path, n, sites, after_outer - kCodecHeadBytes - header.trailer_bytes());
     for (std::size_t k = 0; k < 3; ++k) {
       ck.codec_ref[k].resize(codec.ref_n[k]);
       r.get_span<float>(ck.codec_ref[k], "codec reference");
     }
     for (std::size_t k = 0; k < 3; ++k)
-      for (auto& w : ck.workers) {
+      for (auto& w : ck.sites) {
         w.codec_feedback[k].resize(codec.ef_n[k]);
         r.get_span<float>(w.codec_feedback[k], "codec feedback");
       }
@@ -457,14 +457,14 @@ CheckpointInfo validate_checkpoint(const std::string& path) {
   const PayloadHead head = read_payload_head(head_reader);
   const std::uint64_t after_head = header.payload_bytes - kPayloadHeadBytes;
   const std::uint64_t per_worker = check_workers(path, head, after_head);
-  for (std::uint32_t w = 0; w < head.workers; ++w) {
+  for (std::uint32_t w = 0; w < head.sites; ++w) {
     std::array<std::uint8_t, 8> raw{};
     read_at(in, path, kHeaderBytes + kPayloadHeadBytes + w * per_worker, raw);
     std::int64_t optim_t = 0;
     std::memcpy(&optim_t, raw.data(), sizeof(optim_t));
     if (optim_t < 0) throw DataError("'" + path + "' holds a negative optimizer step counter");
   }
-  const std::uint64_t outer_at = kPayloadHeadBytes + head.workers * per_worker;
+  const std::uint64_t outer_at = kPayloadHeadBytes + head.sites * per_worker;
   std::array<std::uint8_t, 8> outer_bytes{};
   const auto outer_span =
       std::span(outer_bytes).first(std::min<std::uint64_t>(header.payload_bytes - outer_at, 8));
@@ -479,7 +479,7 @@ CheckpointInfo validate_checkpoint(const std::string& path) {
     std::array<std::uint8_t, kCodecHeadBytes> codec_bytes{};
     read_at(in, path, kHeaderBytes + header.payload_bytes - after_outer, codec_bytes);
     ByteReader codec_reader(codec_bytes, path);
-    read_codec_head(codec_reader, path, head.n, head.workers,
+    read_codec_head(codec_reader, path, head.n, head.sites,
                     after_outer - kCodecHeadBytes - header.trailer_bytes());
   }
   if (head.step < 0) throw DataError("'" + path + "' holds a negative step counter");

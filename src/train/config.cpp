@@ -160,7 +160,7 @@ std::string default_config_toml() {
 std::vector<std::string> JobConfig::site_names() const {
   if (!job.sites.empty()) return job.sites;
   std::vector<std::string> names;
-  for (int w = 0; w < sync.workers; ++w) names.push_back(fmt::format("site{}", w));
+  for (int w = 0; w < sync.sites; ++w) names.push_back(fmt::format("site{}", w));
   return names;
 }
 

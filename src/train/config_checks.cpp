@@ -165,10 +165,10 @@ void check_sync(const Binder& b, const sync::SyncConfig& s) {
   phase("phase_u", s.phase_u, s.effective_ku(), "ku");
   phase("phase_v", s.phase_v, s.effective_kv(), "kv");
   check_delays(b, s);
-  if (s.join_step > 0 && s.join_workers <= s.workers)
+  if (s.join_step > 0 && s.join_sites <= s.sites)
     throw ConfigError(fmt::format(
         "{}: sync.join_workers = {} must exceed sync.workers = {} when join_step is set",
-        b.location_of("join_workers"), s.join_workers, s.workers));
+        b.location_of("join_workers"), s.join_sites, s.sites));
 }
 
 // job.regions and sync.region_*: every site of the job in exactly one region, periods that
@@ -259,22 +259,22 @@ void check_sites(const Binder& b, const toml::table& root, const std::string& fi
       throw ConfigError(
           fmt::format("{}: job.sites names '{}' twice", b.location_of("sites"), site));
   }
-  const auto* workers = root.at_path("sync.workers").node();
+  const auto* sites = root.at_path("sync.workers").node();
   const int m = static_cast<int>(job.job.sites.size());
-  if (workers != nullptr && job.sync.workers != m)
+  if (sites != nullptr && job.sync.sites != m)
     throw ConfigError(fmt::format(
         "{}: sync.workers = {} but job.sites names {} site(s); a site is a worker, so drop "
         "sync.workers or make them agree",
-        where(file, workers->source()), job.sync.workers, m));
-  job.sync.workers = m;
-  if (job.sync.join_step > 0 && job.sync.join_workers <= m)
+        where(file, sites->source()), job.sync.sites, m));
+  job.sync.sites = m;
+  if (job.sync.join_step > 0 && job.sync.join_sites <= m)
     throw ConfigError(fmt::format("{}: sync.join_workers = {} must exceed the {} sites", file,
-                                  job.sync.join_workers, m));
+                                  job.sync.join_sites, m));
 }
 
 // The failure detector's settings against each other and against the job's sites.
 void check_liveness(const Binder& b, const JobConfig& job) {
-  const int sites = job.sync.workers;
+  const int sites = job.sync.sites;
   if (job.job.min_sites > sites)
     throw ConfigError(fmt::format(
         "{}: job.min_sites = {} but the job has {} site(s): it could never run; at most {}",

@@ -58,7 +58,7 @@ JobConfig normalized(const JobConfig& in) {
     s.replan_syncs = d.replan_syncs;
   }
   // Two sites have one ring: a second lane is the same ring reversed, never built.
-  c.transport.lanes = transport::effective_lanes(in.transport.lanes, in.sync.workers);
+  c.transport.lanes = transport::effective_lanes(in.transport.lanes, in.sync.sites);
   if (c.transport.lanes == 1) c.transport.lane_share = defaults.transport.lane_share;
   return c;
 }

@@ -86,7 +86,7 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
             {"favg_reset", SyncMethod::kFavgReset},
             {"local_adam", SyncMethod::kLocalAdam},
             {"desloc", SyncMethod::kDesloc}});
-  b.integer("workers", s.workers, "in-process virtual workers (sites) M", 1, 4096);
+  b.integer("workers", s.sites, "in-process virtual workers (sites) M", 1, 4096);
   // At most INT64_MAX / 6, so that the default Kv = 6 * kx cannot overflow.
   b.integer64("kx", s.kx, "parameter-average period Kx (the K of favg, favg_reset, local_adam)", 1,
               INT64_MAX / 6);
@@ -115,7 +115,7 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
   b.real("outer_momentum", s.outer_momentum, "outer Nesterov momentum", 0.0, 0.999999);
   b.integer64("join_step", s.join_step,
               "elastic join: from this step on, grow to join_workers (0 = never)", 0);
-  b.integer("join_workers", s.join_workers, "elastic join: worker count after the join", 0, 4096);
+  b.integer("join_workers", s.join_sites, "elastic join: worker count after the join", 0, 4096);
   b.choice("overlap", s.overlap,
            "\"none\": averages block the step; \"step\": the averages of x, u and v run during "
            "the step's forward and backward pass (the same numbers); \"delayed\": an average "

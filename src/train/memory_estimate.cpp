@@ -125,9 +125,9 @@ MemoryEstimate estimate_memory(const JobConfig& cfg, ProcessRole role) {
   const std::string pkeys = parameter_keys(cfg.model);
   const bool in_process = role == ProcessRole::kInProcess;
   // Elastic join grows an in-process run to join_workers sites.
-  const int sites = in_process ? std::max(cfg.sync.workers, cfg.sync.join_workers) : 1;
+  const int sites = in_process ? std::max(cfg.sync.sites, cfg.sync.join_sites) : 1;
   const int ranks = in_process ? cfg.job.ranks_per_site : 1;
-  const bool joins = cfg.sync.join_step > 0 && cfg.sync.join_workers > cfg.sync.workers;
+  const bool joins = cfg.sync.join_step > 0 && cfg.sync.join_sites > cfg.sync.sites;
   const std::string site_keys =
       !in_process ? std::string("one site")
                   : fmt::format("{} site{} ({})", sites, sites == 1 ? "" : "s",
@@ -144,7 +144,7 @@ MemoryEstimate estimate_memory(const JobConfig& cfg, ProcessRole role) {
                        activation_keys(cfg),
                        model::cpu_activation_floats(cfg.model, cfg.data.batch) * kFloat});
   if (!in_process && cfg.job.on_site_failure == train::OnSiteFailure::kContinue &&
-      cfg.sync.workers > 1)
+      cfg.sync.sites > 1)
     e.parts.push_back({"two recovery snapshots of x, u and v (job.on_site_failure = \"continue\")",
                        pkeys, 2 * 3 * P * kFloat});
   if (cfg.sync.overlaps()) {

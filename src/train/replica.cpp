@@ -118,7 +118,7 @@ Checkpoint to_checkpoint(const TrainState& state, std::uint64_t config_hash,
             "checkpoint at step {}: the ranks of one site disagree on the data position; "
             "their partitions differ in size (report this with the dataset and batch)",
             state.step));
-    ck.workers.push_back({r.optim_t, r.loaders.at(0), r.x, r.u, r.v, r.codec_feedback});
+    ck.sites.push_back({r.optim_t, r.loaders.at(0), r.x, r.u, r.v, r.codec_feedback});
   }
   ck.outer_ref = state.outer_ref;
   ck.outer_momentum = state.outer_momentum;
@@ -131,7 +131,7 @@ TrainState from_checkpoint(Checkpoint ck, std::size_t loaders) {
   TrainState st;
   st.step = ck.step;
   st.tokens_seen = ck.tokens_seen;
-  for (WorkerState& w : ck.workers) {
+  for (SiteState& w : ck.sites) {
     ReplicaState r;
     r.x = std::move(w.params);
     r.u = std::move(w.u);

@@ -34,7 +34,7 @@ CheckpointModel describe_from_config(const std::string& config, const Checkpoint
 
 namespace fs = std::filesystem;
 
-// A run directory's sites: its own checkpoints (in-process workers, or the leader's site of a
+// A run directory's sites: its own checkpoints (in-process sites, or the leader's site of a
 // networked job) and ranks/<site>-0/checkpoints of every other site (the other ranks of a
 // site hold the same x).
 std::vector<std::filesystem::path> site_checkpoint_dirs(const std::filesystem::path& given) {
@@ -166,7 +166,7 @@ TrainedModel load_trained_model(const TrainedModelOptions& given) {
   const std::size_t n = model::ParamLayout(m.model).total();
   std::vector<const std::vector<float>*> xs;
   for (std::size_t i = 0; i < cks.size(); ++i)
-    for (const WorkerState& w : cks[i].workers) {
+    for (const SiteState& w : cks[i].sites) {
       if (w.params.size() != n)
         throw DataError(
             fmt::format("'{}' holds {} parameters; its model ({} layers, d_model {}, "

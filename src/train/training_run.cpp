@@ -93,8 +93,8 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
                                            rank != nullptr ? rank->device : 0})),
       outer_(outer_of(cfg.sync)),
       compression_(cfg.sync.compression(), model_->layout().total(),
-                   rank != nullptr ? 1 : cfg.sync.workers),
-      virtual_averager_(cfg.sync.workers, sync::SumOrder::kRing, R_, cfg.transport.lanes,
+                   rank != nullptr ? 1 : cfg.sync.sites),
+      virtual_averager_(cfg.sync.sites, sync::SumOrder::kRing, R_, cfg.transport.lanes,
                         cfg.transport.lane_share),
       averager_(rank != nullptr ? rank->averager : &virtual_averager_),
       reducer_(rank != nullptr ? rank->site_group : nullptr),
@@ -102,13 +102,13 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
               sync::step_options(cfg.sync, &cfg.clip, outer_ ? &*outer_ : nullptr, &compression_)),
       evaluator_(cfg, *model_, dataset_),
       faults_(FaultPlan::from_environment()),
-      live_sites_(cfg.sync.workers),
+      live_sites_(cfg.sync.sites),
       inputs_(static_cast<std::size_t>(B_) * T_),
       targets_(inputs_.size()) {
   if (networked_)
     sites_.push_back(make_site(rank_->site));
   else
-    for (int w = 0; w < cfg.sync.workers; ++w) sites_.push_back(make_site(w));
+    for (int w = 0; w < cfg.sync.sites; ++w) sites_.push_back(make_site(w));
   sync::PayloadGuard guard;
   guard.site_names = cfg.site_names();
   virtual_averager_.set_payload_guard(guard);
@@ -121,13 +121,14 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
         groups.back().push_back(
             static_cast<int>(std::find(names.begin(), names.end(), site) - names.begin()));
     }
-    region_averager_.emplace(std::move(groups), cfg.sync.workers, R_, guard, cfg.transport.lanes,
+    region_averager_.emplace(std::move(groups), cfg.sync.sites, R_, guard, cfg.transport.lanes,
                              cfg.transport.lane_share);
     regional_.emplace(virtual_averager_, *region_averager_);
     averager_ = &*regional_;
   }
   evaluator_.bind(rank_);
-  if (networked_ && rank_->recover) ft_.emplace(*rank_, static_cast<FaultTolerance::Run&>(*this), opts.resume);
+  if (networked_ && rank_->recover)
+    ft_.emplace(*rank_, static_cast<FaultTolerance::Run&>(*this), opts.resume);
   if (!networked_ || !cfg.sync.replan) faults_.replan.reset();
   if (const auto& p = faults_.poison)
     log::warn(
@@ -153,7 +154,7 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
 // s * R + r.
 SiteReplica TrainingRun::make_site(int index) const {
   const std::size_t n = model_->layout().total();
-  const int max_sites = std::max(cfg_.sync.workers, cfg_.sync.join_workers);
+  const int max_sites = std::max(cfg_.sync.sites, cfg_.sync.join_sites);
   SiteReplica s{{}, std::vector<float>(n), optim::Optimizer(cfg_.optim, model_->layout()), {}, {}};
   const int first = networked_ ? rank_->rank : 0;
   const int count = networked_ ? 1 : R_;
@@ -210,11 +211,11 @@ void TrainingRun::resume() {
         "seeds or step count cannot resume bit-exactly. Restore the original config or use a "
         "new train.out_dir",
         found->path, ck.config_hash, cfg_.source, job_hash()));
-  for (const auto& w : ck.workers)
+  for (const auto& w : ck.sites)
     if (w.params.size() != model_->layout().total())
       throw DataError(fmt::format("'{}' holds {} parameters; the model has {}", found->path,
                                   w.params.size(), model_->layout().total()));
-  while (sites_.size() < ck.workers.size())
+  while (sites_.size() < ck.sites.size())
     sites_.push_back(make_site(static_cast<int>(sites_.size())));
   virtual_averager_.resize(static_cast<int>(sites_.size()));
   const std::int64_t step = ck.step;
@@ -226,7 +227,7 @@ void TrainingRun::resume() {
     log::info("{}: the run already finished at step {} (train.steps = {}); nothing to do",
               found->path, step, total_);
   else
-    log::info("resumed from {} at step {} ({} worker{})", found->path, step, sites_.size(),
+    log::info("resumed from {} at step {} ({} site{})", found->path, step, sites_.size(),
               sites_.size() == 1 ? "" : "s");
 }
 
@@ -234,7 +235,7 @@ void TrainingRun::write_run_record() {
   RunRecord r;
   r.name = std::filesystem::path(cfg_.train.out_dir).filename().string();
   r.method = to_string(cfg_.sync.method);
-  r.workers = cfg_.sync.workers;
+  r.workers = cfg_.sync.sites;
   if (cfg_.sync.averages_params()) r.kx = cfg_.sync.kx;
   if (cfg_.sync.method == SyncMethod::kDesloc) {
     r.ku = cfg_.sync.effective_ku();
@@ -381,8 +382,8 @@ TrainResult TrainingRun::run() {
   progress_->finish();
 
   result_.steps_done = step_;
-  result_.workers = static_cast<int>(sites_.size());
-  result_.bytes_sent_per_worker = traffic_of(0).total_wire();
+  result_.sites = static_cast<int>(sites_.size());
+  result_.bytes_sent_per_site = traffic_of(0).total_wire();
   const double secs = seconds_since(run_start);
   if (step_ > result_.start_step && secs > 0)
     result_.tokens_per_s =
@@ -534,7 +535,7 @@ float TrainingRun::site_gradient(std::size_t i, std::int64_t t) {
       throw Error(fmt::format(
           "loss is not finite ({}) at step {} on {}; lower schedule.lr or enable optim.clip "
           "(last good checkpoint: {})",
-          loss, t, networked_ ? rank_->name : fmt::format("worker {} rank {}", i, m),
+          loss, t, networked_ ? rank_->name : fmt::format("site {} rank {}", i, m),
           result_.last_checkpoint.empty() ? "none" : result_.last_checkpoint));
     const auto g = model_->grads();
     std::copy(g.begin(), g.end(), w.micro_g.empty() ? w.g.begin() : w.micro_g[m].begin());
@@ -646,7 +647,7 @@ void TrainingRun::save(std::int64_t step) {
 // never shared, so a newcomer starts Adam afresh (u = v = 0, bias correction from step 1).
 void TrainingRun::maybe_join(std::int64_t t) {
   if (cfg_.sync.join_step <= 0 || t < cfg_.sync.join_step || !policy_.at(t).any() ||
-      static_cast<int>(sites_.size()) >= cfg_.sync.join_workers)
+      static_cast<int>(sites_.size()) >= cfg_.sync.join_sites)
     return;
   using optim::StateKind;
   const std::size_t n = model_->layout().total();
@@ -659,7 +660,7 @@ void TrainingRun::maybe_join(std::int64_t t) {
   const auto v = share_moments ? mean(StateKind::kV) : std::vector<float>(n, 0.0f);
   const std::int64_t optim_t = share_moments ? sites_[0].opt.state().t : 0;
   const std::size_t before = sites_.size();
-  while (static_cast<int>(sites_.size()) < cfg_.sync.join_workers) {
+  while (static_cast<int>(sites_.size()) < cfg_.sync.join_sites) {
     SiteReplica w = make_site(static_cast<int>(sites_.size()));
     w.x = x;
     w.opt.state().u = u;
@@ -672,8 +673,8 @@ void TrainingRun::maybe_join(std::int64_t t) {
   }
   virtual_averager_.resize(static_cast<int>(sites_.size()));
   metrics_->write(JoinRecord{t - 1, before, sites_.size()});
-  progress_->message(fmt::format("step {}: {} workers joined (now {})", t - 1,
-                                 sites_.size() - before, sites_.size()));
+  progress_->message(fmt::format("step {}: {} sites joined (now {})", t - 1, sites_.size() - before,
+                                 sites_.size()));
 }
 
 sync::Traffic TrainingRun::traffic_of(int w) const {

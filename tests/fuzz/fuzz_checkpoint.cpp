@@ -54,9 +54,9 @@ void load(std::span<const std::uint8_t> bytes) {
       info->file_bytes != bytes.size())
     desloc::fuzz::oracle_failure("fuzz_checkpoint", "validate_checkpoint and load disagree");
   // A loaded checkpoint is restored into live buffers without further checks.
-  if (ck.workers.empty()) desloc::fuzz::oracle_failure("fuzz_checkpoint", "no workers");
-  const std::size_t n = ck.workers[0].params.size();
-  for (const auto& w : ck.workers)
+  if (ck.sites.empty()) desloc::fuzz::oracle_failure("fuzz_checkpoint", "no workers");
+  const std::size_t n = ck.sites[0].params.size();
+  for (const auto& w : ck.sites)
     if (w.params.size() != n || w.u.size() != n || w.v.size() != n || w.optim_t < 0)
       desloc::fuzz::oracle_failure("fuzz_checkpoint", "inconsistent worker buffers");
   if (ck.outer_ref.size() != ck.outer_momentum.size() || ck.step < 0)

@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   config.optim.validate();
   if (config.seq_len() <= 0 || config.seq_len() > config.model.context)
     desloc::fuzz::oracle_failure("fuzz_config", "accepted a sequence length outside the context");
-  if (config.site_names().size() != static_cast<std::size_t>(config.sync.workers))
+  if (config.site_names().size() != static_cast<std::size_t>(config.sync.sites))
     desloc::fuzz::oracle_failure("fuzz_config", "site names disagree with sync.workers");
   (void)config.hash();
   return 0;

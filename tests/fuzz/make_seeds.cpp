@@ -154,13 +154,13 @@ void checkpoint_seeds(const fs::path& dir) {
   ck.step = 120;
   ck.tokens_seen = 4096;
   for (int w = 0; w < 2; ++w) {
-    desloc::train::WorkerState s;
+    desloc::train::SiteState s;
     s.optim_t = 120;
     s.loader = {1, static_cast<std::uint64_t>(5 + w)};
     s.params = {0.5f, -1.25f, 3.0f};
     s.u = {0.01f, 0.02f, -0.03f};
     s.v = {1e-4f, 2e-4f, 3e-4f};
-    ck.workers.push_back(s);
+    ck.sites.push_back(s);
   }
   ck.outer_ref = {0.5f, -1.0f, 2.0f};
   ck.outer_momentum = {0.0f, 0.1f, -0.1f};
@@ -175,15 +175,15 @@ void checkpoint_seeds(const fs::path& dir) {
   coded.outer_momentum.clear();
   coded.codec_ref[1] = {0.005f, 0.01f, -0.02f};
   coded.codec_ref[2] = {1e-4f, 1e-4f, 2e-4f};
-  for (auto& w : coded.workers) w.codec_feedback[1] = {1e-3f, -2e-3f, 0.0f};
+  for (auto& w : coded.sites) w.codec_feedback[1] = {1e-3f, -2e-3f, 0.0f};
   desloc::train::save_checkpoint((dir / "two_workers_codec.ckpt").string(), coded);
-  ck.workers.resize(1);
+  ck.sites.resize(1);
   ck.outer_ref.clear();
   ck.outer_momentum.clear();
   desloc::train::save_checkpoint((dir / "one_worker.ckpt").string(), ck);
-  ck.workers[0].params.clear();
-  ck.workers[0].u.clear();
-  ck.workers[0].v.clear();
+  ck.sites[0].params.clear();
+  ck.sites[0].u.clear();
+  ck.sites[0].v.clear();
   desloc::train::save_checkpoint((dir / "no_params.ckpt").string(), ck);
 }
 

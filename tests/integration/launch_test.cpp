@@ -107,9 +107,9 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
           train::checkpoint_path((dir / "train" / "checkpoints").string(), 12));
       const auto mine =
           train::load_checkpoint(train::checkpoint_path((rank_dir / "checkpoints").string(), 12));
-      ASSERT_EQ(mine.workers.size(), 1u);
-      const auto& a = ref.workers.at(s);
-      const auto& b = mine.workers[0];
+      ASSERT_EQ(mine.sites.size(), 1u);
+      const auto& a = ref.sites.at(s);
+      const auto& b = mine.sites[0];
       const std::size_t bytes = a.params.size() * sizeof(float);
       ASSERT_EQ(b.params.size(), a.params.size());
       EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), bytes))
@@ -119,7 +119,7 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
       EXPECT_EQ(a.optim_t, b.optim_t);
       if (both_sync.find("codec_x") != std::string::npos) {  // compression took part
         ASSERT_FALSE(ref.codec_ref[0].empty());
-        EXPECT_NE(ref.codec_ref[0], ref.workers[0].params);  // x moved on after its last mean
+        EXPECT_NE(ref.codec_ref[0], ref.sites[0].params);  // x moved on after its last mean
         EXPECT_TRUE(std::any_of(a.codec_feedback[0].begin(), a.codec_feedback[0].end(),
                                 [](float e) { return e != 0.0f; }));
       }
@@ -273,10 +273,10 @@ std::vector<train::Checkpoint> expect_sites_equal_the_in_process_run(
     out.push_back(train::load_checkpoint(
         train::checkpoint_path((rank_dirs[s] / "checkpoints").string(), step)));
     const auto& mine = out.back();
-    EXPECT_EQ(mine.workers.size(), 1u) << sites[s];
-    if (mine.workers.size() != 1u) continue;
-    const auto& a = ref.workers.at(s);
-    const auto& b = mine.workers[0];
+    EXPECT_EQ(mine.sites.size(), 1u) << sites[s];
+    if (mine.sites.size() != 1u) continue;
+    const auto& a = ref.sites.at(s);
+    const auto& b = mine.sites[0];
     const std::size_t bytes = a.params.size() * sizeof(float);
     EXPECT_EQ(b.params.size(), a.params.size()) << sites[s];
     if (b.params.size() != a.params.size()) continue;

@@ -42,10 +42,10 @@ void expect_ranks_match(const fs::path& a_root, const fs::path& b_root,
           train::load_checkpoint(train::checkpoint_path((a_dir / "checkpoints").string(), step));
       const auto b =
           train::load_checkpoint(train::checkpoint_path((b_dir / "checkpoints").string(), step));
-      ASSERT_EQ(a.workers.size(), 1u);
-      ASSERT_EQ(b.workers.size(), 1u);
-      const auto& x = a.workers[0];
-      const auto& y = b.workers[0];
+      ASSERT_EQ(a.sites.size(), 1u);
+      ASSERT_EQ(b.sites.size(), 1u);
+      const auto& x = a.sites[0];
+      const auto& y = b.sites[0];
       ASSERT_EQ(x.params.size(), y.params.size());
       const std::size_t bytes = x.params.size() * sizeof(float);
       EXPECT_EQ(0, std::memcmp(x.params.data(), y.params.data(), bytes)) << sites[s] << "/" << r;

@@ -108,14 +108,14 @@ std::string test_name(const Pair& p) {
 
 // The final state of every site (x, u, v and the optimizer step) in `dir`'s run, as one
 // process holds them (train) or as each site's rank 0 wrote them (launch).
-std::vector<train::WorkerState> final_sites(const fs::path& run, bool launched) {
-  std::vector<train::WorkerState> out;
+std::vector<train::SiteState> final_sites(const fs::path& run, bool launched) {
+  std::vector<train::SiteState> out;
   for (std::size_t s = 0; s < kSites.size(); ++s) {
     if (!launched && s > 0) break;
     const fs::path dir = !launched || s == 0 ? run : run / "ranks" / (kSites[s] + "-0");
     auto ck =
         train::load_checkpoint(train::checkpoint_path((dir / "checkpoints").string(), kSteps));
-    for (auto& w : ck.workers) out.push_back(std::move(w));
+    for (auto& w : ck.sites) out.push_back(std::move(w));
   }
   return out;
 }

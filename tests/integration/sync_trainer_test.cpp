@@ -55,7 +55,7 @@ TEST_F(SyncTrainer, DeslocWithEqualPeriodsIsLocalAdamBitwise) {
   test::expect_bitwise_equal(final_state(a), final_state(b));
   // ... and the workers really synchronised: all three replicas hold the same x after t = 12.
   const auto s = final_state(a);
-  EXPECT_NE(s.workers[0].params, s.workers[1].params)
+  EXPECT_NE(s.sites[0].params, s.sites[1].params)
       << "x was averaged at t=12, then each worker stepped locally";
 }
 
@@ -75,10 +75,10 @@ TEST_F(SyncTrainer, RegionsTrainBetweenFlatDeslocAtTheirTwoPeriodsAndSendBytesIn
   const auto r = train::run_training(regional, {.progress = 0});
   const auto f = train::run_training(fast, {.progress = 0});
   const auto l = train::run_training(slow, {.progress = 0});
-  EXPECT_NE(final_state(regional).workers[0].params, final_state(fast).workers[0].params);
-  EXPECT_NE(final_state(regional).workers[0].params, final_state(slow).workers[0].params);
-  EXPECT_LT(r.bytes_sent_per_worker, f.bytes_sent_per_worker);
-  EXPECT_GT(r.bytes_sent_per_worker, l.bytes_sent_per_worker);
+  EXPECT_NE(final_state(regional).sites[0].params, final_state(fast).sites[0].params);
+  EXPECT_NE(final_state(regional).sites[0].params, final_state(slow).sites[0].params);
+  EXPECT_LT(r.bytes_sent_per_site, f.bytes_sent_per_site);
+  EXPECT_GT(r.bytes_sent_per_site, l.bytes_sent_per_site);
   // Per level in the metrics: at step 2 only the regions averaged (x: 2-site rings), at 4 all.
   const auto region =
       field_per_step(regional.train.out_dir + "/metrics.jsonl", "region_bytes_sent");
@@ -110,8 +110,8 @@ TEST_F(SyncTrainer, OneRegionOfEverySiteIsFlatDeslocAtTheRegionPeriods) {
   train::run_training(one, {.progress = 0});
   test::expect_bitwise_equal(final_state(regional), final_state(flat));
   EXPECT_EQ(a.last_val_loss, b.last_val_loss);
-  EXPECT_EQ(a.bytes_sent_per_worker, b.bytes_sent_per_worker);
-  EXPECT_NE(final_state(one).workers[0].params, final_state(regional).workers[0].params)
+  EXPECT_EQ(a.bytes_sent_per_site, b.bytes_sent_per_site);
+  EXPECT_NE(final_state(one).sites[0].params, final_state(regional).sites[0].params)
       << "one lane sums in another order than two";
 }
 
@@ -129,8 +129,8 @@ TEST_F(SyncTrainer, OverlappedAveragesEqualBlockingOnesBitwise) {
     const auto b = train::run_training(overlap, {.progress = 0});
     test::expect_bitwise_equal(final_state(blocking), final_state(overlap));
     EXPECT_EQ(a.last_val_loss, b.last_val_loss) << method;
-    EXPECT_EQ(a.bytes_sent_per_worker, b.bytes_sent_per_worker) << method;
-    EXPECT_GT(b.bytes_sent_per_worker, 0u) << method;
+    EXPECT_EQ(a.bytes_sent_per_site, b.bytes_sent_per_site) << method;
+    EXPECT_GT(b.bytes_sent_per_site, 0u) << method;
   }
 }
 
@@ -150,15 +150,15 @@ TEST_F(SyncTrainer, DelayedAveragesMoveTheSameBytesAndResumeBitExact) {
   const auto c = train::run_training(resumed, {.resume = true, .progress = 0});
   test::expect_bitwise_equal(final_state(straight_ck), final_state(resumed));
   EXPECT_EQ(b.last_val_loss, c.last_val_loss);
-  EXPECT_EQ(a.bytes_sent_per_worker, b.bytes_sent_per_worker);
-  EXPECT_NE(final_state(blocking).workers[0].params, final_state(straight_ck).workers[0].params);
+  EXPECT_EQ(a.bytes_sent_per_site, b.bytes_sent_per_site);
+  EXPECT_NE(final_state(blocking).sites[0].params, final_state(straight_ck).sites[0].params);
   EXPECT_TRUE(std::isfinite(b.last_val_loss));
   // Without the checkpoint at step 7 the average of v started at step 6 is folded at step 11
   // instead of drained at step 7: other numbers.
   auto uncheckpointed = job(fresh_dir("d_uncheckpointed"), delayed, 14);
   uncheckpointed.train.checkpoint_every = 0;
   train::run_training(uncheckpointed, {.progress = 0});
-  EXPECT_NE(final_state(uncheckpointed).workers[0].v, final_state(straight_ck).workers[0].v);
+  EXPECT_NE(final_state(uncheckpointed).sites[0].v, final_state(straight_ck).sites[0].v);
 }
 
 // sync.fragments: the averages cut into staggered fragments move the same bytes as whole ones
@@ -174,8 +174,8 @@ TEST_F(SyncTrainer, FragmentsMoveTheSameBytesOverlapExactlyAndStreamingResumesBi
   const auto b = train::run_training(blocking, {.progress = 0});
   const auto c = train::run_training(overlap, {.progress = 0});
   // Over 12 steps x, u and v are averaged 3, 1 and 2 times whole, or as often per fragment.
-  EXPECT_EQ(a.bytes_sent_per_worker, b.bytes_sent_per_worker);
-  EXPECT_NE(final_state(whole).workers[0].params, final_state(blocking).workers[0].params);
+  EXPECT_EQ(a.bytes_sent_per_site, b.bytes_sent_per_site);
+  EXPECT_NE(final_state(whole).sites[0].params, final_state(blocking).sites[0].params);
   test::expect_bitwise_equal(final_state(blocking), final_state(overlap));
   EXPECT_EQ(b.last_val_loss, c.last_val_loss);
 
@@ -202,7 +202,7 @@ TEST_F(SyncTrainer, FragmentsMoveTheSameBytesOverlapExactlyAndStreamingResumesBi
   const auto g = train::run_training(outer_resumed, {.resume = true, .progress = 0});
   test::expect_bitwise_equal(final_state(outer_straight), final_state(outer_resumed));
   EXPECT_EQ(f.last_val_loss, g.last_val_loss);
-  EXPECT_NE(final_state(outer_straight).workers[0].params, final_state(straight).workers[0].params)
+  EXPECT_NE(final_state(outer_straight).sites[0].params, final_state(straight).sites[0].params)
       << "the outer step changed nothing";
   EXPECT_FALSE(final_state(outer_straight).outer_momentum.empty());
 }
@@ -222,9 +222,9 @@ TEST_F(SyncTrainer, CompressedAveragesSendFewerBytesOverlapExactlyAndResumeBitEx
   const auto c = train::run_training(overlap, {.progress = 0});
   // The ring of encoded segments sends 2(S-1)/S of 1.06 bytes a value for int8 (blocks of 64,
   // scales included) and 0.56 for int4, against fp32's 4: at most 0.27x of fp32's bytes.
-  EXPECT_LT(double(b.bytes_sent_per_worker), 0.27 * double(a.bytes_sent_per_worker));
-  EXPECT_GT(b.bytes_sent_per_worker, 0u);
-  EXPECT_NE(final_state(fp32).workers[0].params, final_state(blocking).workers[0].params);
+  EXPECT_LT(double(b.bytes_sent_per_site), 0.27 * double(a.bytes_sent_per_site));
+  EXPECT_GT(b.bytes_sent_per_site, 0u);
+  EXPECT_NE(final_state(fp32).sites[0].params, final_state(blocking).sites[0].params);
   EXPECT_NEAR(a.last_val_loss, b.last_val_loss, 0.02 * a.last_val_loss);
   test::expect_bitwise_equal(final_state(blocking), final_state(overlap));
   EXPECT_EQ(b.last_val_loss, c.last_val_loss);
@@ -252,7 +252,7 @@ TEST_F(SyncTrainer, OneWorkerIsSingleSiteTrainingBitwise) {
   test::expect_bitwise_equal(final_state(single), final_state(desloc));
   EXPECT_EQ(r1.last_train_loss, r2.last_train_loss);
   EXPECT_EQ(r1.last_val_loss, r2.last_val_loss);
-  EXPECT_EQ(r2.bytes_sent_per_worker, 0u);
+  EXPECT_EQ(r2.bytes_sent_per_site, 0u);
 }
 
 TEST_F(SyncTrainer, PhasesAndBytesInMetricsFollowTheConfig) {
@@ -279,7 +279,7 @@ TEST_F(SyncTrainer, PhasesAndBytesInMetricsFollowTheConfig) {
   EXPECT_EQ(v, 2u);  // t = 7, 15
   // Two workers: a ring all-reduce sends 2(M-1)/M = 1 payload per average.
   const auto state = final_state(cfg);
-  const std::uint64_t model_bytes = state.workers[0].params.size() * sizeof(float);
+  const std::uint64_t model_bytes = state.sites[0].params.size() * sizeof(float);
   const auto sent = field_per_step(dir / "metrics.jsonl", "bytes_sent");
   EXPECT_EQ(std::stoull(sent.back()), (x + u + v) * model_bytes);
 }
@@ -289,10 +289,10 @@ TEST_F(SyncTrainer, DdpMovesOneModelPerStepAndKeepsReplicasIdentical) {
   const auto cfg = job(dir, "method = \"ddp\"\nworkers = 3\n", 6);
   const auto r = train::run_training(cfg, {.progress = 0});
   const auto s = final_state(cfg);
-  EXPECT_EQ(s.workers[0].params, s.workers[1].params);
-  EXPECT_EQ(s.workers[1].params, s.workers[2].params);
-  const std::uint64_t model_bytes = s.workers[0].params.size() * sizeof(float);
-  EXPECT_EQ(r.bytes_sent_per_worker, 6 * (model_bytes * 2 * 2 / 3));  // 2(M-1)/M per average
+  EXPECT_EQ(s.sites[0].params, s.sites[1].params);
+  EXPECT_EQ(s.sites[1].params, s.sites[2].params);
+  const std::uint64_t model_bytes = s.sites[0].params.size() * sizeof(float);
+  EXPECT_EQ(r.bytes_sent_per_site, 6 * (model_bytes * 2 * 2 / 3));  // 2(M-1)/M per average
 }
 
 TEST_F(SyncTrainer, ResumeWithSeveralWorkersIsBitExact) {
@@ -311,8 +311,8 @@ TEST_F(SyncTrainer, ElasticJoinStartsNewWorkersFromTheAverage) {
   const auto cfg =
       job(dir, "method = \"desloc\"\nworkers = 2\nkx = 4\njoin_step = 6\njoin_workers = 4\n", 10);
   const auto r = train::run_training(cfg, {.progress = 0});
-  EXPECT_EQ(r.workers, 4);
-  EXPECT_EQ(final_state(cfg).workers.size(), 4u);
+  EXPECT_EQ(r.sites, 4);
+  EXPECT_EQ(final_state(cfg).sites.size(), 4u);
   std::ifstream in(dir / "metrics.jsonl");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // The first sync at or after step 6 is the x average at t = 8: the join happens before it.

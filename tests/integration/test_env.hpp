@@ -113,11 +113,11 @@ inline CommandResult run_command(const std::string& cmd) {
 
 // Every worker's x, u, v and loader position are bitwise identical.
 inline void expect_bitwise_equal(const train::Checkpoint& a, const train::Checkpoint& b) {
-  ASSERT_EQ(a.workers.size(), b.workers.size());
+  ASSERT_EQ(a.sites.size(), b.sites.size());
   EXPECT_EQ(a.step, b.step);
-  for (std::size_t i = 0; i < a.workers.size(); ++i) {
-    const auto& wa = a.workers[i];
-    const auto& wb = b.workers[i];
+  for (std::size_t i = 0; i < a.sites.size(); ++i) {
+    const auto& wa = a.sites[i];
+    const auto& wb = b.sites[i];
     ASSERT_EQ(wa.params.size(), wb.params.size());
     const std::size_t bytes = wa.params.size() * sizeof(float);
     EXPECT_EQ(0, std::memcmp(wa.params.data(), wb.params.data(), bytes))

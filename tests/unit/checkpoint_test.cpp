@@ -59,7 +59,7 @@ class CheckpointFile : public ::testing::Test {
     ck.step = 42;
     ck.tokens_seen = 123456;
     for (int w = 0; w < 3; ++w) {
-      train::WorkerState s;
+      train::SiteState s;
       s.optim_t = 41 + w;
       s.loader = {3, 17u + std::uint64_t(w)};
       for (int i = 0; i < 1000; ++i) {
@@ -67,7 +67,7 @@ class CheckpointFile : public ::testing::Test {
         s.u.push_back(-float(i));
         s.v.push_back(float(i * i));
       }
-      ck.workers.push_back(std::move(s));
+      ck.sites.push_back(std::move(s));
     }
     ck.outer_ref = {1.0f, 2.0f};
     ck.outer_momentum = {-1.0f, 0.5f};
@@ -102,14 +102,14 @@ TEST_F(CheckpointFile, RoundTripIsExact) {
   EXPECT_EQ(back.config_hash, ck.config_hash);
   EXPECT_EQ(back.step, 42);
   EXPECT_EQ(back.tokens_seen, 123456u);
-  ASSERT_EQ(back.workers.size(), 3u);
+  ASSERT_EQ(back.sites.size(), 3u);
   for (std::size_t w = 0; w < 3; ++w) {
-    EXPECT_EQ(back.workers[w].optim_t, 41 + std::int64_t(w));
-    EXPECT_EQ(back.workers[w].loader.epoch, 3u);
-    EXPECT_EQ(back.workers[w].loader.cursor, 17u + w);
-    EXPECT_EQ(back.workers[w].params, ck.workers[w].params);
-    EXPECT_EQ(back.workers[w].u, ck.workers[w].u);
-    EXPECT_EQ(back.workers[w].v, ck.workers[w].v);
+    EXPECT_EQ(back.sites[w].optim_t, 41 + std::int64_t(w));
+    EXPECT_EQ(back.sites[w].loader.epoch, 3u);
+    EXPECT_EQ(back.sites[w].loader.cursor, 17u + w);
+    EXPECT_EQ(back.sites[w].params, ck.sites[w].params);
+    EXPECT_EQ(back.sites[w].u, ck.sites[w].u);
+    EXPECT_EQ(back.sites[w].v, ck.sites[w].v);
   }
   EXPECT_EQ(back.outer_ref, ck.outer_ref);
   EXPECT_EQ(back.outer_momentum, ck.outer_momentum);
@@ -172,10 +172,10 @@ TEST_F(CheckpointFile, LatestSkipsCorruptAndPartialFiles) {
 // near the end lies in a later block than the first.
 TEST_F(CheckpointFile, ValidateAgreesWithLoadOnEveryDamage) {
   auto ck = sample();
-  ck.workers[0].params.assign(200'000, 0.25f);  // 2.4 MB per worker
-  ck.workers[0].u.assign(200'000, 0.5f);
-  ck.workers[0].v.assign(200'000, 0.75f);
-  for (std::size_t w = 1; w < ck.workers.size(); ++w) ck.workers[w] = ck.workers[0];
+  ck.sites[0].params.assign(200'000, 0.25f);  // 2.4 MB per worker
+  ck.sites[0].u.assign(200'000, 0.5f);
+  ck.sites[0].v.assign(200'000, 0.75f);
+  for (std::size_t w = 1; w < ck.sites.size(); ++w) ck.sites[w] = ck.sites[0];
   const std::string p = path("big.ckpt");
   train::save_checkpoint(p, ck);
   const auto info = train::validate_checkpoint(p);
@@ -218,11 +218,11 @@ TEST_F(CheckpointFile, ValidateAgreesWithLoadOnEveryDamage) {
 }
 
 // A CRC-valid file whose layout is inconsistent (the header and CRC rewritten around a bad
-// worker count) is rejected by both readers alike.
+// site count) is rejected by both readers alike.
 TEST_F(CheckpointFile, ValidateRejectsInconsistentLayout) {
   train::save_checkpoint(path("a.ckpt"), sample());
   mutate(path("a.ckpt"), [](auto& b) {
-    b[kHeader + 32] = 200;  // the worker count: 200 workers cannot fit
+    b[kHeader + 32] = 200;  // the site count: 200 sites cannot fit
     reseal(b);
   });
   std::string from_load;
@@ -292,18 +292,18 @@ TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
   auto ck = sample();
   ck.codec_ref[1].assign(1000, 0.25f);  // u compressed, with feedback
   ck.codec_ref[2].assign(1000, 2.0f);   // v compressed, without
-  for (std::size_t w = 0; w < ck.workers.size(); ++w)
-    ck.workers[w].codec_feedback[1].assign(1000, -0.5f * float(w + 1));
+  for (std::size_t w = 0; w < ck.sites.size(); ++w)
+    ck.sites[w].codec_feedback[1].assign(1000, -0.5f * float(w + 1));
   train::save_checkpoint(path("v4.ckpt"), ck);
   const auto back = train::load_checkpoint(path("v4.ckpt"));
   EXPECT_EQ(back.codec_ref, ck.codec_ref);
-  for (std::size_t w = 0; w < ck.workers.size(); ++w)
-    EXPECT_EQ(back.workers[w].codec_feedback, ck.workers[w].codec_feedback);
+  for (std::size_t w = 0; w < ck.sites.size(); ++w)
+    EXPECT_EQ(back.sites[w].codec_feedback, ck.sites[w].codec_feedback);
   EXPECT_EQ(train::validate_checkpoint(path("v4.ckpt")).step, 42);
 
   // A feedback without its reference is refused at write time.
   auto bad = ck;
-  bad.workers[0].codec_feedback[0].assign(1000, 1.0f);
+  bad.sites[0].codec_feedback[0].assign(1000, 1.0f);
   EXPECT_THROW(train::save_checkpoint(path("bad.ckpt"), bad), Error);
 
   // Version 3: the same payload without the six codec sizes (all zero without codecs).
@@ -313,9 +313,9 @@ TEST_F(CheckpointFile, CompressedStatesRoundTripAndVersion3FilesStillLoad) {
     downgrade(b, 3, kWriter, kModel + kSwitches + kRunId + kCodecHead);
   });
   const auto old = train::load_checkpoint(path("v3.ckpt"));
-  EXPECT_EQ(old.workers[2].params, sample().workers[2].params);
+  EXPECT_EQ(old.sites[2].params, sample().sites[2].params);
   EXPECT_EQ(old.outer_momentum, sample().outer_momentum);
-  EXPECT_TRUE(old.codec_ref[0].empty() && old.workers[0].codec_feedback[1].empty());
+  EXPECT_TRUE(old.codec_ref[0].empty() && old.sites[0].codec_feedback[1].empty());
   EXPECT_EQ(train::validate_checkpoint(path("v3.ckpt")).step, 42);
 
   // A CRC-valid version 4 file whose codec sizes do not fit: both readers refuse it alike.
@@ -365,7 +365,7 @@ TEST_F(CheckpointFile, TheModelDescriptionRoundTripsAndVersion4FilesHaveNone) {
   mutate(path("none.ckpt"), [](auto& b) { downgrade(b, 4, kWriter, kModel + kSwitches + kRunId); });
   const auto v4 = train::load_checkpoint(path("none.ckpt"));
   EXPECT_FALSE(v4.model.has_value());
-  EXPECT_EQ(v4.workers[1].params, sample().workers[1].params);
+  EXPECT_EQ(v4.sites[1].params, sample().sites[1].params);
   EXPECT_EQ(v4.writer, sample().writer);
   EXPECT_EQ(train::validate_checkpoint(path("none.ckpt")).step, 42);
 
@@ -387,7 +387,7 @@ TEST_F(CheckpointFile, TheRunIdRoundTripsAndVersion6FilesHaveNone) {
   mutate(path("v7.ckpt"), [](auto& b) { downgrade(b, 6, kWriter + kModel + kSwitches, kRunId); });
   const auto v6 = train::load_checkpoint(path("v7.ckpt"));
   EXPECT_EQ(v6.run_id, 0u);
-  EXPECT_EQ(v6.workers[1].params, sample().workers[1].params);
+  EXPECT_EQ(v6.sites[1].params, sample().sites[1].params);
   EXPECT_EQ(train::validate_checkpoint(path("v7.ckpt")).run_id, 0u);
 }
 
@@ -423,7 +423,7 @@ TEST_F(CheckpointFile, PeriodSwitchesRoundTripAndVersion5FilesHaveNone) {
   mutate(path("v5.ckpt"), [](auto& b) { downgrade(b, 5, kWriter + kModel, kSwitches + kRunId); });
   const auto v5 = train::load_checkpoint(path("v5.ckpt"));
   EXPECT_TRUE(v5.switches.empty());
-  EXPECT_EQ(v5.workers[2].params, sample().workers[2].params);
+  EXPECT_EQ(v5.sites[2].params, sample().sites[2].params);
   EXPECT_EQ(train::validate_checkpoint(path("v5.ckpt")).step, 42);
 
   // A CRC-valid file whose switches go backwards: both readers refuse it.

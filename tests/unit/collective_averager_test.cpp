@@ -63,7 +63,7 @@ TEST_P(CollectiveAveragerTest, MatchesTheVirtualAveragerOverUcx) {
       try {
         auto group = transport::make_ucx_collective(r, M, book, options);
         sync::CollectiveAverager avg(*group);
-        EXPECT_EQ(avg.workers(), M);
+        EXPECT_EQ(avg.sites(), M);
         for (int s = 0; s < 3; ++s) {
           std::vector<float> mine = replica(r, kN, s);
           std::span<float> one(mine);
@@ -141,7 +141,7 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
       sync::CollectiveAverager avg(*g.wan, g.site.get(), g.reverse.get(), share);
       sync::SyncMeter meter;
       avg.set_sync_meter(&meter);
-      EXPECT_EQ(avg.workers(), S);
+      EXPECT_EQ(avg.sites(), S);
       std::vector<float> mine(n);
       for (std::size_t i = 0; i < n; ++i) mine[i] = value(s, i);
       std::span<float> one(mine);

@@ -430,7 +430,7 @@ TEST(NetworkedGuard, OneControlExchangeCarriesEveryDueStateAndTheStopRequest) {
   constexpr int S = 3, R = 2;
   constexpr std::size_t n = 2048;
   const sync::SyncPolicy policy(
-      {.method = SyncMethod::kDesloc, .workers = S, .kx = 2, .ku = 2, .kv = 2});
+      {.method = SyncMethod::kDesloc, .sites = S, .kx = 2, .ku = 2, .kv = 2});
   ASSERT_TRUE(policy.at(2).x && policy.at(2).u && policy.at(2).v);
   test_support::WorldOptions world;
   world.collective.deadline = 20s;
@@ -502,7 +502,7 @@ TEST(NetworkedGuard, ADelayedBatchsControlAnswerArrivesWhereItIsSettled) {
   constexpr int S = 3, R = 2;
   constexpr std::size_t n = 2048;
   const sync::SyncPolicy policy(
-      {.method = SyncMethod::kDesloc, .workers = S, .kx = 4, .ku = 4, .kv = 4});
+      {.method = SyncMethod::kDesloc, .sites = S, .kx = 4, .ku = 4, .kv = 4});
   sync::StepOptions opts;
   opts.overlap = sync::Overlap::kDelayed;
   opts.delay.fill(2);

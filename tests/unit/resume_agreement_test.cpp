@@ -100,10 +100,10 @@ TEST(ResumeAgreement, CorruptNewestFileFallsBackToTheOlderCommonStep) {
   const fs::path root = fs::temp_directory_path() / ("desloc_resume_" + std::to_string(::getpid()));
   fs::remove_all(root);
   train::Checkpoint ck;
-  ck.workers.resize(1);
-  ck.workers[0].params.assign(1000, 1.0f);
-  ck.workers[0].u.assign(1000, 0.0f);
-  ck.workers[0].v.assign(1000, 0.0f);
+  ck.sites.resize(1);
+  ck.sites[0].params.assign(1000, 1.0f);
+  ck.sites[0].u.assign(1000, 0.0f);
+  ck.sites[0].v.assign(1000, 0.0f);
   std::vector<train::CheckpointScan> scans;
   for (int rank = 0; rank < 4; ++rank) {
     const std::string dir = (root / std::to_string(rank)).string();

@@ -20,7 +20,7 @@ namespace {
 ToyProblemConfig paper_config(const char* method) {
   ToyProblemConfig c;
   c.sync.method = parse_sync_method(method).value();
-  c.sync.workers = 256;
+  c.sync.sites = 256;
   c.sync.kx = 192;
   c.sync.ku = 192;
   c.sync.kv = 692;
@@ -81,7 +81,7 @@ TEST(Rosenbrock, SingleNoiselessWorkerEqualsInlineAdam) {
   for (const char* method : {"none", "desloc", "favg", "local_adam"}) {
     SCOPED_TRACE(method);
     ToyProblemConfig c = paper_config(method);
-    c.sync.workers = 1;
+    c.sync.sites = 1;
     c.sigma = 0.0f;
     c.steps = 500;
     c.lr = 1e-2f;
@@ -115,7 +115,7 @@ TEST(Rosenbrock, SingleNoiselessWorkerEqualsInlineAdam) {
 // follow the single-worker path; only the byte counts differ, by the closed form.
 TEST(Rosenbrock, EqualReplicasFollowOnePathAndCountBytes) {
   ToyProblemConfig one = paper_config("none");
-  one.sync.workers = 1;
+  one.sync.sites = 1;
   one.sigma = 0.0f;
   one.steps = 1400;
   const auto ref = run_rosenbrock(one);
@@ -123,7 +123,7 @@ TEST(Rosenbrock, EqualReplicasFollowOnePathAndCountBytes) {
     SCOPED_TRACE(method);
     ToyProblemConfig c = one;
     c.sync.method = parse_sync_method(method).value();
-    c.sync.workers = 2;
+    c.sync.sites = 2;
     const auto r = run_rosenbrock(c);
     EXPECT_EQ(r.distance, ref.distance);
     const std::uint64_t syncs = std::string(method) == "desloc"       ? 1400 / 192 * 2 + 1400 / 692
@@ -136,7 +136,7 @@ TEST(Rosenbrock, EqualReplicasFollowOnePathAndCountBytes) {
 
 TEST(Rosenbrock, RunsAreBitwiseReproducible) {
   ToyProblemConfig c = paper_config("desloc");
-  c.sync.workers = 16;
+  c.sync.sites = 16;
   c.steps = 800;
   EXPECT_EQ(run_rosenbrock(c).distance, run_rosenbrock(c).distance);
   ToyProblemConfig other = c;
@@ -146,7 +146,7 @@ TEST(Rosenbrock, RunsAreBitwiseReproducible) {
 
 TEST(Rosenbrock, BadConfigIsAConfigError) {
   ToyProblemConfig c = paper_config("desloc");
-  c.sync.workers = 0;
+  c.sync.sites = 0;
   EXPECT_THROW(run_rosenbrock(c), ConfigError);
   c = paper_config("desloc");
   c.sigma = -1.0f;

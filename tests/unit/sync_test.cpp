@@ -158,7 +158,7 @@ TEST(SyncedStep, OrderIsGradientThenAverageThenUpdate) {
   std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
   const float c[2] = {-0.25f, 3.0f};
   auto grad = [&](std::size_t w) { reps[w].g[0] = reps[w].x[0] - c[w]; };
-  const SyncPolicy policy({.method = SyncMethod::kFavg, .workers = 2, .kx = 2});
+  const SyncPolicy policy({.method = SyncMethod::kFavg, .sites = 2, .kx = 2});
   sync::VirtualAverager avg(2);
   auto r1 = sync::run_synced_step(1, policy, avg, reps, grad, 0.5f);
   EXPECT_FALSE(r1.due.x);
@@ -221,7 +221,7 @@ TEST(SyncedStep, ResetZeroesMomentsAfterTheAverage) {
   std::vector<float> x0 = {1, 2}, x1 = {3, 4}, g0(2), g1(2);
   std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
   auto grad = [&](std::size_t w) { std::fill(reps[w].g.begin(), reps[w].g.end(), 1.0f); };
-  const SyncPolicy policy({.method = SyncMethod::kFavgReset, .workers = 2, .kx = 1});
+  const SyncPolicy policy({.method = SyncMethod::kFavgReset, .sites = 2, .kx = 1});
   sync::VirtualAverager avg(2);
   sync::run_synced_step(1, policy, avg, reps, grad, 0.1f, {.reset_step_count = true});
   // u was zeroed before the update, so after it u = (1 - beta1) g exactly.
@@ -298,8 +298,7 @@ TEST(SyncPolicy, FragmentsAreStaggeredOverEachPeriod) {
 TEST(SyncEngine, FragmentsAverageOneBlockAtATime) {
   const std::size_t n = 5;  // blocks of 3 and 2
   optim::OptimizerConfig cfg{.algorithm = optim::Algorithm::kAdamW, .weight_decay = 0.0f};
-  const SyncPolicy policy(
-      {.method = SyncMethod::kLocalAdam, .workers = 2, .kx = 4, .fragments = 2});
+  const SyncPolicy policy({.method = SyncMethod::kLocalAdam, .sites = 2, .kx = 4, .fragments = 2});
   {
     optim::Optimizer o0(cfg, n), o1(cfg, n);
     std::vector<float> x0 = {1, 2, 3, 4, 5}, x1 = {3, 4, 5, 6, 7}, g0(n), g1(n);
@@ -380,7 +379,7 @@ TEST(SyncEngine, DelayedAverageFoldsTheMeanIntoTheLocalProgressAsDerived) {
       for (std::size_t i = 0; i < n; ++i)
         g[i] = (w == 0 ? 1.0f : -2.0f) * (x[i] - 0.1f * float(i)) + 0.3f * float(w);
     };
-    const SyncPolicy policy({.method = SyncMethod::kLocalAdam, .workers = 2, .kx = 4});
+    const SyncPolicy policy({.method = SyncMethod::kLocalAdam, .sites = 2, .kx = 4});
     sync::VirtualAverager avg(2);
     sync::StepOptions opts;
     opts.overlap = naive ? sync::Overlap::kDelayedNaive : sync::Overlap::kDelayed;
@@ -463,7 +462,7 @@ TEST(SyncEngine, DelayedFragmentsTakeTheOuterStepAtTheirFold) {
   sync::OuterNesterov outer(outer_lr, mu);
   const std::vector<float> start(n, 0.0f);
   outer.reset(start);  // the agreed start: all zeros, so the first d is -mean
-  SyncConfig sc{.method = SyncMethod::kFavg, .workers = 2, .kx = 4};
+  SyncConfig sc{.method = SyncMethod::kFavg, .sites = 2, .kx = 4};
   sc.overlap = Overlap::kDelayed;
   sc.delay = 1;
   sc.fragments = 2;
@@ -531,7 +530,7 @@ TEST(SyncEngine, ADelayedFoldOfACompressedVBoundsU) {
   codecs.reset(x0);
   // DES-LOC: v folds at steps where u does not (u every 6, v every 8, at phase 3).
   const SyncPolicy policy(
-      {.method = SyncMethod::kDesloc, .workers = 2, .kx = 2, .ku = 6, .kv = 8, .phase_v = 3});
+      {.method = SyncMethod::kDesloc, .sites = 2, .kx = 2, .ku = 6, .kv = 8, .phase_v = 3});
   sync::VirtualAverager avg(2);
   sync::StepOptions opts;
   opts.overlap = sync::Overlap::kDelayed;
@@ -576,7 +575,7 @@ TEST(SyncEngine, ACompressedXSendsItsProgressSinceTheOuterStep) {
     codecs.reset(x0);
     sync::OuterNesterov outer(0.7f, 0.9f);
     outer.reset(x0);
-    SyncConfig sc{.method = SyncMethod::kFavg, .workers = 2, .kx = 4};
+    SyncConfig sc{.method = SyncMethod::kFavg, .sites = 2, .kx = 4};
     if (delayed) {
       sc.overlap = Overlap::kDelayed;
       sc.delay = 1;
@@ -622,7 +621,7 @@ TEST(SyncEngine, WithRegionsTheCodecAndTheOuterStepActOnTheJobWideAveragesOnly) 
   codecs.reset(x[0]);
   sync::OuterNesterov outer(0.7f, 0.9f);
   outer.reset(x[0]);
-  const SyncConfig sc{.method = SyncMethod::kFavg, .workers = M, .kx = 4, .region_kx = 2};
+  const SyncConfig sc{.method = SyncMethod::kFavg, .sites = M, .kx = 4, .region_kx = 2};
   const SyncPolicy policy(sc);
   sync::VirtualAverager global(M, sync::SumOrder::kRing);
   sync::GroupedAverager regions({{0, 1}, {2, 3}}, M, 1, sync::PayloadGuard{});
@@ -674,7 +673,7 @@ TEST(SyncEngine, DelayedAveragesWithRegionsFoldOneCorrectionPerRegion) {
     for (std::size_t i = 0; i < n; ++i) x[w][i] = float(w) + 0.1f * float(i);
     reps.push_back({x[w], g[w], &opts[w]});
   }
-  SyncConfig sc{.method = SyncMethod::kFavg, .workers = M, .kx = 4, .region_kx = 1};
+  SyncConfig sc{.method = SyncMethod::kFavg, .sites = M, .kx = 4, .region_kx = 1};
   sc.overlap = Overlap::kDelayed;
   sc.delay = 1;
   const SyncPolicy policy(sc);
@@ -719,7 +718,7 @@ TEST(SyncEngine, DelayedAveragesDrainEarlyAndRefuseAnOverlap) {
   optim::Optimizer o0(cfg, 1), o1(cfg, 1);
   std::vector<float> x0 = {1.0f}, x1 = {3.0f}, g0 = {0.0f}, g1 = {0.0f};
   std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
-  const SyncPolicy policy({.method = SyncMethod::kFavg, .workers = 2, .kx = 2});
+  const SyncPolicy policy({.method = SyncMethod::kFavg, .sites = 2, .kx = 2});
   sync::VirtualAverager avg(2);
   sync::StepOptions opts;
   opts.overlap = sync::Overlap::kDelayed;
@@ -771,7 +770,7 @@ class HeldV final : public sync::Averager {
   bool exchange_control(std::span<const sync::DueAverage> due, bool stop) override {
     return inner_.exchange_control(due, stop);
   }
-  int workers() const override { return inner_.workers(); }
+  int sites() const override { return inner_.sites(); }
   sync::Traffic traffic(int w) const override { return inner_.traffic(w); }
   void release() {
     const std::lock_guard lock(mu_);
@@ -800,7 +799,7 @@ TEST(SyncEngine, ADelayedFoldWaitsForItsOwnAverageOnly) {
   o0.state().v[0] = 4.0f;
   o1.state().v[0] = 8.0f;
   std::vector<sync::Replica> reps{{x0, g0, &o0}, {x1, g1, &o1}};
-  const SyncPolicy policy({.method = SyncMethod::kDesloc, .workers = 2, .kx = 4, .ku = 4, .kv = 4});
+  const SyncPolicy policy({.method = SyncMethod::kDesloc, .sites = 2, .kx = 4, .ku = 4, .kv = 4});
   HeldV avg(2);
   sync::StepOptions opts;
   opts.overlap = sync::Overlap::kDelayed;
@@ -984,7 +983,7 @@ TEST(SyncConfig, BadInputNamesTheKey) {
   EXPECT_NE(sync_error("method = \"desloc\"\nworkers = 2\njoin_step = 10\njoin_workers = 3\n"
                        "codec_v = \"int4\"\n")
                 .find("job.toml:4:13: sync.join_step = 10 (elastic join) with sync.codec_v = "
-                      "\"int4\" (codecs) is not supported yet: a joining worker holds no "
+                      "\"int4\" (codecs) is not supported yet: a joining site holds no "
                       "reference"),
             std::string::npos);
   const auto ok = train::parse_config(

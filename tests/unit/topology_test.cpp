@@ -654,7 +654,7 @@ TEST(Simulator, CountsExactlyTheAveragesTheTrainerMakes) {
   const Topology t = parse_topology(topology_toml("ABC", 100, triangle), "tri.toml");
   for (const SyncMethod m : kSyncMethods)
     for (const std::int64_t phase : {0, 3}) {
-      sync::SyncConfig c{.method = m, .workers = 3, .kx = 4, .phase_x = phase};
+      sync::SyncConfig c{.method = m, .sites = 3, .kx = 4, .phase_x = phase};
       if (m == SyncMethod::kDesloc) {
         c.ku = 10;
         c.kv = 14;

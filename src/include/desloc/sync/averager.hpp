@@ -1,5 +1,5 @@
-// Averager: the mean of a named state buffer over all workers of a job. The in-process
-// virtual-worker averager lives here; the UCX wide-area averager implements the same
+// Averager: the mean of a named state buffer over all sites of a job. The in-process
+// virtual-site averager lives here; the UCX wide-area averager implements the same
 // interface. Byte accounting is part of the contract so every backend reports alike.
 #pragma once
 
@@ -20,10 +20,10 @@
 
 namespace desloc::sync {
 
-// Bytes one worker moved, per state kind (indexed by optim::StateKind).
+// Bytes one site moved, per state kind (indexed by optim::StateKind).
 struct Traffic {
   std::array<std::uint64_t, 4> payload{};  // bytes of state averaged (4 * elements per average)
-  // Wide-area bytes sent: for virtual workers what a ring all-reduce sends, 2(M-1)/M *
+  // Wide-area bytes sent: for virtual sites what a ring all-reduce sends, 2(M-1)/M *
   // payload (a compressed average: what its ring of encoded segments sends, 2(M-1) segments,
   // scales and padding included); for a networked rank what its WAN group actually sent for
   // its shard.
@@ -54,7 +54,7 @@ struct Traffic {
 };
 
 // One state due for an average at this step, as the control exchange sees it: the replicas
-// this process holds of it (M for virtual workers, 1 for a networked rank).
+// this process holds of it (M for virtual sites, 1 for a networked rank).
 struct DueAverage {
   optim::StateKind kind = optim::StateKind::kX;
   std::span<const std::span<float>> local;
@@ -65,7 +65,7 @@ class Averager {
  public:
   virtual ~Averager() = default;
   // Replaces every replica in `local` (the replicas this process holds: M for virtual
-  // workers, 1 for a networked rank) by the mean of that state over all workers of the job.
+  // sites, 1 for a networked rank) by the mean of that state over all sites of the job.
   // All replicas must have the same length.
   virtual void average(optim::StateKind kind, std::span<const std::span<float>> local) = 0;
   // An average in two halves, for averages that overlap compute (sync.overlap = "step"):
@@ -102,8 +102,8 @@ class Averager {
   void set_codec(optim::StateKind kind, CodecViews views) {
     codec_[static_cast<std::size_t>(kind)] = std::move(views);
   }
-  virtual int workers() const = 0;
-  // Traffic of worker w (a local replica index), a copy: an average on a communication thread
+  virtual int sites() const = 0;
+  // Traffic of site w (a local replica index), a copy: an average on a communication thread
   // (sync.overlap = "delayed") may be adding to it meanwhile.
   virtual Traffic traffic(int w) const = 0;
 
@@ -194,7 +194,7 @@ class Averager {
 
 // How VirtualAverager sums.
 enum class SumOrder {
-  // Each element summed in double in worker order and divided once: deterministic, and exact
+  // Each element summed in double in site order and divided once: deterministic, and exact
   // whenever the inputs' sum is representable (closed-form tests rely on that).
   kExact,
   // Bit for bit what the networked CollectiveAverager computes with `shards` ranks per site:
@@ -212,18 +212,18 @@ class VirtualAverager final : public Averager {
   // `lanes` (kRing): 2 splits each shard over the ring and the reversed ring, as the networked
   // averager does with transport.lanes = 2, `lane_share` of it on the ring
   // (transport::lane_block).
-  explicit VirtualAverager(int workers, SumOrder order = SumOrder::kExact, int shards = 1,
+  explicit VirtualAverager(int sites, SumOrder order = SumOrder::kExact, int shards = 1,
                            int lanes = 1, double lane_share = 0.5);
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   // In one process the sites' requests are one: returns `stop`.
   bool exchange_control(std::span<const DueAverage> due, bool stop) override;
-  int workers() const override { return workers_; }
+  int sites() const override { return sites_; }
   Traffic traffic(int w) const override {
     const std::lock_guard lock(traffic_mu_);
     return traffic_.at(static_cast<std::size_t>(w));
   }
-  // Workers can be added mid-run (elastic join); traffic of existing workers is kept.
-  void resize(int workers);
+  // Sites can be added mid-run (elastic join); traffic of existing sites is kept.
+  void resize(int sites);
 
  private:
   void check_replicas(optim::StateKind kind, std::span<const std::span<float>> local) const;
@@ -236,7 +236,7 @@ class VirtualAverager final : public Averager {
   void average_compressed(optim::StateKind kind, std::span<const std::span<float>> local,
                           const CodecViews& codec, std::span<const char> left_out);
 
-  int workers_;
+  int sites_;
   SumOrder order_;
   int shards_;
   int lanes_;

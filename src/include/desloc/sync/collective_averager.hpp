@@ -56,7 +56,7 @@ class CollectiveAverager final : public Averager {
   std::optional<SyncMeasure> take_measure() override;
   // The second lane's threads (one per two-lane average).
   double helper_cpu_seconds() const override { return lane_cpu_.seconds(); }
-  int workers() const override { return wan_.size(); }
+  int sites() const override { return wan_.size(); }
   // Wire bytes are what the collectives actually sent, not a formula: `wire` is the WAN
   // group's, `site_wire` the intra-site all-gather's.
   Traffic traffic(int w) const override;

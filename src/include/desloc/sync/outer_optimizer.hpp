@@ -1,6 +1,6 @@
 // The optional outer optimizer for parameter averages (DiLoCo, Douillard et al. 2023):
 // Nesterov momentum on the pseudo-gradient delta = x_ref - mean(x), where x_ref is the
-// parameter value all workers agreed on at the previous average.
+// parameter value all sites agreed on at the previous average.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +12,7 @@ namespace desloc::sync {
 class OuterNesterov {
  public:
   OuterNesterov(float lr, float momentum) : lr_(lr), momentum_(momentum) {}
-  // Sets x_ref to the workers' common starting point (called once, before training).
+  // Sets x_ref to the sites' common starting point (called once, before training).
   void reset(std::span<const float> x);
   // mean_x holds mean(x) on entry; on exit it holds the new agreed parameters:
   //   delta = x_ref - mean_x; m = mu m + delta; x_new = x_ref - lr (delta + mu m);  x_ref = x_new

@@ -39,7 +39,7 @@ struct PayloadGuard {
   // by orders of magnitude.
   double outlier_factor = 10.0;
   // The norm test needs vectors long enough for a healthy norm to be a stable statistic: a
-  // 2-parameter toy's noisy gradients legitimately differ by 10x between workers.
+  // 2-parameter toy's noisy gradients legitimately differ by 10x between sites.
   std::size_t outlier_min_elements = 1024;
   // Names for messages, indexed by site (ring position); a site without one is "site k".
   std::vector<std::string> site_names;
@@ -51,7 +51,7 @@ struct PayloadGuard {
 struct Rejection {
   std::int64_t step = -1;  // Averager::begin_step's t; -1 before the first step
   optim::StateKind state = optim::StateKind::kX;
-  int site = -1;       // ring position (virtual worker index for the VirtualAverager)
+  int site = -1;       // ring position (virtual site index for the VirtualAverager)
   std::string reason;  // "3 of 4096 values non-finite ...", "norm 1.2e+04 is 1e+03x the median ..."
 };
 

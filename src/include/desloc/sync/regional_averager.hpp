@@ -44,7 +44,7 @@ class RegionalAverager final : public Averager {
   bool exchange_control(std::span<const DueAverage> due, bool stop) override;
   void open_control(std::span<const DueAverage> due, bool stop) override;
   ControlAnswer close_control() override;
-  int workers() const override { return global_.workers(); }
+  int sites() const override { return global_.sites(); }
   // Re-planning measures the job-wide averages only: the regions' links are not the ones the
   // job-wide periods are chosen for.
   void note_compute(double seconds) override { global_.note_compute(seconds); }
@@ -93,11 +93,11 @@ class RegionalAverager final : public Averager {
 // index.
 class GroupedAverager final : public Averager {
  public:
-  GroupedAverager(std::vector<std::vector<int>> groups, int workers, int shards,
+  GroupedAverager(std::vector<std::vector<int>> groups, int sites, int shards,
                   const PayloadGuard& guard, int lanes = 1, double lane_share = 0.5);
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   bool exchange_control(std::span<const DueAverage> due, bool stop) override;
-  int workers() const override { return workers_; }
+  int sites() const override { return sites_; }
   Traffic traffic(int w) const override;
 
  private:
@@ -107,7 +107,7 @@ class GroupedAverager final : public Averager {
   void collect_rejections(std::size_t g);
 
   std::vector<std::vector<int>> groups_;
-  int workers_;
+  int sites_;
   std::vector<std::unique_ptr<VirtualAverager>> averagers_;
   std::int64_t opened_ = -1;
 };

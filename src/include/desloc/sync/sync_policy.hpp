@@ -1,4 +1,4 @@
-// Which states are averaged across workers at step t: DES-LOC and its special cases
+// Which states are averaged across sites at step t: DES-LOC and its special cases
 // (Iacob et al., arXiv 2505.22549, Alg. 1). Pure logic, no buffers: the trainer asks
 // `at(t)` and hands the due states to an Averager before the local optimizer update.
 #pragma once
@@ -41,7 +41,7 @@ inline constexpr std::size_t kMaxPeriodSwitches = 32;
 
 struct SyncConfig {
   SyncMethod method = SyncMethod::kNone;  // see desloc/core/sync_schedule.hpp
-  int workers = 1;                        // in-process virtual workers (M)
+  int sites = 1;                          // in-process virtual sites (M)
   std::int64_t kx = 32;                   // parameter-average period
   std::int64_t ku = 0;                    // first-moment period; 0 = 3 * kx (desloc only)
   std::int64_t kv = 0;                    // second-moment period; 0 = 6 * kx (desloc only)
@@ -52,7 +52,7 @@ struct SyncConfig {
   float outer_lr = 0.7f;
   float outer_momentum = 0.9f;
   std::int64_t join_step = 0;  // elastic join: grow to join_workers at the first sync from here on
-  int join_workers = 0;
+  int join_sites = 0;
   // "none": a step's averages run after its gradient and block it. "step": the averages of x,
   // u and v due at step t start before its forward pass, from the values they hold then (final
   // until the update), and run while the gradient is computed; they finish before the update.

@@ -13,10 +13,10 @@ namespace desloc::sync {
 
 struct StepReport {
   SyncDecision due;
-  float grad_norm = 0.0f;  // global norm of the last worker's gradient before clipping
+  float grad_norm = 0.0f;  // global norm of the last site's gradient before clipping
 };
 
-// grad(w) must fill replicas[w].g with worker w's gradient at replicas[w].x.
+// grad(w) must fill replicas[w].g with site w's gradient at replicas[w].x.
 StepReport run_synced_step(std::int64_t t, const SyncPolicy& policy, Averager& averager,
                            std::span<Replica> replicas,
                            const std::function<void(std::size_t)>& grad, float lr,

@@ -1,4 +1,4 @@
-// The paper's toy problem (arXiv 2505.22549, Sec. 3, Fig. 2a): M virtual workers minimise the
+// The paper's toy problem (arXiv 2505.22549, Sec. 3, Fig. 2a): M virtual sites minimise the
 // Rosenbrock function from noisy gradients under one SyncPolicy. Small enough to run the whole
 // family of sync methods in seconds, and deterministic to the bit for a given seed.
 #pragma once
@@ -17,12 +17,12 @@ namespace desloc::sync {
 double rosenbrock(double x1, double x2);
 std::array<double, 2> rosenbrock_gradient(double x1, double x2);
 
-// The per-worker Gaussian gradient noise: worker w's stream depends only on (seed, w), and the
+// The per-site Gaussian gradient noise: site w's stream depends only on (seed, w), and the
 // normal deviates come from a hand-written Box-Muller over splitmix64, so runs are identical
 // across standard libraries (std::normal_distribution is implementation-defined).
 class NoiseStream {
  public:
-  NoiseStream(std::uint64_t seed, std::uint64_t worker);
+  NoiseStream(std::uint64_t seed, std::uint64_t site);
   // Two independent N(0, 1) deviates (one Box-Muller pair: one per coordinate of the toy).
   std::array<double, 2> normal_pair();
 
@@ -32,11 +32,11 @@ class NoiseStream {
 };
 
 struct ToyProblemConfig {
-  SyncConfig sync;                          // method, workers (M) and periods; outer must be "none"
-  optim::OptimizerConfig optimizer;         // the local optimizer of every worker; no weight decay
+  SyncConfig sync;                          // method, sites (M) and periods; outer must be "none"
+  optim::OptimizerConfig optimizer;         // the local optimizer of every site; no weight decay
                                             // is applied (plain-vector optimizer)
   float lr = 1e-3f;                         // constant learning rate
-  std::array<float, 2> start{-1.5f, 2.0f};  // every worker starts here with u = v = 0
+  std::array<float, 2> start{-1.5f, 2.0f};  // every site starts here with u = v = 0
   float sigma = 1.5f;  // std of the IID Gaussian noise added to each gradient coordinate
   std::int64_t steps = 1000;
   std::uint64_t seed = 0;
@@ -47,23 +47,23 @@ struct ToyProblemConfig {
 
 struct ToyProblemResult {
   // distance[t] = || mean_m x_m - (1, 1) ||_2 after step t (distance[0] is the start point),
-  // size steps + 1. It is measured at the workers' mean, the point a parameter average would
+  // size steps + 1. It is measured at the sites' mean, the point a parameter average would
   // produce, so methods are compared at the same kind of point whether or not step t synced.
   std::vector<double> distance;
-  // worker_distance[t] = mean over m of || x_m - (1, 1) ||_2 after step t, size steps + 1: how
-  // far the replicas themselves are between syncs (what a worker that stopped at t would hold).
-  std::vector<double> worker_distance;
-  std::array<double, 2> final_mean_x{};  // mean over workers after the last step
+  // site_distance[t] = mean over m of || x_m - (1, 1) ||_2 after step t, size steps + 1: how
+  // far the replicas themselves are between syncs (what a site that stopped at t would hold).
+  std::vector<double> site_distance;
+  std::array<double, 2> final_mean_x{};  // mean over sites after the last step
   double final_loss = 0.0;               // f(final_mean_x)
-  Traffic traffic;                       // worker 0's bytes (every worker moves the same)
+  Traffic traffic;                       // site 0's bytes (every site moves the same)
 };
 
-// Runs cfg.steps steps of the DES-LOC rule (DESIGN.md, "The algorithm") for all workers:
-//   1. g_m = grad f(x_m) + sigma * noise_m, at the worker's un-averaged x;
-//   2. every state due at t (policy.at(t)) is replaced by its mean over the workers
+// Runs cfg.steps steps of the DES-LOC rule (DESIGN.md, "The algorithm") for all sites:
+//   1. g_m = grad f(x_m) + sigma * noise_m, at the site's un-averaged x;
+//   2. every state due at t (policy.at(t)) is replaced by its mean over the sites
 //      (VirtualAverager); for favg_reset u and v are then zeroed;
-//   3. the local optimizer update of each worker with its own g_m.
-// Throws ConfigError for a bad config (workers < 1, steps < 0, sigma < 0, an outer optimizer).
+//   3. the local optimizer update of each site with its own g_m.
+// Throws ConfigError for a bad config (sites < 1, steps < 0, sigma < 0, an outer optimizer).
 ToyProblemResult run_rosenbrock(const ToyProblemConfig& cfg);
 
 }  // namespace desloc::sync

@@ -1,15 +1,15 @@
-// Training checkpoints: everything needed to continue bit-exactly (for every worker: params
+// Training checkpoints: everything needed to continue bit-exactly (for every site: params
 // x, optimizer states u and v, data-loader position; the step counters; the outer optimizer's
 // reference and momentum) plus the config hash that produced it.
 //
 // File layout (little-endian):
 //   char[8] magic "DSLCCKP1" | u32 version | u32 reserved | u64 payload bytes | u32 CRC32C(payload)
-//   payload: u64 config_hash | i64 step | u64 tokens_seen | u64 n | u32 workers
-//            | workers x { i64 optim_t | u64 loader.epoch | u64 loader.cursor
+//   payload: u64 config_hash | i64 step | u64 tokens_seen | u64 n | u32 sites
+//            | sites x { i64 optim_t | u64 loader.epoch | u64 loader.cursor
 //                          | f32[n] x | f32[n] u | f32[n] v }
 //            | u64 outer_n | f32[outer_n] outer_ref | f32[outer_n] outer_momentum
 //            | (version 4) u64 ref_n[3] | u64 ef_n[3] | f32[ref_n[k]] for x, u, v
-//                          | workers x f32[ef_n[k]] for x, u, v: the compressed states'
+//                          | sites x f32[ef_n[k]] for x, u, v: the compressed states'
 //                          shared references and error feedback (each n or 0)
 //            | (version 5) i32 vocab, context, layers, heads, d_model | char[16] tokenizer
 //                          | u64 tokenizer_hash | char[512] tokenizer_file: what export and
@@ -48,7 +48,7 @@ struct CheckpointModel {
   std::string tokenizer_file;
 };
 
-struct WorkerState {
+struct SiteState {
   std::int64_t optim_t = 0;  // the optimizer's step counter (bias correction, ADOPT warm start)
   data::LoaderState loader;
   std::vector<float> params, u, v;
@@ -58,8 +58,8 @@ struct WorkerState {
 struct Checkpoint {
   std::uint64_t config_hash = 0;
   std::int64_t step = 0;          // optimizer steps completed
-  std::uint64_t tokens_seen = 0;  // per worker
-  std::vector<WorkerState> workers;
+  std::uint64_t tokens_seen = 0;  // per site
+  std::vector<SiteState> sites;
   std::vector<float> outer_ref, outer_momentum;  // empty unless sync.outer is set
   std::array<std::vector<float>, 3> codec_ref;   // x, u, v: compressed states' references
   // Who wrote it: a rank's "site/r", or "in-process" for `desloc train` (at most 63 bytes

@@ -37,7 +37,7 @@ struct RunConfig {
 };
 
 // [job]: the sites and ranks of a multi-site job and how its processes find each other. A
-// site is one DES-LOC worker; its R ranks all-reduce gradients every step, so a site trains
+// site is one DES-LOC site; its R ranks all-reduce gradients every step, so a site trains
 // with R * data.batch sequences per step.
 // What a site's failure does (job.on_site_failure).
 enum class OnSiteFailure : std::uint8_t {

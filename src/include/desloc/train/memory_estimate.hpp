@@ -49,7 +49,7 @@ AvailableMemory available_memory();
 
 // Throws ConfigError naming cfg.source, the figures and the keys of the largest parts when
 // `processes` processes of `role` need more than is available. The CLI calls it before
-// anything allocates (train, worker, launch, profile, config --check); run_training may call
+// anything allocates (train, site, launch, profile, config --check); run_training may call
 // it again at its start.
 void check_memory(const JobConfig& cfg, ProcessRole role, int processes = 1);
 void check_memory(const JobConfig& cfg, ProcessRole role, int processes,

@@ -1,5 +1,5 @@
 // Training: the loop that drives model, optimizer, data, sync, evaluation, metrics and
-// checkpoints, for one worker or M in-process virtual workers.
+// checkpoints, for one site or M in-process virtual sites.
 #pragma once
 
 #include <cstdint>
@@ -35,20 +35,20 @@ struct TrainResult {
   // same quantity. train_loss_site names it.
   float last_train_loss = 0.0f;
   std::string train_loss_site;
-  float last_val_loss = 0.0f;               // NaN when no evaluation ran
-  double last_val_bpb = 0.0;                // bits per byte of that evaluation (NaN likewise)
-  double unigram_entropy_nats = 0;          // of the training split, for comparison with val loss
-  double tokens_per_s = 0;                  // mean over this run's steps
-  int workers = 1;                          // workers at the end of the run
-  std::uint64_t bytes_sent_per_worker = 0;  // ring all-reduce wire bytes of worker 0, this run
-  bool interrupted = false;                 // stopped by SIGINT/SIGTERM after saving a checkpoint
-  bool already_finished = false;  // resumed a run that had reached train.steps: nothing ran
+  float last_val_loss = 0.0f;             // NaN when no evaluation ran
+  double last_val_bpb = 0.0;              // bits per byte of that evaluation (NaN likewise)
+  double unigram_entropy_nats = 0;        // of the training split, for comparison with val loss
+  double tokens_per_s = 0;                // mean over this run's steps
+  int sites = 1;                          // sites at the end of the run
+  std::uint64_t bytes_sent_per_site = 0;  // ring all-reduce wire bytes of site 0, this run
+  bool interrupted = false;               // stopped by SIGINT/SIGTERM after saving a checkpoint
+  bool already_finished = false;          // resumed a run that had reached train.steps: nothing ran
   std::string last_checkpoint;
   std::string metrics;  // this process's metrics.jsonl (a networked rank's own: metrics_path)
 };
 
 // One networked rank of a multi-site job (set up by `desloc worker`): it holds its site's
-// replica only. Without one, run_training runs every site in-process as a virtual worker, and
+// replica only. Without one, run_training runs every site in-process as a virtual site, and
 // each site's R ranks as R micro-batches summed in the same ring order: the exact reference
 // a multi-process run must reproduce.
 struct RankContext {
