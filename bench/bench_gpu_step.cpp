@@ -142,18 +142,13 @@ int run(int warmup, int repeats) {
 
 int main(int argc, char** argv) {
   int warmup = 3, repeats = 20;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--warmup" && i + 1 < argc) {
-      warmup = std::atoi(argv[++i]);
-    } else if (a == "--repeats" && i + 1 < argc) {
-      repeats = std::max(1, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: bench_gpu_step [--warmup N] [--repeats N]\n");
-      return 2;
-    }
-  }
   try {
+    desloc::bench::Flags("bench_gpu_step [--warmup N] [--repeats N]")
+        .add("--warmup", warmup)
+        .add("--repeats", repeats)
+        .parse(argc, argv);
+    if (warmup < 0 || repeats < 1)
+      throw desloc::bench::BenchError("--warmup must be >= 0 and --repeats positive");
     return run(warmup, repeats);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpu_step: %s\n", e.what());

@@ -114,22 +114,11 @@ int run(int argc, char** argv) {
   int repeats = 3;
   int max_sites = 1024;
   std::string desloc = (fs::path(argv[0]).parent_path() / ".." / "src" / "desloc").string();
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto next = [&]() -> const char* {
-      if (i + 1 >= argc) throw BenchError(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--repeats")
-      repeats = std::atoi(next());
-    else if (a == "--max-sites")
-      max_sites = std::atoi(next());
-    else if (a == "--desloc")
-      desloc = next();
-    else
-      throw BenchError("unknown argument " + a +
-                       " (bench_plan_scale [--repeats N] [--max-sites N] [--desloc PATH])");
-  }
+  bench::Flags("bench_plan_scale [--repeats N] [--max-sites N] [--desloc PATH]")
+      .add("--repeats", repeats)
+      .add("--max-sites", max_sites)
+      .add("--desloc", desloc)
+      .parse(argc, argv);
   if (repeats < 1) throw BenchError("--repeats must be positive");
   if (!fs::exists(desloc)) throw BenchError("no desloc program at " + desloc + " (--desloc)");
   const fs::path dir = fs::temp_directory_path() / fmt::format("bench_plan_scale.{}", getpid());

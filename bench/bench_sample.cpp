@@ -96,13 +96,8 @@ void generate_with_forward(const train::TrainedModel& m, int tokens) {
 
 int run(int argc, char** argv) {
   int repeats = 5;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--repeats" && i + 1 < argc)
-      repeats = std::atoi(argv[++i]);
-    else
-      throw bench::BenchError("unknown argument '" + a + "' (--repeats N)");
-  }
+  bench::Flags("bench_sample [--repeats N]").add("--repeats", repeats).parse(argc, argv);
+  if (repeats < 1) throw bench::BenchError("--repeats must be positive");
   std::printf("bench_sample: load average %s\n", bench::load_average().c_str());
   const Shape shapes[] = {{"quickstart L4 C128 T128 V256", {256, 128, 4, 4, 128}},
                           {"L6 C256 T256 V4096", {4096, 256, 6, 8, 256}}};

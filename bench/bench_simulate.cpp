@@ -63,22 +63,11 @@ int run(int argc, char** argv) {
   std::int64_t steps = 10000;
   int repeats = 5;
   int max_sites = 1024;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto next = [&]() -> const char* {
-      if (i + 1 >= argc) throw BenchError(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--steps")
-      steps = std::atoll(next());
-    else if (a == "--repeats")
-      repeats = std::atoi(next());
-    else if (a == "--max-sites")
-      max_sites = std::atoi(next());
-    else
-      throw BenchError("unknown argument " + a +
-                       " (bench_simulate [--steps N] [--repeats N] [--max-sites N])");
-  }
+  bench::Flags("bench_simulate [--steps N] [--repeats N] [--max-sites N]")
+      .add("--steps", steps)
+      .add("--repeats", repeats)
+      .add("--max-sites", max_sites)
+      .parse(argc, argv);
   if (steps < 1 || repeats < 1) throw BenchError("--steps and --repeats must be positive");
   std::printf("bench_simulate: %lld steps, %d repeats, load %s\n", static_cast<long long>(steps),
               repeats, bench::load_average().c_str());

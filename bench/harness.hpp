@@ -15,18 +15,22 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -35,6 +39,94 @@ namespace desloc::bench {
 // A benchmark failed to run or to validate; main() prints it and exits non-zero.
 class BenchError : public std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Arguments
+
+// The benchmarks' "--name VALUE" (or "--name=VALUE") parser: each flag binds to one variable.
+// Numbers are read whole (a value with trailing text is an error naming the flag); --help prints
+// the usage.
+class Flags {
+ public:
+  explicit Flags(std::string usage) : usage_(std::move(usage)) {}
+  Flags& add(const char* name, std::string& v) {
+    return bind(name, [&v](const std::string&, const char* s) { v = s; });
+  }
+  Flags& add(const char* name, int& v) { return integer(name, v); }
+  Flags& add(const char* name, std::int64_t& v) { return integer(name, v); }
+  Flags& add(const char* name, std::size_t& v) { return integer(name, v); }
+  Flags& add(const char* name, double& v) {
+    return bind(name, [&v](const std::string& flag, const char* s) {
+      char* end = nullptr;
+      v = std::strtod(s, &end);
+      if (end == s || *end != '\0') throw BenchError(flag + ": bad number '" + s + "'");
+    });
+  }
+  // A comma-separated list of integers, e.g. --kx 16,256.
+  Flags& add(const char* name, std::vector<std::int64_t>& v) {
+    return bind(name, [&v](const std::string& flag, const char* s) {
+      v.clear();
+      std::string_view rest(s);
+      while (!rest.empty()) {
+        const std::size_t comma = std::min(rest.find(','), rest.size());
+        v.push_back(parse_integer<std::int64_t>(flag, std::string(rest.substr(0, comma))));
+        rest.remove_prefix(std::min(comma + 1, rest.size()));
+      }
+    });
+  }
+  // A switch without a value, e.g. --codecs.
+  Flags& add(const char* name, bool& v) {
+    switches_[name] = &v;
+    return *this;
+  }
+  // Throws BenchError for an unknown flag, a missing value or a bad number; --help (or -h)
+  // prints the usage and exits.
+  void parse(int argc, char** argv) const {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--help" || a == "-h") {
+        std::puts(usage_.c_str());
+        std::exit(0);
+      }
+      if (const auto sw = switches_.find(a); sw != switches_.end()) {
+        *sw->second = true;
+        continue;
+      }
+      const std::size_t eq = a.find('=');  // --name=VALUE, or --name VALUE
+      const std::string name = a.substr(0, eq);
+      const auto it = setters_.find(name);
+      if (it == setters_.end()) throw BenchError("unknown option '" + name + "'\n" + usage_);
+      if (eq != std::string::npos) {
+        it->second(name, a.c_str() + eq + 1);
+        continue;
+      }
+      if (i + 1 >= argc) throw BenchError("option " + name + " needs a value");
+      it->second(name, argv[++i]);
+    }
+  }
+
+ private:
+  template <class T>
+  static T parse_integer(const std::string& flag, const std::string& s) {
+    T v{};
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || end != s.data() + s.size())
+      throw BenchError(flag + ": bad integer '" + s + "'");
+    return v;
+  }
+  template <class T>
+  Flags& integer(const char* name, T& v) {
+    return bind(name,
+                [&v](const std::string& flag, const char* s) { v = parse_integer<T>(flag, s); });
+  }
+  Flags& bind(const char* name, std::function<void(const std::string&, const char*)> set) {
+    setters_[name] = std::move(set);
+    return *this;
+  }
+  std::string usage_;
+  std::map<std::string, std::function<void(const std::string&, const char*)>> setters_;
+  std::map<std::string, bool*> switches_;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -15,78 +15,12 @@
 #include <vector>
 
 #include "desloc/core/error.hpp"
+#include "harness.hpp"
 
 #include "desloc/data/prepare.hpp"
 #include "desloc/train/config.hpp"
 
 namespace desloc::bench {
-
-// A minimal "--name VALUE" parser for the benchmarks: each flag binds to one variable.
-class Flags {
- public:
-  explicit Flags(std::string usage) : usage_(std::move(usage)) {}
-  Flags& add(const char* name, std::string& v) {
-    return bind(name, [&v](const char* s) { v = s; });
-  }
-  Flags& add(const char* name, int& v) {
-    return bind(name, [&v](const char* s) { v = std::atoi(s); });
-  }
-  Flags& add(const char* name, std::int64_t& v) {
-    return bind(name, [&v](const char* s) { v = std::atoll(s); });
-  }
-  Flags& add(const char* name, double& v) {
-    return bind(name, [&v](const char* s) {
-      char* end = nullptr;
-      v = std::strtod(s, &end);
-      if (end == s || *end != '\0') throw ConfigError(std::string("bad number '") + s + "'");
-    });
-  }
-  // A comma-separated list of integers, e.g. --kx 16,256.
-  Flags& add(const char* name, std::vector<std::int64_t>& v) {
-    return bind(name, [&v](const char* s) {
-      v.clear();
-      for (char* p = const_cast<char*>(s); *p;) {
-        v.push_back(std::strtoll(p, &p, 10));
-        if (*p == ',')
-          ++p;
-        else if (*p)
-          throw ConfigError(std::string("bad integer list '") + s + "'");
-      }
-    });
-  }
-  // A switch without a value, e.g. --codecs.
-  Flags& add(const char* name, bool& v) {
-    switches_[name] = &v;
-    return *this;
-  }
-  // Throws ConfigError for an unknown flag or a missing value; --help prints the usage and exits.
-  void parse(int argc, char** argv) const {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "--help" || a == "-h") {
-        std::puts(usage_.c_str());
-        std::exit(0);
-      }
-      if (const auto sw = switches_.find(a); sw != switches_.end()) {
-        *sw->second = true;
-        continue;
-      }
-      const auto it = setters_.find(a);
-      if (it == setters_.end()) throw ConfigError("unknown option '" + a + "'\n" + usage_);
-      if (i + 1 >= argc) throw ConfigError("option " + a + " needs a value");
-      it->second(argv[++i]);
-    }
-  }
-
- private:
-  Flags& bind(const char* name, std::function<void(const char*)> set) {
-    setters_[name] = std::move(set);
-    return *this;
-  }
-  std::string usage_;
-  std::map<std::string, std::function<void(const char*)>> setters_;
-  std::map<std::string, bool*> switches_;
-};
 
 // The same small GPT for every method: 2 layers, d_model 64, context 64, byte-level, AdamW
 // with global-norm clipping, warmup + cosine. Only [sync] differs between runs.
