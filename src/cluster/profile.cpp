@@ -39,6 +39,7 @@
 #include "desloc/model/model.hpp"
 #include "desloc/topology/tcp_window.hpp"
 #include "desloc/topology/topology.hpp"
+#include "desloc/train/trainer.hpp"
 
 namespace desloc::cluster {
 namespace {
@@ -131,7 +132,7 @@ class StepBench {
     double wall_s, cpu_s;
   };
   explicit StepBench(const train::JobConfig& cfg)
-      : dataset_(data::load_dataset(cfg.data.dir)),
+      : dataset_(train::dataset_of(cfg)),
         model_(model::make_model(cfg.model,
                                  {cfg.train.backend, cfg.train.threads, cfg.data.batch, 0})),
         B_(cfg.data.batch),

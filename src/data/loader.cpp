@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "desloc/core/error.hpp"
-#include "desloc/data/shard.hpp"
+#include "desloc/data/token_files.hpp"
 
 namespace desloc::data {
 namespace {
@@ -56,34 +56,19 @@ std::uint64_t epoch_seed(std::uint64_t seed, std::uint64_t epoch) {
   return splitmix64(state);
 }
 
-std::vector<std::uint16_t> load_tokens(const std::vector<std::string>& paths, std::uint32_t vocab,
-                                       const char* split) {
-  std::vector<std::uint16_t> tokens;
-  for (const auto& path : paths) {
-    Shard shard = read_shard(path);
-    if (shard.vocab != vocab)
-      throw DataError("token shard '" + path + "' was written with vocab " +
-                      std::to_string(shard.vocab) + " but the dataset's " + split +
-                      " split declares vocab " + std::to_string(vocab) +
-                      "; re-run `desloc prepare` so shards and dataset.toml agree");
-    tokens.insert(tokens.end(), shard.tokens.begin(), shard.tokens.end());
-  }
-  return tokens;
-}
-
 // Windows of T+1 tokens with stride T: window k holds tokens [kT, kT+T]. Neighbours share
 // only their boundary token, so each token after the first is a target exactly once.
 std::uint64_t count_windows(std::size_t tokens, int T) {
   return tokens < 2 ? 0 : (tokens - 1) / static_cast<std::uint64_t>(T);
 }
 
-void fill_window(const std::vector<std::uint16_t>& tokens, std::uint64_t window, int T,
-                 std::int32_t* inputs, std::int32_t* targets) {
-  const std::uint16_t* src = tokens.data() + window * static_cast<std::uint64_t>(T);
-  for (int t = 0; t < T; ++t) {
-    inputs[t] = src[t];
-    targets[t] = src[t + 1];
-  }
+// Window `window` read in place through `scratch` (T + 1 tokens).
+void fill_window(const TokenStream& tokens, std::uint64_t window, int T,
+                 std::vector<std::int32_t>& scratch, std::int32_t* inputs, std::int32_t* targets) {
+  scratch.resize(static_cast<std::size_t>(T) + 1);
+  tokens.read(window * static_cast<std::uint64_t>(T), scratch);
+  std::copy_n(scratch.begin(), T, inputs);
+  std::copy_n(scratch.begin() + 1, T, targets);
 }
 
 void check_batch_spans(std::span<std::int32_t> inputs, std::span<std::int32_t> targets, int B,
@@ -99,21 +84,27 @@ void check_batch_spans(std::span<std::int32_t> inputs, std::span<std::int32_t> t
 
 DataLoader::DataLoader(const DatasetInfo& data, int B, int T, std::uint64_t seed, int worker,
                        int num_workers)
-    : B_(B), T_(T), worker_(worker), num_workers_(num_workers), seed_(seed) {
+    : DataLoader(open_train_tokens(data), B, T, seed, worker, num_workers) {}
+
+DataLoader::DataLoader(std::shared_ptr<const TokenStream> tokens, int B, int T, std::uint64_t seed,
+                       int worker, int num_workers)
+    : tokens_(std::move(tokens)),
+      B_(B),
+      T_(T),
+      worker_(worker),
+      num_workers_(num_workers),
+      seed_(seed) {
   if (B <= 0 || T <= 0)
     throw ConfigError("data loader: batch size B=" + std::to_string(B) +
                       " and context T=" + std::to_string(T) + " must both be positive");
   if (num_workers <= 0 || worker < 0 || worker >= num_workers)
     throw ConfigError("data loader: worker " + std::to_string(worker) +
                       " is outside [0, num_workers=" + std::to_string(num_workers) + ")");
-  if (data.train_shards.empty())
-    throw DataError("data loader: the dataset lists no training shards; re-run `desloc prepare`");
-  tokens_ = load_tokens(data.train_shards, data.vocab, "train");
-  num_windows_ = count_windows(tokens_.size(), T);
+  num_windows_ = count_windows(tokens_->size(), T);
   const std::uint64_t per_worker = num_windows_ / static_cast<std::uint64_t>(num_workers);
   windows_per_epoch_ = per_worker / static_cast<std::uint64_t>(B) * static_cast<std::uint64_t>(B);
   if (windows_per_epoch_ == 0)
-    throw ConfigError("data loader: the training split has " + std::to_string(tokens_.size()) +
+    throw ConfigError("data loader: the training split has " + std::to_string(tokens_->size()) +
                       " tokens = " + std::to_string(num_windows_) +
                       " windows of T+1=" + std::to_string(T + 1) +
                       " tokens, too few for one batch of B=" + std::to_string(B) + " on each of " +
@@ -144,7 +135,7 @@ void DataLoader::next(std::span<std::int32_t> inputs, std::span<std::int32_t> ta
   for (int b = 0; b < B_; ++b) {
     const std::uint64_t position = static_cast<std::uint64_t>(worker_) + state_.cursor * N;
     const auto row = static_cast<std::size_t>(b) * static_cast<std::size_t>(T_);
-    fill_window(tokens_, perm_[position], T_, inputs.data() + row, targets.data() + row);
+    fill_window(*tokens_, perm_[position], T_, window_, inputs.data() + row, targets.data() + row);
     ++state_.cursor;
   }
 }
@@ -174,18 +165,16 @@ EvalLoader::EvalLoader(const DatasetInfo& data, int B, int T) : B_(B), T_(T) {
   if (B <= 0 || T <= 0)
     throw ConfigError("eval loader: batch size B=" + std::to_string(B) +
                       " and context T=" + std::to_string(T) + " must both be positive");
-  if (data.val_shard.empty())
-    throw DataError("eval loader: the dataset has no validation shard; re-run `desloc prepare`");
-  tokens_ = load_tokens({data.val_shard}, data.vocab, "validation");
+  tokens_ = open_val_tokens(data);
   if (num_batches() == 0)
     throw ConfigError("eval loader: the validation split '" + data.val_shard + "' has " +
-                      std::to_string(tokens_.size()) + " tokens, fewer than one batch of B=" +
+                      std::to_string(tokens_->size()) + " tokens, fewer than one batch of B=" +
                       std::to_string(B) + " windows of T+1=" + std::to_string(T + 1) +
                       " tokens needs; use a larger val_fraction or smaller B or T");
 }
 
 std::uint64_t EvalLoader::num_batches() const {
-  return count_windows(tokens_.size(), T_) / static_cast<std::uint64_t>(B_);
+  return count_windows(tokens_->size(), T_) / static_cast<std::uint64_t>(B_);
 }
 
 void EvalLoader::batch(std::uint64_t i, std::span<std::int32_t> inputs,
@@ -194,10 +183,11 @@ void EvalLoader::batch(std::uint64_t i, std::span<std::int32_t> inputs,
   if (i >= num_batches())
     throw Error("EvalLoader::batch: index " + std::to_string(i) + " is outside [0, " +
                 std::to_string(num_batches()) + ")");
+  std::vector<std::int32_t> scratch;
   for (int b = 0; b < B_; ++b) {
     const auto row = static_cast<std::size_t>(b) * static_cast<std::size_t>(T_);
-    fill_window(tokens_, i * static_cast<std::uint64_t>(B_) + static_cast<std::uint64_t>(b), T_,
-                inputs.data() + row, targets.data() + row);
+    fill_window(*tokens_, i * static_cast<std::uint64_t>(B_) + static_cast<std::uint64_t>(b), T_,
+                scratch, inputs.data() + row, targets.data() + row);
   }
 }
 

@@ -363,10 +363,16 @@ void read_tokenizer(const DescriptionReader& r, const fs::path& root, const toml
 }  // namespace
 
 std::string DatasetInfo::tokenizer_identity() const {
+  if (format != TokenFormat::kDesloc) return to_string(format);
   return tokenizer == "byte" ? tokenizer : fmt::format("{}:{:016x}", tokenizer, tokenizer_hash);
 }
 
 std::unique_ptr<Tokenizer> DatasetInfo::load_tokenizer() const {
+  if (format != TokenFormat::kDesloc)
+    throw ConfigError(fmt::format(
+        "the dataset '{}' holds tokens another tool made ({} format), whose tokenizer desloc does "
+        "not have; text in and out needs a dataset `desloc prepare` wrote",
+        source, to_string(format)));
   return data::load_tokenizer(tokenizer, tokenizer_file, tokenizer_hash);
 }
 

@@ -68,6 +68,30 @@ void write_shard(const std::string& path, std::span<const std::uint16_t> tokens,
   write_file_atomic(path, w.bytes());
 }
 
+void write_shard(const std::string& path, std::span<const std::uint32_t> tokens,
+                 std::uint32_t vocab) {
+  if (vocab == 0)
+    throw DataError("cannot write token shard '" + path + "': vocab must be positive");
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] >= vocab)
+      throw DataError("cannot write token shard '" + path + "': token " + std::to_string(i) +
+                      " has id " + std::to_string(tokens[i]) + " >= vocab " +
+                      std::to_string(vocab));
+  const auto payload = std::as_bytes(tokens);
+  const std::span<const std::uint8_t> payload_u8(
+      reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size());
+  ByteWriter w;
+  w.bytes().reserve(kHeaderBytes + payload.size());
+  for (char c : kShardMagic) w.put(c);
+  w.put<std::uint32_t>(kShardVersion);
+  w.put<std::uint32_t>(kDtypeU32);
+  w.put<std::uint32_t>(vocab);
+  w.put<std::uint32_t>(crc32c(payload_u8));
+  w.put<std::uint64_t>(tokens.size());
+  w.put_span(tokens);
+  write_file_atomic(path, w.bytes());
+}
+
 Shard read_shard(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))

@@ -43,6 +43,11 @@ std::uint64_t tokenizer_hash(std::string_view model_bytes) {
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& kind, const std::string& file,
                                           std::uint64_t expected_hash) {
   if (kind == "byte") return std::make_unique<ByteTokenizer>();
+  if (kind == "nanogpt" || kind == "llmc")
+    throw ConfigError(fmt::format(
+        "the model was trained on {} token files, whose tokenizer desloc does not have; text in "
+        "and out needs a dataset `desloc prepare` wrote",
+        kind));
   if (kind != "sentencepiece")
     throw ConfigError(fmt::format(
         "tokenizer '{}' is unknown; desloc knows \"byte\" and \"sentencepiece\"", kind));

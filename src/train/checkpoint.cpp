@@ -124,7 +124,9 @@ std::optional<CheckpointModel> get_model(ByteReader& r, const std::string& path)
   } catch (const Error& e) {
     throw DataError(fmt::format("'{}' describes an impossible model: {}", path, e.message()));
   }
-  if (m.tokenizer != "byte" && m.tokenizer != "sentencepiece")
+  // "nanogpt" and "llmc": another tool's tokens (data.format), whose tokenizer desloc lacks.
+  if (m.tokenizer != "byte" && m.tokenizer != "sentencepiece" && m.tokenizer != "nanogpt" &&
+      m.tokenizer != "llmc")
     throw DataError(fmt::format("'{}' names an unknown tokenizer '{}'", path, m.tokenizer));
   return m;
 }

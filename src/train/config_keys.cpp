@@ -48,7 +48,15 @@ void bind_schedule(Binder& b, optim::ScheduleConfig& s) {
 void bind_data(Binder& b, DataConfig& d) {
   // Where the data lies is the process's business; what it holds enters hash(tokenizer).
   b.scope_next(KeyScope::kProcess);
-  b.string("dir", d.dir, "dataset directory written by `desloc prepare`");
+  b.string("dir", d.dir, "dataset directory written by `desloc prepare` (or another tool)");
+  // The tokenizer identity a checkpoint's hash covers names the format (external data).
+  b.scope_next(KeyScope::kProcess);
+  b.choice("format", d.format,
+           "\"desloc\" (`desloc prepare`'s shards), \"nanogpt\" (train.bin, val.bin) or "
+           "\"llmc\" (*_train*.bin, *_val*.bin), read in place",
+           {{"desloc", data::TokenFormat::kDesloc},
+            {"nanogpt", data::TokenFormat::kNanogpt},
+            {"llmc", data::TokenFormat::kLlmc}});
   b.integer("batch", d.batch, "sequences per step per rank (B)", 1);
   b.integer("seq_len", d.seq_len, "tokens per sequence T (0 = model.context)", 0);
   b.unsigned64("seed", d.seed, "data-order seed");

@@ -33,7 +33,10 @@ Evaluator::Evaluator(const JobConfig& cfg, model::Model& model, const data::Data
     : cfg_(cfg),
       model_(model),
       eval_(dataset, cfg.data.batch, cfg.seq_len()),
-      token_bytes_(dataset.load_tokenizer()->token_bytes()),
+      // Another tool's tokens come without their tokenizer: no bits per byte (NaN) for them.
+      token_bytes_(dataset.format == data::TokenFormat::kDesloc
+                       ? dataset.load_tokenizer()->token_bytes()
+                       : std::vector<std::uint32_t>()),
       site0_(!cfg.sync.averages_params()) {}
 
 void Evaluator::bind(RankContext* rank) {
@@ -115,7 +118,8 @@ std::optional<Evaluation> Evaluator::evaluate(std::int64_t step, std::vector<Sit
   for (std::size_t i = share.index; i < n; i += share.count) {
     eval_.batch(i, in, tgt);
     BatchResult b{model_.forward({in, tgt, B, T}), 0};
-    for (const std::int32_t t : tgt) b.bytes += token_bytes_.at(static_cast<std::size_t>(t));
+    if (!token_bytes_.empty())
+      for (const std::int32_t t : tgt) b.bytes += token_bytes_.at(static_cast<std::size_t>(t));
     results.push_back(b);
   }
   if (shared) {

@@ -15,6 +15,7 @@
 #include "desloc/model/param_layout.hpp"
 #include "desloc/train/checkpoint.hpp"
 #include "desloc/train/config.hpp"
+#include "desloc/train/trainer.hpp"
 
 namespace desloc::train {
 namespace {
@@ -23,7 +24,7 @@ namespace {
 CheckpointModel describe_from_config(const std::string& config, const Checkpoint& ck,
                                      const std::string& path) {
   const JobConfig cfg = load_config(config);
-  const data::DatasetInfo dataset = data::load_dataset(cfg.data.dir);
+  const data::DatasetInfo dataset = dataset_of(cfg);
   if (cfg.hash(dataset.tokenizer_identity()) != ck.config_hash)
     throw ConfigError(fmt::format(
         "'{}' was written by a job with config hash {:016x}, but {} (with the data in '{}') "

@@ -36,8 +36,14 @@ std::string checkpoint_dir(const JobConfig& cfg, const RankContext* rank) {
   return (rank_dir(cfg, rank) / "checkpoints").string();
 }
 
+data::DatasetInfo dataset_of(const JobConfig& cfg) {
+  if (cfg.data.format == data::TokenFormat::kDesloc) return data::load_dataset(cfg.data.dir);
+  return data::external_dataset(cfg.data.dir, cfg.data.format,
+                                static_cast<std::uint32_t>(cfg.model.vocab));
+}
+
 data::DatasetInfo load_training_data(const JobConfig& cfg) {
-  data::DatasetInfo d = data::load_dataset(cfg.data.dir);
+  data::DatasetInfo d = dataset_of(cfg);
   if (static_cast<int>(d.vocab) > cfg.model.vocab)
     throw ConfigError(
         fmt::format("{}: model.vocab = {} is smaller than the dataset's vocabulary {} ({})",

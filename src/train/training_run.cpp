@@ -89,6 +89,7 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
                        static_cast<std::uint64_t>(R_)),
       policy_(cfg.sync),
       dataset_(checked_dataset(cfg, rank)),
+      train_tokens_(data::open_train_tokens(dataset_)),
       model_(model::make_model(cfg.model, {cfg.train.backend, cfg.train.threads, B_,
                                            rank != nullptr ? rank->device : 0})),
       outer_(outer_of(cfg.sync)),
@@ -159,7 +160,7 @@ SiteReplica TrainingRun::make_site(int index) const {
   const int first = networked_ ? rank_->rank : 0;
   const int count = networked_ ? 1 : R_;
   for (int r = first; r < first + count; ++r)
-    s.loaders.emplace_back(dataset_, B_, T_, cfg_.data.seed, index * R_ + r, max_sites * R_);
+    s.loaders.emplace_back(train_tokens_, B_, T_, cfg_.data.seed, index * R_ + r, max_sites * R_);
   if (count > 1) s.micro_g.assign(static_cast<std::size_t>(count), std::vector<float>(n));
   return s;
 }

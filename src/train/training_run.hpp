@@ -100,6 +100,8 @@ class TrainingRun : private FaultTolerance::Run {
   sync::SyncPolicy policy_;                   // a re-plan adds period switches
   std::optional<sync::Replanner> replanner_;  // sync.replan on a networked rank
   data::DatasetInfo dataset_;
+  // The training tokens, opened (and checked) once and read in place by every loader here.
+  std::shared_ptr<const data::TokenStream> train_tokens_;
   std::unique_ptr<model::Model> model_;
   std::vector<SiteReplica> sites_;  // in-process: every site; networked: this rank's
   std::optional<sync::OuterNesterov> outer_;
@@ -129,8 +131,8 @@ class TrainingRun : private FaultTolerance::Run {
   std::uint64_t tokens_seen_ = 0;       // per site
   int live_sites_;                      // fewer after a site failed
   std::vector<float> site_losses_;
-  bool site_stop_ = false;    // a rank of this site asked to stop (networked)
-  bool stop_agreed_ = false;  // the sites agreed to stop after this step
+  bool site_stop_ = false;      // a rank of this site asked to stop (networked)
+  bool stop_agreed_ = false;    // the sites agreed to stop after this step
   sync::Traffic traffic_base_;  // of averagers that earlier membership epochs used
   std::vector<std::int32_t> inputs_, targets_;
 };

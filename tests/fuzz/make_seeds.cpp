@@ -190,7 +190,7 @@ void checkpoint_seeds(const fs::path& dir) {
 void shard_seeds(const fs::path& dir) {
   const std::vector<std::uint16_t> text = {72, 101, 108, 108, 111, 44, 32, 98, 114, 111, 119, 110};
   desloc::data::write_shard((dir / "bytes.tok").string(), text, 256);
-  desloc::data::write_shard((dir / "empty.tok").string(), {}, 256);
+  desloc::data::write_shard((dir / "empty.tok").string(), std::span<const std::uint16_t>(), 256);
   const std::vector<std::uint16_t> wide = {0, 65535, 1, 40000};
   desloc::data::write_shard((dir / "vocab_65536.tok").string(), wide, 65536);
 }

@@ -1,5 +1,6 @@
 // The single-site trainer end to end on the Brown corpus: bit-exact resume, refusal of
 // mismatched checkpoints, clear errors for missing data, and that training actually learns.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,8 @@
 
 #include "desloc/core/error.hpp"
 #include "desloc/core/file_io.hpp"
+#include "desloc/data/prepare.hpp"
+#include "desloc/data/shard.hpp"
 #include "desloc/train/checkpoint.hpp"
 #include "desloc/train/trainer.hpp"
 #include "test_env.hpp"
@@ -108,9 +111,8 @@ TEST_F(Trainer, FreshStartOverAnotherRunRefusesUnlessForced) {
     train::run_training(other, {.progress = 0});
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
-    for (const std::string& part :
-         {dir.string(), std::string("1 checkpoint"), std::string("--resume"),
-          std::string("--force")})
+    for (const std::string& part : {dir.string(), std::string("1 checkpoint"),
+                                    std::string("--resume"), std::string("--force")})
       EXPECT_NE(e.message().find(part), std::string::npos) << part << " in " << e.message();
   }
   EXPECT_EQ(read_file(ckpt), before);
@@ -147,8 +149,7 @@ TEST_F(Trainer, ResumePassesOverDirectoriesMisnamedFilesAndOtherRanksCheckpoints
   EXPECT_NE(scan.rejected[1].reason.find("holds step 10 but is named for step 15"),
             std::string::npos)
       << scan.rejected[1].reason;
-  EXPECT_NE(scan.rejected[2].reason.find("written by east/0, not by in-process"),
-            std::string::npos)
+  EXPECT_NE(scan.rejected[2].reason.find("written by east/0, not by in-process"), std::string::npos)
       << scan.rejected[2].reason;
 
   const auto resumed = train::run_training(cfg, {.resume = true, .progress = 0});
@@ -209,6 +210,58 @@ TEST_F(Trainer, CorruptShardIsRejectedWithItsPath) {
     FAIL();
   } catch (const DataError& e) {
     EXPECT_NE(e.message().find(victim), std::string::npos) << e.message();
+  }
+}
+
+// The Brown corpus's shards rewritten as nanoGPT's train.bin / val.bin and as llm.c's .bin
+// files: training on them in place (data.format) reaches the same x, u, v and data position as
+// training on desloc's shards, bit for bit.
+TEST_F(Trainer, NanogptAndLlmcTokenFilesTrainAsDeslocShardsDo) {
+  const auto dir = fresh_dir("formats");
+  const data::DatasetInfo brown = data::load_dataset(DESLOC_TEST_BROWN);
+  std::vector<std::vector<std::uint16_t>> train;
+  for (const auto& p : brown.train_shards) train.push_back(data::read_shard(p).tokens);
+  const std::vector<std::uint16_t> val = data::read_shard(brown.val_shard).tokens;
+  auto write = [](const std::filesystem::path& p, const std::vector<std::int32_t>& header,
+                  const std::vector<std::uint16_t>& tokens) {
+    std::ofstream out(p, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()),
+              static_cast<std::streamsize>(header.size() * 4));
+    out.write(reinterpret_cast<const char*>(tokens.data()),
+              static_cast<std::streamsize>(tokens.size() * 2));
+  };
+  auto llmc_header = [](std::size_t n) {
+    std::vector<std::int32_t> h(256, 0);
+    h[0] = 20240520;
+    h[1] = 1;
+    h[2] = static_cast<std::int32_t>(n);
+    return h;
+  };
+  std::filesystem::create_directories(dir / "nanogpt");
+  std::filesystem::create_directories(dir / "llmc");
+  std::vector<std::uint16_t> all;
+  for (std::size_t i = 0; i < train.size(); ++i) {
+    all.insert(all.end(), train[i].begin(), train[i].end());
+    write(dir / "llmc" / fmt::format("brown_train_{:06}.bin", i + 1), llmc_header(train[i].size()),
+          train[i]);
+  }
+  write(dir / "nanogpt" / "train.bin", {}, all);
+  write(dir / "nanogpt" / "val.bin", {}, val);
+  write(dir / "llmc" / "brown_val_000000.bin", llmc_header(val.size()), val);
+
+  const auto shards_out = dir / "shards";
+  const auto reference = train::run_training(job(shards_out), {.progress = 0});
+  const auto ref =
+      train::load_checkpoint(train::checkpoint_path((shards_out / "checkpoints").string(), 20));
+  for (const char* format : {"nanogpt", "llmc"}) {
+    SCOPED_TRACE(format);
+    const auto out = dir / (std::string("out_") + format);
+    std::string text = tiny_job_toml(out, (dir / format).string());
+    text.replace(text.find("[data]\n"), 7, fmt::format("[data]\nformat = \"{}\"\n", format));
+    const auto r = train::run_training(train::parse_config(text, "job.toml"), {.progress = 0});
+    EXPECT_EQ(r.last_val_loss, reference.last_val_loss);
+    test::expect_bitwise_equal(
+        ref, train::load_checkpoint(train::checkpoint_path((out / "checkpoints").string(), 20)));
   }
 }
 

@@ -412,6 +412,7 @@ const std::map<std::string, KeyChange>& key_changes() {
       {"schedule.min_lr_ratio", {"plain", "0.2"}},
       {"schedule.decay_fraction", {"plain", "0.3"}},
       {"data.dir", {"plain", "\"elsewhere\""}},
+      {"data.format", {"plain", "\"nanogpt\""}},
       {"data.batch", {"plain", "8"}},
       {"data.seq_len", {"plain", "64"}},
       {"data.seed", {"plain", "7"}},

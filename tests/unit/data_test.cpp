@@ -93,7 +93,7 @@ TEST_F(DataTest, ShardRoundTrip) {
   EXPECT_EQ(s.vocab, 300u);
   EXPECT_EQ(s.tokens, tokens);
 
-  write_shard(path("empty.bin"), {}, 256);
+  write_shard(path("empty.bin"), std::span<const std::uint16_t>(), 256);
   EXPECT_TRUE(read_shard(path("empty.bin")).tokens.empty());
 }
 

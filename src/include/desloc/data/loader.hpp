@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,6 +39,10 @@ class DataLoader {
   // worker are out of range), DataError if a shard is bad or its vocab disagrees with data.vocab.
   DataLoader(const DatasetInfo& data, int B, int T, std::uint64_t seed, int worker,
              int num_workers);
+  // The same over a training stream already open (open_train_tokens), which every loader of a
+  // process may share.
+  DataLoader(std::shared_ptr<const TokenStream> tokens, int B, int T, std::uint64_t seed,
+             int worker, int num_workers);
 
   // Fills inputs and targets, each (B, T) row-major; targets are inputs shifted by one.
   void next(std::span<std::int32_t> inputs, std::span<std::int32_t> targets);
@@ -57,10 +62,10 @@ class DataLoader {
   }
 
  private:
-  // Every worker holds the whole training stream (2 bytes/token); fine at corpus sizes of a few
-  // hundred MB, to be replaced by per-window shard reads when corpora outgrow host memory.
-  std::vector<std::uint16_t> tokens_;
-  std::vector<std::uint64_t> perm_;  // window index at each permutation position of perm_epoch_
+  // The training stream, read in place a window at a time (token_files.hpp).
+  std::shared_ptr<const TokenStream> tokens_;
+  std::vector<std::int32_t> window_;  // one window's T + 1 tokens
+  std::vector<std::uint64_t> perm_;   // window index at each permutation position of perm_epoch_
   int B_, T_, worker_, num_workers_;
   std::uint64_t seed_;
   LoaderState state_;
@@ -83,7 +88,7 @@ class EvalLoader {
              std::span<std::int32_t> targets) const;
 
  private:
-  std::vector<std::uint16_t> tokens_;
+  std::shared_ptr<const TokenStream> tokens_;
   int B_, T_;
 };
 

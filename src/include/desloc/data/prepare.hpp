@@ -2,10 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "desloc/data/token_files.hpp"
 #include "desloc/data/tokenizer.hpp"
 
 namespace desloc::data {
@@ -49,6 +51,9 @@ struct TextCensus {
 TextCensus census_text(std::string_view text);
 
 struct DatasetInfo {
+  // How its files are laid out: desloc's shards (`desloc prepare`), or another tool's token
+  // files read in place (external_dataset).
+  TokenFormat format = TokenFormat::kDesloc;
   std::vector<std::string> train_shards;  // <dir>/<name> (dir as given), in stream order
   std::string val_shard;
   std::uint64_t train_tokens = 0;
@@ -57,12 +62,13 @@ struct DatasetInfo {
   // Entropy (nats/token) of the unigram token distribution of the training split:
   // the loss of a model that ignores context. A trained model must fall clearly below it.
   double unigram_entropy_nats = 0.0;
-  std::string source;                // human-readable description of where the text came from
-  std::string tokenizer = "byte";    // "byte" | "sentencepiece"
-  std::string tokenizer_file;        // <dir>/tokenizer.model for sentencepiece, else empty
+  std::string source;              // human-readable description of where the text came from
+  std::string tokenizer = "byte";  // "byte" | "sentencepiece"; the format's name for external data
+  std::string tokenizer_file;      // <dir>/tokenizer.model for sentencepiece, else empty
   std::uint64_t tokenizer_hash = 0;  // tokenizer_hash() of that file; 0 for byte
   std::uint64_t val_text_bytes = 0;  // bytes of validation text (0: not recorded)
-  // "byte", or "sentencepiece:<hash>": what a checkpoint's config hash covers.
+  // "byte", "sentencepiece:<hash>", or the format's name (external data, whose tokenizer desloc
+  // does not know): what a checkpoint's config hash covers.
   std::string tokenizer_identity() const;
   // The dataset's tokenizer (loads and checks the model file for sentencepiece).
   std::unique_ptr<Tokenizer> load_tokenizer() const;
@@ -80,6 +86,17 @@ struct DatasetInfo {
 // path or command) otherwise.
 // The returned shard paths are <out_dir>/<name>.
 DatasetInfo prepare_corpus(const PrepareOptions& opts);
+
+// A directory of token files another tool wrote, read in place (token_files.hpp): nanoGPT's
+// train.bin and val.bin, or llm.c's *_train*.bin files (in name order) and its one *_val*.bin.
+// These formats record no vocabulary: `vocab` is the model's, and every token id is checked
+// against it when the files are opened for training. The unigram entropy is not measured (0).
+// Throws DataError naming the directory and what is missing.
+DatasetInfo external_dataset(const std::string& dir, TokenFormat format, std::uint32_t vocab);
+
+// A split's files as one stream (every token checked once; see TokenStream).
+std::shared_ptr<const TokenStream> open_train_tokens(const DatasetInfo& data);
+std::shared_ptr<const TokenStream> open_val_tokens(const DatasetInfo& data);
 
 // Reads <dir>/dataset.toml; shard paths in it are relative to dir, and are returned as
 // <dir>/<name>. Throws DataError naming the file (and line:column and key) if it is missing or

@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "desloc/data/token_files.hpp"
 #include "desloc/model/gpt_config.hpp"
 #include "desloc/model/model.hpp"
 #include "desloc/optim/optimizer.hpp"
@@ -19,9 +20,12 @@ namespace desloc::train {
 
 struct DataConfig {
   std::string dir = "data/brown";  // directory written by `desloc prepare` (holds dataset.toml)
-  int batch = 16;                  // sequences per step per rank (B)
-  int seq_len = 0;                 // tokens per sequence (T); 0 = model.context
-  std::uint64_t seed = 1234;       // data order
+  // What dir holds: desloc's shards, or another tool's token files read in place
+  // (data::external_dataset: nanoGPT's train.bin / val.bin, llm.c's *_train*.bin / *_val*.bin).
+  data::TokenFormat format = data::TokenFormat::kDesloc;
+  int batch = 16;             // sequences per step per rank (B)
+  int seq_len = 0;            // tokens per sequence (T); 0 = model.context
+  std::uint64_t seed = 1234;  // data order
 };
 
 struct RunConfig {

@@ -91,6 +91,11 @@ struct RankContext {
       recover;
 };
 
+// The dataset in cfg.data.dir as data.format says: desloc's dataset.toml, or another tool's
+// token files (data::external_dataset, whose vocabulary is model.vocab). Nothing is read but
+// descriptions and headers.
+data::DatasetInfo dataset_of(const JobConfig& cfg);
+
 // The run's dataset (cfg.data.dir), checked against the model: DataError naming the file when
 // it is missing or does not match what dataset.toml records, ConfigError when its vocabulary
 // exceeds model.vocab. A networked rank calls it before it registers, so that bad data ends it
