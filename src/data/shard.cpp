@@ -40,38 +40,10 @@ std::string printable_magic(const char* magic) {
   return out;
 }
 
-}  // namespace
-
-void write_shard(const std::string& path, std::span<const std::uint16_t> tokens,
-                 std::uint32_t vocab) {
-  if (vocab == 0 || vocab > 65536)
-    throw DataError("cannot write token shard '" + path + "': vocab " + std::to_string(vocab) +
-                    " does not fit uint16 tokens (must be 1..65536)");
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] >= vocab)
-      throw DataError("cannot write token shard '" + path + "': token " + std::to_string(i) +
-                      " has id " + std::to_string(tokens[i]) + " >= vocab " +
-                      std::to_string(vocab));
-  }
-  const auto payload = std::as_bytes(tokens);
-  const std::span<const std::uint8_t> payload_u8(
-      reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size());
-  ByteWriter w;
-  w.bytes().reserve(kHeaderBytes + payload.size());
-  for (char c : kShardMagic) w.put(c);
-  w.put<std::uint32_t>(kShardVersion);
-  w.put<std::uint32_t>(kDtypeU16);
-  w.put<std::uint32_t>(vocab);
-  w.put<std::uint32_t>(crc32c(payload_u8));
-  w.put<std::uint64_t>(tokens.size());
-  w.put_span(tokens);
-  write_file_atomic(path, w.bytes());
-}
-
-void write_shard(const std::string& path, std::span<const std::uint32_t> tokens,
-                 std::uint32_t vocab) {
-  if (vocab == 0)
-    throw DataError("cannot write token shard '" + path + "': vocab must be positive");
+// The header and the tokens, each id checked against vocab; dtype says their width.
+template <class T>
+void write_tokens(const std::string& path, std::span<const T> tokens, std::uint32_t vocab,
+                  std::uint32_t dtype) {
   for (std::size_t i = 0; i < tokens.size(); ++i)
     if (tokens[i] >= vocab)
       throw DataError("cannot write token shard '" + path + "': token " + std::to_string(i) +
@@ -84,12 +56,29 @@ void write_shard(const std::string& path, std::span<const std::uint32_t> tokens,
   w.bytes().reserve(kHeaderBytes + payload.size());
   for (char c : kShardMagic) w.put(c);
   w.put<std::uint32_t>(kShardVersion);
-  w.put<std::uint32_t>(kDtypeU32);
+  w.put<std::uint32_t>(dtype);
   w.put<std::uint32_t>(vocab);
   w.put<std::uint32_t>(crc32c(payload_u8));
   w.put<std::uint64_t>(tokens.size());
   w.put_span(tokens);
   write_file_atomic(path, w.bytes());
+}
+
+}  // namespace
+
+void write_shard(const std::string& path, std::span<const std::uint16_t> tokens,
+                 std::uint32_t vocab) {
+  if (vocab == 0 || vocab > 65536)
+    throw DataError("cannot write token shard '" + path + "': vocab " + std::to_string(vocab) +
+                    " does not fit uint16 tokens (must be 1..65536)");
+  write_tokens(path, tokens, vocab, kDtypeU16);
+}
+
+void write_shard(const std::string& path, std::span<const std::uint32_t> tokens,
+                 std::uint32_t vocab) {
+  if (vocab == 0)
+    throw DataError("cannot write token shard '" + path + "': vocab must be positive");
+  write_tokens(path, tokens, vocab, kDtypeU32);
 }
 
 Shard read_shard(const std::string& path) {
