@@ -1,15 +1,15 @@
-// Token shard files: a 32-byte little-endian header, then the uint16 tokens (see shard.hpp).
+// Token shard files: a 32-byte little-endian header, then the tokens (see shard.hpp).
 #include "desloc/data/shard.hpp"
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <filesystem>
-#include <string_view>
+#include <vector>
 
 #include "desloc/core/error.hpp"
 #include "desloc/core/file_io.hpp"
 #include "desloc/core/hash.hpp"
+#include "desloc/data/token_files.hpp"
 
 namespace desloc::data {
 namespace {
@@ -18,28 +18,6 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "shard I/O assumes a little-endian host");
 
 constexpr std::size_t kHeaderBytes = 32;
-constexpr std::string_view kRegenerate = "re-run `desloc prepare` to regenerate it";
-
-[[noreturn]] void bad_shard(const std::string& path, const std::string& problem) {
-  throw DataError("token shard '" + path + "': " + problem + "; " + std::string(kRegenerate));
-}
-
-std::string printable_magic(const char* magic) {
-  std::string out;
-  for (int i = 0; i < 8; ++i) {
-    const auto c = static_cast<unsigned char>(magic[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 0xf];
-    }
-  }
-  return out;
-}
-
 // The header and the tokens, each id checked against vocab; dtype says their width.
 template <class T>
 void write_tokens(const std::string& path, std::span<const T> tokens, std::uint32_t vocab,
@@ -81,72 +59,17 @@ void write_shard(const std::string& path, std::span<const std::uint32_t> tokens,
   write_tokens(path, tokens, vocab, kDtypeU32);
 }
 
+// The same header checks, CRC32C and vocabulary checks as training's reads (token_files.cpp),
+// then the tokens whole.
 Shard read_shard(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
+  const TokenFile f = inspect_token_file(path, TokenFormat::kDesloc);
+  if (f.width != 2)
     throw DataError("token shard '" + path +
-                    "' does not exist or is not a regular file; check the path or re-run "
-                    "`desloc prepare`");
-  const std::vector<std::uint8_t> bytes = read_file(path);
-  if (bytes.size() < kHeaderBytes)
-    bad_shard(path, "truncated: the header needs " + std::to_string(kHeaderBytes) +
-                        " bytes but the file has " + std::to_string(bytes.size()));
-
-  ByteReader r(bytes, path);
-  char magic[8];
-  r.get_span(std::span<char>(magic), "magic");
-  if (!std::equal(std::begin(magic), std::end(magic), std::begin(kShardMagic)))
-    bad_shard(path, "wrong magic '" + printable_magic(magic) + "' at offset 0 (expected '" +
-                        printable_magic(kShardMagic) + "'): not a desloc token shard");
-  const auto version = r.get<std::uint32_t>("version");
-  if (version != kShardVersion)
-    bad_shard(path, "unsupported version " + std::to_string(version) +
-                        " at offset 8 (this build reads version " + std::to_string(kShardVersion) +
-                        ")");
-  const auto dtype = r.get<std::uint32_t>("dtype");
-  if (dtype != kDtypeU16)
-    bad_shard(path, "unknown dtype " + std::to_string(dtype) + " at offset 12 (expected " +
-                        std::to_string(kDtypeU16) + " = uint16)");
-  Shard shard;
-  shard.vocab = r.get<std::uint32_t>("vocab");
-  if (shard.vocab == 0 || shard.vocab > 65536)
-    bad_shard(path, "vocab " + std::to_string(shard.vocab) +
-                        " at offset 16 does not fit uint16 tokens (must be 1..65536)");
-  const auto crc = r.get<std::uint32_t>("crc32c");
-  const auto count = r.get<std::uint64_t>("token count");
-
-  // Compare in bytes without computing 2*count, which could overflow for a corrupt header.
-  const std::uint64_t payload_bytes = bytes.size() - kHeaderBytes;
-  const std::uint64_t expected_size_note =
-      count <= (UINT64_MAX - kHeaderBytes) / 2 ? kHeaderBytes + 2 * count : UINT64_MAX;
-  if (payload_bytes / 2 < count)
-    bad_shard(path, "truncated: header says " + std::to_string(count) +
-                        " tokens, so the file should be " + std::to_string(expected_size_note) +
-                        " bytes, but it is " + std::to_string(bytes.size()) + " bytes");
-  if (payload_bytes != 2 * count)
-    bad_shard(path, std::to_string(payload_bytes - 2 * count) + " trailing bytes: header says " +
-                        std::to_string(count) + " tokens, so the file should be " +
-                        std::to_string(expected_size_note) + " bytes, but it is " +
-                        std::to_string(bytes.size()) + " bytes");
-
-  const std::span<const std::uint8_t> payload(bytes.data() + kHeaderBytes, payload_bytes);
-  const std::uint32_t actual_crc = crc32c(payload);
-  if (actual_crc != crc)
-    bad_shard(path, "CRC32C mismatch over the " + std::to_string(payload_bytes) +
-                        " token bytes at offset 32 (header " + std::to_string(crc) + ", computed " +
-                        std::to_string(actual_crc) + "): the file is corrupt");
-
-  shard.tokens.resize(count);
-  // An empty vector's data() may be null, and memcpy(nullptr, _, 0) is undefined behaviour.
-  if (count > 0) r.get_span(std::span<std::uint16_t>(shard.tokens), "tokens");
-  for (std::size_t i = 0; i < shard.tokens.size(); ++i) {
-    if (shard.tokens[i] >= shard.vocab)
-      bad_shard(path, "token " + std::to_string(i) + " (offset " +
-                          std::to_string(kHeaderBytes + 2 * i) + ") has id " +
-                          std::to_string(shard.tokens[i]) + " >= vocab " +
-                          std::to_string(shard.vocab));
-  }
-  return shard;
+                    "' holds uint32 tokens (dtype 2); read_shard reads uint16 shards");
+  const TokenStream stream({f}, f.vocab, "shard");
+  std::vector<std::int32_t> ids(f.count);
+  stream.read(0, ids);
+  return {f.vocab, std::vector<std::uint16_t>(ids.begin(), ids.end())};
 }
 
 }  // namespace desloc::data

@@ -40,8 +40,33 @@ std::string fmt_string(const A&... a) {
   return out;
 }
 
+// What to do about a bad file of `format`.
+const char* remedy(TokenFormat format) {
+  return format == TokenFormat::kDesloc ? "re-run `desloc prepare` to regenerate it"
+                                        : "regenerate it with the tool that wrote it";
+}
+
 [[noreturn]] void bad_file(const std::string& path, TokenFormat format, const std::string& what) {
-  throw DataError(fmt_string("token file '", path, "' (", to_string(format), " format): ", what));
+  throw DataError(fmt_string("token file '", path, "' (", to_string(format), " format): ", what,
+                             "; ", remedy(format)));
+}
+
+// A magic as text, its unprintable bytes as \xNN.
+std::string printable_magic(const char* magic) {
+  std::string out;
+  for (int i = 0; i < 8; ++i) {
+    const auto c = static_cast<unsigned char>(magic[i]);
+    out +=
+        c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
+  }
+  return out;
+}
+
+// Token k of a buffer of `width`-byte little-endian tokens.
+std::uint32_t token_at(const std::uint8_t* buf, std::uint64_t k, std::uint64_t width) {
+  std::uint32_t id = 0;
+  std::memcpy(&id, buf + k * width, static_cast<std::size_t>(width));
+  return id;
 }
 
 // Reads exactly `n` bytes at `offset`, or throws DataError naming the file.
@@ -63,8 +88,9 @@ void read_at(int fd, const std::string& path, std::uint64_t offset, void* dst, s
 int open_file(const std::string& path, std::uint64_t& size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    throw DataError(fmt_string("token file '", path, "' cannot be opened: ", std::strerror(errno),
-                               "; check the path (data.dir) or re-run `desloc prepare`"));
+    throw DataError(fmt_string("token file '", path, "' does not exist or cannot be opened (",
+                               std::strerror(errno),
+                               "); check the path (data.dir) or re-run `desloc prepare`"));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -74,27 +100,31 @@ int open_file(const std::string& path, std::uint64_t& size) {
   return fd;
 }
 
-// The token bytes after `header` in a file of `size` bytes, as `width`-byte tokens: `declared`
-// of them when the header gives a count.
+// The token bytes after `header` in a file of `size` bytes, as `width`-byte tokens: exactly
+// `declared` of them when the header gives a count (which must not overflow a byte count),
+// else a whole number of them.
 void check_size(const TokenFile& f, std::uint64_t size, std::uint64_t header,
                 std::optional<std::uint64_t> declared) {
   if (size < header)
     bad_file(f.path, f.format,
              fmt_string("truncated: the header needs ", header, " bytes but the file has ", size));
   const std::uint64_t payload = size - header;
-  if (payload % static_cast<std::uint64_t>(f.width) != 0)
-    bad_file(
-        f.path, f.format,
-        fmt_string(payload, " bytes of tokens is not a whole number of ", f.width, "-byte tokens"));
-  const std::uint64_t have = payload / static_cast<std::uint64_t>(f.width);
-  if (declared && have < *declared)
-    bad_file(
-        f.path, f.format,
-        fmt_string("truncated: the header says ", *declared, " tokens, the file holds ", have));
-  if (declared && have > *declared)
+  const auto width = static_cast<std::uint64_t>(f.width);
+  if (!declared) {
+    if (payload % width != 0)
+      bad_file(
+          f.path, f.format,
+          fmt_string(payload, " bytes of tokens is not a whole number of ", width, "-byte tokens"));
+    return;
+  }
+  if (*declared > payload / width)
     bad_file(f.path, f.format,
-             fmt_string((have - *declared) * static_cast<std::uint64_t>(f.width),
-                        " trailing bytes after the ", *declared, " tokens the header says"));
+             fmt_string("truncated: the header says ", *declared, " tokens, the file holds ",
+                        payload / width));
+  if (payload > *declared * width)
+    bad_file(f.path, f.format,
+             fmt_string(payload - *declared * width, " trailing bytes after the ", *declared,
+                        " tokens the header says"));
 }
 
 }  // namespace
@@ -157,7 +187,9 @@ TokenFile inspect_token_file(const std::string& path, TokenFormat format) {
       char magic[8];
       read_at(fd, path, 0, magic, sizeof magic);
       if (!std::equal(std::begin(magic), std::end(magic), std::begin(kShardMagic)))
-        bad_file(path, format, "wrong magic at offset 0: not a desloc token shard");
+        bad_file(path, format,
+                 fmt_string("wrong magic '", printable_magic(magic), "' at offset 0 (expected '",
+                            printable_magic(kShardMagic), "'): not a desloc token shard"));
       std::array<std::uint32_t, 4> head{};  // version, dtype, vocab, crc
       read_at(fd, path, 8, head.data(), sizeof head);
       std::uint64_t count = 0;
@@ -171,12 +203,12 @@ TokenFile inspect_token_file(const std::string& path, TokenFormat format) {
       else
         bad_file(path, format, fmt_string("unknown dtype ", head[1], " at offset 12"));
       f.vocab = head[2];
+      if (f.vocab == 0 || (f.width == 2 && f.vocab > 65536))
+        bad_file(path, format,
+                 fmt_string("vocab ", f.vocab, " at offset 16 does not fit ",
+                            f.width == 2 ? "uint16 tokens (must be 1..65536)" : "(must be >= 1)"));
       f.crc = head[3];
       f.offset = kShardHeaderBytes;
-      if (count > (size - kShardHeaderBytes) / 2 + 1)  // no overflow below for a corrupt count
-        bad_file(path, format,
-                 fmt_string("truncated: the header says ", count, " tokens, the file has ", size,
-                            " bytes"));
       f.count = count;
       check_size(f, size, kShardHeaderBytes, count);
       return f;
@@ -225,21 +257,22 @@ void TokenStream::verify(std::size_t i, std::uint32_t vocab) const {
     read_at(fds_[i], f.path, f.offset + done * width, buf.data(), bytes);
     crc = crc32c({buf.data(), bytes}, crc);
     for (std::uint64_t k = 0; k < n; ++k) {
-      std::uint32_t id = 0;
-      std::memcpy(&id, buf.data() + k * width, static_cast<std::size_t>(width));
+      const std::uint32_t id = token_at(buf.data(), k, width);
       if (id >= vocab)
-        throw DataError(fmt_string(
-            "token file '", f.path, "' (", to_string(f.format), " format): token ", done + k,
-            " (offset ", f.offset + (done + k) * width, ") has id ", id, " >= the vocabulary of ",
-            vocab, " (model.vocab for ", to_string(f.format), " data)"));
+        bad_file(
+            f.path, f.format,
+            fmt_string(
+                "token ", done + k, " (offset ", f.offset + (done + k) * width, ") has id ", id,
+                " >= vocab ", vocab,
+                f.format == TokenFormat::kDesloc ? "" : " (model.vocab: these files record none)"));
     }
     done += n;
   }
   if (f.format == TokenFormat::kDesloc && crc != f.crc)
-    throw DataError(fmt_string("token shard '", f.path, "': CRC32C mismatch over its ",
-                               f.count * width, " token bytes at offset 32 (header ", f.crc,
-                               ", computed ", crc,
-                               "): the file is corrupt; re-run `desloc prepare`"));
+    bad_file(f.path, f.format,
+             fmt_string("CRC32C mismatch over its ", f.count * width,
+                        " token bytes at offset 32 (header ", f.crc, ", computed ", crc,
+                        "): the file is corrupt"));
 }
 
 void TokenStream::read(std::uint64_t start, std::span<std::int32_t> out) const {
@@ -264,11 +297,8 @@ void TokenStream::read(std::uint64_t start, std::span<std::int32_t> out) const {
         std::min<std::uint64_t>({out.size() - filled, f.count - pos, buf.size() / width});
     read_at(fds_[i], f.path, f.offset + pos * width, buf.data(),
             static_cast<std::size_t>(n * width));
-    for (std::uint64_t k = 0; k < n; ++k) {
-      std::uint32_t id = 0;
-      std::memcpy(&id, buf.data() + k * width, static_cast<std::size_t>(width));
-      out[filled + k] = static_cast<std::int32_t>(id);
-    }
+    for (std::uint64_t k = 0; k < n; ++k)
+      out[filled + k] = static_cast<std::int32_t>(token_at(buf.data(), k, width));
     filled += static_cast<std::size_t>(n);
     pos += n;
   }
