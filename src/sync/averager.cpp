@@ -69,6 +69,30 @@ std::optional<Averager::Verdict> Averager::take_verdict(optim::StateKind kind) {
   return v;
 }
 
+float Averager::contribution_scale(int site, std::span<const char> left_out) const {
+  if (weights_.empty()) return 1.0f;
+  if (weights_.size() != left_out.size())
+    throw Error("averager: " + std::to_string(weights_.size()) + " site weights for " +
+                std::to_string(left_out.size()) + " sites");
+  double total = 0.0;
+  int kept = 0;
+  for (std::size_t s = 0; s < weights_.size(); ++s)
+    if (!left_out[s]) {
+      total += weights_[s];
+      ++kept;
+    }
+  if (!(total > 0.0))
+    throw Error("averager: the kept sites' weights sum to " + std::to_string(total));
+  return static_cast<float>(weights_.at(static_cast<std::size_t>(site)) * kept / total);
+}
+
+std::vector<char> Averager::left_out_of(const std::optional<Verdict>& verdict, int sites) const {
+  std::vector<char> out(static_cast<std::size_t>(sites), 0);
+  if (verdict)
+    for (const Rejection& r : verdict->rejected) out.at(static_cast<std::size_t>(r.site)) = 1;
+  return out;
+}
+
 void VirtualAverager::check_replicas(optim::StateKind kind,
                                      std::span<const std::span<float>> local) const {
   if (static_cast<int>(local.size()) != sites_)
@@ -124,15 +148,25 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
     average_compressed(kind, local, *codec, left_out);
     return;
   }
+  std::vector<float> scale(M, 1.0f);
+  for (std::size_t w = 0; w < M && M > 1; ++w)
+    if (!left_out[w]) scale[w] = contribution_scale(static_cast<int>(w), left_out);
   if (M > 1 && order_ == SumOrder::kRing) {
     std::vector<float> sum;
     const std::vector<float> zeros(kept < M ? transport::block(n, shards_, 0).count : 0, 0.0f);
     std::vector<std::span<const float>> parts(M);
+    scaled_.resize(M);
     for (int r = 0; r < shards_; ++r) {
       const transport::Range b = transport::block(n, shards_, r);
-      for (std::size_t w = 0; w < M; ++w)
+      for (std::size_t w = 0; w < M; ++w) {
         parts[w] = left_out[w] ? std::span<const float>(zeros).first(b.count)
                                : local[w].subspan(b.offset, b.count);
+        if (left_out[w] || scale[w] == 1.0f) continue;
+        // What a networked rank's shard becomes before its ring (CollectiveAverager).
+        scaled_[w].resize(b.count);
+        for (std::size_t i = 0; i < b.count; ++i) scaled_[w][i] = parts[w][i] * scale[w];
+        parts[w] = scaled_[w];
+      }
       sum.resize(b.count);
       transport::lane_sum_reference(parts, sum, transport::effective_lanes(lanes_, sites_),
                                     lane_share_);
@@ -147,7 +181,7 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
     for (std::size_t i = 0; i < n; ++i) {
       double s = 0.0;
       for (std::size_t w = 0; w < M; ++w)
-        if (!left_out[w]) s += static_cast<double>(local[w][i]);
+        if (!left_out[w]) s += static_cast<double>(scale[w]) * static_cast<double>(local[w][i]);
       const auto mean = static_cast<float>(s * inv);
       for (std::size_t w = 0; w < M; ++w) local[w][i] = mean;
     }
@@ -197,7 +231,8 @@ void VirtualAverager::average_compressed(optim::StateKind kind,
       for (std::size_t w = 0; w < M; ++w) {
         bytes[w].resize(l.segment_bytes * M);
         encode_contribution(l, local[w].subspan(b.offset, b.count), ref, feedback(w),
-                            left_out[w] != 0, bytes[w], scratch);
+                            left_out[w] != 0, bytes[w], scratch,
+                            left_out[w] ? 1.0f : contribution_scale(static_cast<int>(w), left_out));
       }
       combined.assign(l.segment_bytes * M, std::byte{0});
       for (int s = 0; s < S; ++s) {

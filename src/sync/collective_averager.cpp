@@ -61,7 +61,13 @@ void CollectiveAverager::average_across_sites(optim::StateKind kind,
       wan_reverse_ != nullptr ? wan_reverse_->bytes()[CollectiveOp::kAllReduce].sent : 0;
   const transport::OpLabel label{step_, static_cast<std::uint8_t>(kind),
                                  static_cast<std::uint32_t>(r)};
-  const int kept = guard(kind, data, shard);
+  // A rejected site sends zeros; a kept one its shard times its weight's factor, as the
+  // VirtualAverager scales each replica's.
+  const Decision decision = decide(kind, data);
+  if (decision.rejected) std::fill(shard.begin(), shard.end(), 0.0f);
+  if (decision.scale != 1.0f)
+    for (float& x : shard) x *= decision.scale;
+  const int kept = decision.kept;
   wan_.set_label(label);
   std::array<SyncMeter::LaneSample, 2> lanes{};
   if (wan_reverse_ == nullptr) {
@@ -195,7 +201,7 @@ void CollectiveAverager::across_sites_compressed(optim::StateKind kind, std::spa
   const std::span<float> ref = codec.reference.subspan(mine.offset, mine.count);
   const std::size_t seg = l.segment_bytes;
   encoded_.resize(seg * static_cast<std::size_t>(sites));
-  encode_contribution(l, shard, ref, ef, decision.rejected, encoded_, scratch_);
+  encode_contribution(l, shard, ref, ef, decision.rejected, encoded_, scratch_, decision.scale);
 
   const std::uint64_t before =
       wan_.bytes()[CollectiveOp::kAllReduce].sent + wan_.bytes()[CollectiveOp::kAllGather].sent;
@@ -365,25 +371,21 @@ void CollectiveAverager::check_one_replica(optim::StateKind kind,
 
 CollectiveAverager::Decision CollectiveAverager::decide(optim::StateKind kind,
                                                         std::span<float> data) {
-  if (!guard_.enabled) return {wan_.size(), false};
-  if (!verdicts_[static_cast<std::size_t>(kind)]) {  // no control exchange this step: judge alone
-    const std::optional<CodecViews>& codec = codec_[static_cast<std::size_t>(kind)];
-    const DueAverage d{kind, std::span<const std::span<float>>(&data, 1),
-                       codec ? &*codec : nullptr};
-    exchange(std::span<const DueAverage>(&d, 1), false, false);
+  const int sites = wan_.size();
+  std::optional<Verdict> verdict;
+  if (guard_.enabled) {
+    if (!verdicts_[static_cast<std::size_t>(kind)]) {  // no control exchange this step: alone
+      const std::optional<CodecViews>& codec = codec_[static_cast<std::size_t>(kind)];
+      const DueAverage d{kind, std::span<const std::span<float>>(&data, 1),
+                         codec ? &*codec : nullptr};
+      exchange(std::span<const DueAverage>(&d, 1), false, false);
+    }
+    verdict = take_verdict(kind);
   }
-  const Verdict verdict = *take_verdict(kind);
-  Decision out{verdict.kept, false};
-  for (const Rejection& rj : verdict.rejected)
-    out.rejected = out.rejected || rj.site == wan_.rank();
+  const std::vector<char> left_out = left_out_of(verdict, sites);
+  Decision out{verdict ? verdict->kept : sites, left_out[std::size_t(wan_.rank())] != 0, 1.0f};
+  if (!out.rejected) out.scale = contribution_scale(wan_.rank(), left_out);
   return out;
-}
-
-int CollectiveAverager::guard(optim::StateKind kind, std::span<float> data,
-                              std::span<float> shard) {
-  const Decision d = decide(kind, data);
-  if (d.rejected) std::fill(shard.begin(), shard.end(), 0.0f);
-  return d.kept;
 }
 
 Traffic CollectiveAverager::traffic(int w) const {

@@ -73,12 +73,14 @@ constexpr std::size_t kPieceTarget = std::size_t(1) << 16;
 // What a site sends before encoding: state - reference (+ feedback), of sqrt(state) in the
 // sqrt domain.
 void difference(const RingLayout& l, std::span<const float> state, std::span<const float> reference,
-                std::span<const float> feedback, float* d) {
+                std::span<const float> feedback, float* d, float scale = 1.0f) {
   if (l.sqrt_domain) {
     for (std::size_t i = 0; i < l.m; ++i) d[i] = std::sqrt(std::max(0.0f, state[i])) - reference[i];
   } else {
     for (std::size_t i = 0; i < l.m; ++i) d[i] = state[i] - reference[i];
   }
+  if (scale != 1.0f)
+    for (std::size_t i = 0; i < l.m; ++i) d[i] *= scale;
   if (!feedback.empty())
     for (std::size_t i = 0; i < l.m; ++i) d[i] += feedback[i];
 }
@@ -114,7 +116,7 @@ std::size_t RingLayout::encoded(int s, std::size_t c) const {
 
 void encode_contribution(const RingLayout& l, std::span<const float> state,
                          std::span<const float> reference, std::span<float> feedback, bool zero,
-                         std::span<std::byte> out, std::vector<float>& scratch) {
+                         std::span<std::byte> out, std::vector<float>& scratch, float scale) {
   if (state.size() != l.m || reference.size() != l.m ||
       (!feedback.empty() && feedback.size() != l.m) ||
       out.size() != l.segment_bytes * static_cast<std::size_t>(l.sites))
@@ -130,7 +132,7 @@ void encode_contribution(const RingLayout& l, std::span<const float> state,
   }
   scratch.resize(l.m);
   float* d = scratch.data();
-  difference(l, state, reference, feedback, d);
+  difference(l, state, reference, feedback, d, scale);
   for (int s = 0; s < l.sites; ++s) {
     std::size_t at = static_cast<std::size_t>(s) * l.segment_bytes;
     for (std::size_t c = 0; c < l.pieces(s); ++c) {

@@ -159,7 +159,14 @@ GroupedAverager::GroupedAverager(std::vector<std::vector<int>> groups, int sites
 
 void GroupedAverager::open_step() {
   if (opened_ == step_) return;
-  for (auto& a : averagers_) a->begin_step(step_);
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    averagers_[g]->begin_step(step_);
+    // Each region weighs its own sites as the job does (set_weights).
+    std::vector<double> mine;
+    for (int w : groups_[g])
+      if (!weights_.empty()) mine.push_back(weights_.at(static_cast<std::size_t>(w)));
+    averagers_[g]->set_weights(std::move(mine));
+  }
   opened_ = step_;
 }
 

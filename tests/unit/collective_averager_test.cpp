@@ -110,11 +110,20 @@ TEST(CollectiveAverager, RefusesSeveralLocalReplicas) {
 // open/connect a `desloc worker` uses): the sharded averager equals VirtualAverager in ring
 // order bit for bit, on random (not closed-form) inputs, for shards that are empty, tiny and
 // unaligned; traffic splits into WAN and intra-site bytes. With two lanes, `share` of each
-// shard goes round the ring (transport.lane_share) and the lanes' bytes split alike.
-class ShardedAveragerTest : public ::testing::TestWithParam<std::tuple<int, int, int, double>> {};
+// shard goes round the ring (transport.lane_share) and the lanes' bytes split alike. Weighted
+// (sites that train on unequal tokens, sync.weights): each site's shard scaled by its factor
+// before the ring, in both.
+class ShardedAveragerTest
+    : public ::testing::TestWithParam<std::tuple<int, int, int, double, bool>> {};
+
+// Unequal sites' weights: tokens per step of sites of 3 x 8, 1 x 2, 2 x 4, ... sequences.
+std::vector<double> unequal_weights(int sites) {
+  const std::vector<double> w{24, 2, 8, 5, 7};
+  return {w.begin(), w.begin() + sites};
+}
 
 TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
-  const auto [S, R, L, share] = GetParam();
+  const auto [S, R, L, share, weighted] = GetParam();
   const bool two_lanes = transport::effective_lanes(L, S) == 2;
   Watchdog watchdog(60s);
   for (std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{1003}}) {
@@ -127,7 +136,21 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
       for (std::size_t i = 0; i < n; ++i) expect[std::size_t(s)][i] = value(s, i);
     std::vector<std::span<float>> views(expect.begin(), expect.end());
     sync::VirtualAverager ring(S, sync::SumOrder::kRing, R, L, share);
+    if (weighted) ring.set_weights(unequal_weights(S));
     ring.average(optim::StateKind::kU, views);
+    if (weighted) {  // the token-weighted mean, and not the plain one
+      const std::vector<double> w = unequal_weights(S);
+      double total = 0.0;
+      for (double x : w) total += x;
+      for (std::size_t i = 0; i < n; ++i) {
+        double mean = 0.0, magnitude = 0.0;  // float sums err relative to the terms
+        for (int s = 0; s < S; ++s) {
+          mean += w[std::size_t(s)] * double(value(s, i));
+          magnitude += w[std::size_t(s)] * std::abs(double(value(s, i)));
+        }
+        ASSERT_NEAR(expect[0][i], mean / total, 1e-6 * magnitude / total) << i;
+      }
+    }
 
     test_support::WorldOptions world;
     world.collective.deadline = 20s;
@@ -139,6 +162,7 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
     test_support::run_world(S, R, world, [&](int s, int r, test_support::Groups& g) {
       const auto me = static_cast<std::size_t>(s * R + r);
       sync::CollectiveAverager avg(*g.wan, g.site.get(), g.reverse.get(), share);
+      if (weighted) avg.set_weights(unequal_weights(S));
       sync::SyncMeter meter;
       avg.set_sync_meter(&meter);
       EXPECT_EQ(avg.sites(), S);
@@ -180,15 +204,18 @@ TEST_P(ShardedAveragerTest, MatchesTheRingOrderedVirtualAveragerBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(
     SitesByRanksByLanes, ShardedAveragerTest,
-    ::testing::Values(std::make_tuple(2, 1, 1, 0.5), std::make_tuple(3, 1, 1, 0.5),
-                      std::make_tuple(2, 2, 1, 0.5), std::make_tuple(3, 2, 1, 0.5),
-                      std::make_tuple(2, 3, 1, 0.5), std::make_tuple(3, 1, 2, 0.5),
-                      std::make_tuple(4, 2, 2, 0.5), std::make_tuple(5, 1, 2, 0.5),
-                      std::make_tuple(3, 2, 2, 0.75), std::make_tuple(4, 1, 2, 0.2)),
+    ::testing::Values(std::make_tuple(2, 1, 1, 0.5, false), std::make_tuple(3, 1, 1, 0.5, false),
+                      std::make_tuple(2, 2, 1, 0.5, false), std::make_tuple(3, 2, 1, 0.5, false),
+                      std::make_tuple(2, 3, 1, 0.5, false), std::make_tuple(3, 1, 2, 0.5, false),
+                      std::make_tuple(4, 2, 2, 0.5, false), std::make_tuple(5, 1, 2, 0.5, false),
+                      std::make_tuple(3, 2, 2, 0.75, false), std::make_tuple(4, 1, 2, 0.2, false),
+                      std::make_tuple(2, 1, 1, 0.5, true), std::make_tuple(3, 2, 2, 0.5, true),
+                      std::make_tuple(5, 1, 2, 0.5, true)),
     [](const auto& info) {
       const double share = std::get<3>(info.param);
       return std::to_string(std::get<0>(info.param)) + "x" +
              std::to_string(std::get<1>(info.param)) + "_lanes" +
              std::to_string(std::get<2>(info.param)) +
-             (share == 0.5 ? std::string() : "_share" + std::to_string(int(share * 100)));
+             (share == 0.5 ? std::string() : "_share" + std::to_string(int(share * 100))) +
+             (std::get<4>(info.param) ? "_weighted" : "");
     });

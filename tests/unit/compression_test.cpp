@@ -260,11 +260,17 @@ TEST(Compression, TheStateHandsOutEachFragmentsBlock) {
 // wire carries (S - 1) encoded shards per rank.
 // 1003 values: one piece per segment. 2 x 65536 + 1 per rank: segments of more than one
 // encoded piece, the shorter ones padded with a piece of nothing.
-class CompressedAveragerTest : public ::testing::TestWithParam<std::tuple<int, int, std::size_t>> {
-};
+// Weighted: each site's difference scaled by its weight's factor before it is encoded, its
+// feedback holding what the scaled difference dropped.
+class CompressedAveragerTest
+    : public ::testing::TestWithParam<std::tuple<int, int, std::size_t, bool>> {};
 
 TEST_P(CompressedAveragerTest, EqualsTheInProcessAveragerBitForBit) {
-  const auto [S, R, per_rank] = GetParam();
+  const auto [S, R, per_rank, weighted] = GetParam();
+  // Tokens per step of sites of 3 x 8, 1 x 2 and 2 x 4 sequences.
+  std::vector<double> weights;
+  if (weighted) weights.assign({24.0, 2.0, 8.0});
+  weights.resize(weighted ? std::size_t(S) : 0);
   test_support::Watchdog watchdog(60s);
   const std::size_t n = per_rank * static_cast<std::size_t>(R);
   constexpr std::size_t kBlock = 16;
@@ -295,6 +301,7 @@ TEST_P(CompressedAveragerTest, EqualsTheInProcessAveragerBitForBit) {
   std::vector<float> ref = ref0, vref = vref0;
   std::vector<std::vector<float>> ef(Ss, std::vector<float>(n, 0.0f)), vef = ef;
   sync::VirtualAverager virt(S, sync::SumOrder::kRing, R, 2);
+  virt.set_weights(weights);
   for (int round = 0; round < kRounds; ++round) {
     for (int s = 0; s < S; ++s)
       for (std::size_t i = 0; i < n; ++i) {
@@ -319,6 +326,7 @@ TEST_P(CompressedAveragerTest, EqualsTheInProcessAveragerBitForBit) {
   test_support::run_world(S, R, world, [&](int s, int r, test_support::Groups& g) {
     const auto me = static_cast<std::size_t>(s * R + r);
     sync::CollectiveAverager avg(*g.wan, g.site.get(), g.reverse.get());
+    avg.set_weights(weights);
     std::vector<float> mine(n), my_ref = ref0, vmine(n), my_vref = vref0;
     std::vector<std::vector<float>> my_ef(1, std::vector<float>(n, 0.0f)), my_vef = my_ef;
     for (int round = 0; round < kRounds; ++round) {
@@ -364,13 +372,14 @@ TEST_P(CompressedAveragerTest, EqualsTheInProcessAveragerBitForBit) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(SitesByRanks, CompressedAveragerTest,
-                         ::testing::Values(std::make_tuple(2, 1, 1003), std::make_tuple(3, 1, 1003),
-                                           std::make_tuple(2, 2, 1003), std::make_tuple(3, 2, 1003),
-                                           std::make_tuple(2, 1, 131073),
-                                           std::make_tuple(3, 2, 131073)),
-                         [](const auto& info) {
-                           return std::to_string(std::get<0>(info.param)) + "x" +
-                                  std::to_string(std::get<1>(info.param)) + "_n" +
-                                  std::to_string(std::get<2>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    SitesByRanks, CompressedAveragerTest,
+    ::testing::Values(std::make_tuple(2, 1, 1003, false), std::make_tuple(3, 1, 1003, false),
+                      std::make_tuple(2, 2, 1003, false), std::make_tuple(3, 2, 1003, false),
+                      std::make_tuple(2, 1, 131073, false), std::make_tuple(3, 2, 131073, false),
+                      std::make_tuple(3, 1, 1003, true), std::make_tuple(3, 2, 131073, true)),
+    [](const auto& info) {
+      return std::to_string(std::get<0>(info.param)) + "x" +
+             std::to_string(std::get<1>(info.param)) + "_n" +
+             std::to_string(std::get<2>(info.param)) + (std::get<3>(info.param) ? "_weighted" : "");
+    });

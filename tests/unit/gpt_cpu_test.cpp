@@ -13,6 +13,7 @@
 
 #include "desloc/core/error.hpp"
 #include "desloc/model/model.hpp"
+#include "desloc/sync/averager.hpp"
 #include "model/cpu/gpt_cpu.hpp"
 
 namespace desloc::model {
@@ -120,6 +121,45 @@ TEST(GptCpu, EveryParameterTensorMatchesFiniteDifferences) {
           << ", tensor max |grad| " << max_grad;
     }
   }
+}
+
+// DDP over unequal sites (sync.weights = "tokens"): site A's mean gradient over its 1
+// sequence and site B's over its 2, averaged with weights 1 and 2, is the mean gradient over
+// the 3 sequences, the one a site training on the combined batch takes. Not bit for bit: the
+// model sums the batch's rows in one order, the average adds two means (each rounded) scaled
+// by 1/3 * 3 and 2/3 * 3 (rounded to float); within 1e-5 of the largest gradient. The plain
+// mean of the two sites' gradients is not.
+TEST(GptCpu, TheTokenWeightedMeanOfTwoSitesGradientsIsTheGradientOfTheirCombinedBatch) {
+  const auto cfg = tiny_config();
+  auto m = make_cpu_gpt(cfg, tiny_options());
+  const auto tok = random_tokens(3, 8, cfg.vocab, 9);
+  m->forward_backward(tok.batch(3, 8));
+  const std::vector<float> combined(m->grads().begin(), m->grads().end());
+  const auto rows = [&](int first, int count) {
+    const auto at = static_cast<std::size_t>(first) * 8, n = static_cast<std::size_t>(count) * 8;
+    return Batch{std::span(tok.inputs).subspan(at, n), std::span(tok.targets).subspan(at, n), count,
+                 8};
+  };
+  m->forward_backward(rows(0, 1));
+  std::vector<float> a(m->grads().begin(), m->grads().end());
+  m->forward_backward(rows(1, 2));
+  std::vector<float> b(m->grads().begin(), m->grads().end());
+  std::vector<float> plain_a = a, plain_b = b;
+  std::vector<std::span<float>> sites{a, b};
+  sync::VirtualAverager weighted(2, sync::SumOrder::kRing);
+  weighted.set_weights({1.0 * 8, 2.0 * 8});  // tokens per step
+  weighted.average(optim::StateKind::kGrad, sites);
+  std::vector<std::span<float>> plain{plain_a, plain_b};
+  sync::VirtualAverager alike(2, sync::SumOrder::kRing);
+  alike.average(optim::StateKind::kGrad, plain);
+  double largest = 0.0, worst = 0.0, plain_worst = 0.0;
+  for (std::size_t i = 0; i < combined.size(); ++i) {
+    largest = std::max(largest, double(std::abs(combined[i])));
+    worst = std::max(worst, double(std::abs(a[i] - combined[i])));
+    plain_worst = std::max(plain_worst, double(std::abs(plain_a[i] - combined[i])));
+  }
+  EXPECT_LE(worst, 1e-5 * largest);
+  EXPECT_GT(plain_worst, 1e-3 * largest);
 }
 
 TEST(GptCpu, RunsAreBitwiseDeterministic) {

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -106,6 +108,53 @@ TEST(VirtualAverager, ExactMeanForWorldSizesAndLengths) {
       EXPECT_EQ(avg.traffic(0).payload[1], 0u);
     }
   }
+}
+
+// sync.weights = "tokens": sites of 3, 1 and 2 units of tokens per step. Each contribution is
+// scaled by w * kept / W before the sum (1.5, 0.5 and 1, exact here), so the mean is the
+// weighted one, exactly, in either sum order; equal weights change no bit; a site the payload
+// guard leaves out takes its weight out of the divisor.
+TEST(VirtualAverager, TokenWeightsGiveTheMeanOverEveryToken) {
+  for (const sync::SumOrder order : {sync::SumOrder::kExact, sync::SumOrder::kRing}) {
+    std::vector<std::vector<float>> r{std::vector<float>(5, 1.0f), std::vector<float>(5, 4.0f),
+                                      std::vector<float>(5, 7.0f)};
+    std::vector<std::span<float>> views(r.begin(), r.end());
+    sync::VirtualAverager avg(3, order, 2);
+    avg.set_weights({3, 1, 2});
+    avg.average(StateKind::kX, views);
+    for (const auto& x : r) EXPECT_EQ(x, std::vector<float>(5, 3.5f));  // (3 + 4 + 14) / 6
+  }
+  auto messy = [](int site, std::size_t i) {
+    const auto h = static_cast<std::uint32_t>((i * 2654435761u) ^ (unsigned(site + 1) * 40503u));
+    return std::ldexp(static_cast<float>(h % 100003) - 50001.0f, -int(h % 7) - 14);
+  };
+  std::vector<std::vector<float>> plain(3, std::vector<float>(101)), alike;
+  for (int s = 0; s < 3; ++s)
+    for (std::size_t i = 0; i < 101; ++i) plain[std::size_t(s)][i] = messy(s, i);
+  alike = plain;
+  std::vector<std::span<float>> pv(plain.begin(), plain.end()), av(alike.begin(), alike.end());
+  sync::VirtualAverager unweighted(3, sync::SumOrder::kRing, 2, 2);
+  sync::VirtualAverager equal(3, sync::SumOrder::kRing, 2, 2);
+  equal.set_weights({4096, 4096, 4096});
+  unweighted.average(StateKind::kU, pv);
+  equal.average(StateKind::kU, av);
+  EXPECT_EQ(0, std::memcmp(plain[0].data(), alike[0].data(), 101 * sizeof(float)));
+
+  // Site 1's NaN leaves it out: (3 * 1 + 2 * 7) / 5, not / 6.
+  std::vector<std::vector<float>> g{std::vector<float>(4, 1.0f), std::vector<float>(4, 4.0f),
+                                    std::vector<float>(4, 7.0f)};
+  g[1][2] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::span<float>> gv(g.begin(), g.end());
+  sync::VirtualAverager guarded(3, sync::SumOrder::kRing);
+  guarded.set_weights({3, 1, 2});
+  guarded.average(StateKind::kX, gv);
+  ASSERT_EQ(guarded.rejections().size(), 1u);
+  for (const auto& x : g)
+    for (float v : x) EXPECT_NEAR(v, 17.0f / 5.0f, 1e-6f);
+
+  sync::VirtualAverager wrong(3, sync::SumOrder::kRing);
+  wrong.set_weights({1, 2});
+  EXPECT_THROW(wrong.average(StateKind::kX, gv), Error);
 }
 
 TEST(VirtualAverager, RejectsMismatchedReplicas) {
@@ -288,6 +337,40 @@ TEST(SyncPolicy, FragmentsAreStaggeredOverEachPeriod) {
     if (d.x) {
       EXPECT_EQ(d.frag_u, (t / 2) % 6) << t;
       EXPECT_EQ(d.frag_v, (t / 2) % 12) << t;
+    }
+  }
+}
+
+// Unequal sites (sync.weights = "tokens", 6, 1 and 8 tokens a step): with kx = 1, DES-LOC's
+// average of x at a step is the token-weighted mean computed by hand, not the plain one; under
+// DDP the gradient's is.
+TEST(SyncEngine, UnequalSitesAverageToTheTokenWeightedMean) {
+  const std::size_t n = 4;
+  optim::OptimizerConfig cfg{.algorithm = optim::Algorithm::kAdamW, .weight_decay = 0.0f};
+  for (const SyncMethod method : {SyncMethod::kDesloc, SyncMethod::kDdp}) {
+    const SyncPolicy policy({.method = method, .sites = 3, .kx = 1});
+    std::vector<optim::Optimizer> opts{optim::Optimizer(cfg, n), optim::Optimizer(cfg, n),
+                                       optim::Optimizer(cfg, n)};
+    std::vector<std::vector<float>> xs = {{1, 2, 3, 4}, {5, -6, 7, 8}, {-9, 10, 11, 12}};
+    std::vector<std::vector<float>> gs = xs;
+    std::vector<sync::Replica> reps;
+    for (std::size_t w = 0; w < 3; ++w) reps.push_back({xs[w], gs[w], &opts[w]});
+    sync::VirtualAverager avg(3, sync::SumOrder::kRing, 2, 2);
+    avg.set_weights({6, 1, 8});
+    sync::SyncEngine engine(policy);
+    engine.begin(1, avg);
+    engine.finish(reps);
+    const auto& averaged = method == SyncMethod::kDdp ? gs : xs;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::vector<float> before = {std::vector<float>{1, 2, 3, 4}[i],
+                                         std::vector<float>{5, -6, 7, 8}[i],
+                                         std::vector<float>{-9, 10, 11, 12}[i]};
+      const double weighted = (6.0 * before[0] + 1.0 * before[1] + 8.0 * before[2]) / 15.0;
+      const double plain = (before[0] + before[1] + before[2]) / 3.0;
+      for (std::size_t w = 0; w < 3; ++w) {
+        EXPECT_NEAR(averaged[w][i], weighted, 2e-6 * 12) << to_string(method) << " " << i;
+        EXPECT_GT(std::abs(averaged[w][i] - plain), 0.1) << to_string(method) << " " << i;
+      }
     }
   }
 }

@@ -103,6 +103,13 @@ class Averager {
     codec_[static_cast<std::size_t>(kind)] = std::move(views);
   }
   virtual int sites() const = 0;
+  // Each site's weight in every average, indexed as sites() counts them (a replica, or a ring
+  // position): the tokens it trains on per step with sync.weights = "tokens", so the mean is
+  // the one over every sequence the sites trained on. Empty: every site alike. Each site's
+  // contribution is multiplied by contribution_scale() before the sum, which is then divided
+  // by the number of sites kept, as unweighted. A left-out site's weight leaves the divisor.
+  void set_weights(std::vector<double> weights) { weights_ = std::move(weights); }
+  const std::vector<double>& weights() const { return weights_; }
   // Traffic of site w (a local replica index), a copy: an average on a communication thread
   // (sync.overlap = "delayed") may be adding to it meanwhile.
   virtual Traffic traffic(int w) const = 0;
@@ -177,6 +184,15 @@ class Averager {
   ControlAnswer close_with(const std::function<bool()>& exchange);
   // The verdict exchange_control left for kind, consumed; nullopt when there is none.
   std::optional<Verdict> take_verdict(optim::StateKind kind);
+  // The factor site `site`'s contribution takes before the sum: w_site * kept / (the kept
+  // sites' weights summed in site order), rounded to float, where `left_out[s]` marks the sites
+  // the guard rejected. Exactly 1 when the kept sites weigh alike (their sum is then kept
+  // times one of them, exactly, for weights that are integers below 2^53), so an average of
+  // equal weights computes what an unweighted one does, bit for bit. Every rank computes the
+  // same factor for a site: the in-process and networked averages stay equal.
+  float contribution_scale(int site, std::span<const char> left_out) const;
+  // left_out as contribution_scale() reads it, from a verdict's rejections (none: all kept).
+  std::vector<char> left_out_of(const std::optional<Verdict>& verdict, int sites) const;
 
   std::int64_t step_ = -1;
   mutable std::mutex traffic_mu_;  // guards the implementations' traffic counters
@@ -184,6 +200,7 @@ class Averager {
   std::vector<Rejection> rejections_;
   std::array<std::optional<Verdict>, 4> verdicts_;  // by optim::StateKind
   std::array<std::optional<CodecViews>, 4> codec_;  // by optim::StateKind (set_codec)
+  std::vector<double> weights_;                     // set_weights(); empty: equal
   // Between open_control() and close_control() (the default halves): the due states and the
   // stop request.
   std::vector<DueAverage> opened_due_;
@@ -194,8 +211,9 @@ class Averager {
 
 // How VirtualAverager sums.
 enum class SumOrder {
-  // Each element summed in double in site order and divided once: deterministic, and exact
-  // whenever the inputs' sum is representable (closed-form tests rely on that).
+  // Each element summed in double in site order (each times its contribution_scale) and
+  // divided once: deterministic, and exact whenever the inputs' sum is representable
+  // (closed-form tests rely on that).
   kExact,
   // Bit for bit what the networked CollectiveAverager computes with `shards` ranks per site:
   // each shard (transport::block) summed in the ring order of transport::ring_sum_reference
@@ -247,6 +265,7 @@ class VirtualAverager final : public Averager {
   std::vector<std::vector<std::byte>> encoded_;
   std::vector<std::byte> combined_;
   std::vector<float> scratch_, mean_;
+  std::vector<std::vector<float>> scaled_;  // weighted ring averages: each site's scaled shard
 };
 
 }  // namespace desloc::sync

@@ -71,6 +71,7 @@ class CollectiveAverager final : public Averager {
   struct Decision {
     int kept = 0;           // sites averaged
     bool rejected = false;  // this site is left out
+    float scale = 1.0f;     // this site's contribution_scale (1 when rejected)
   };
   Decision decide(optim::StateKind kind, std::span<float> data);
   // The control exchange; `measure` adds the measurement rows (only the engine's exchange,
@@ -93,9 +94,6 @@ class CollectiveAverager final : public Averager {
   bool agree(const ControlRows& site, std::optional<SyncMeasure>& measured);
   // One wide-area average's seconds and bytes, for the next exchange's measurement.
   void measured(double seconds, std::uint64_t bytes);
-  // decide(), with this rank's shard of `data` zeroed when this site is rejected; returns the
-  // number of sites averaged.
-  int guard(optim::StateKind kind, std::span<float> data, std::span<float> shard);
   void check_one_replica(optim::StateKind kind, std::span<const std::span<float>> local) const;
   // The wide-area half of a compressed average (set_codec): this rank's shard `mine` of data.
   void across_sites_compressed(optim::StateKind kind, std::span<float> data, std::span<float> shard,

@@ -148,10 +148,13 @@ struct RingLayout {
 // same float operations in the same order in one process as over the network.
 
 // `out` holds sites * segment_bytes bytes. A site the payload guard rejected (`zero`) sends
-// zeros and its feedback restarts at zero. `feedback` is empty without error feedback.
+// zeros and its feedback restarts at zero. `feedback` is empty without error feedback. `scale`
+// multiplies the difference before the feedback joins it (the site's weight in a weighted
+// average, Averager::contribution_scale): the feedback holds what the weighted contribution
+// dropped.
 void encode_contribution(const RingLayout& l, std::span<const float> state,
                          std::span<const float> reference, std::span<float> feedback, bool zero,
-                         std::span<std::byte> out, std::vector<float>& scratch);
+                         std::span<std::byte> out, std::vector<float>& scratch, float scale = 1.0f);
 // Piece c of segment s (`received` and `own` hold at least its encoded bytes; padding is left
 // alone): own <- encode(decode(received) + decode(own)). `feedback` is the whole shard's (or
 // empty).
