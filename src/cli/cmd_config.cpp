@@ -20,7 +20,7 @@ void print_memory(const train::JobConfig& cfg) {
   using train::ProcessRole;
   const auto available = train::available_memory();
   train::check_memory(cfg, ProcessRole::kRank, 1, available);
-  const int world = cfg.sync.sites * cfg.job.ranks_per_site;
+  const int world = cfg.ranks_of_sites(cfg.sync.sites);
   const double rank = train::estimate_memory(cfg, ProcessRole::kRank).bytes();
   const double one = train::estimate_memory(cfg, ProcessRole::kInProcess).bytes();
   std::printf(

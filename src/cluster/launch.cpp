@@ -660,6 +660,7 @@ int launch_outcome(const train::JobConfig& cfg, const std::vector<Child>& childr
 }  // namespace
 
 int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
+  check_networked_sites(cfg);
   const auto sites = cfg.site_names();
   const int R = cfg.job.ranks_per_site;
   const int world = static_cast<int>(sites.size()) * R;

@@ -121,6 +121,7 @@ std::optional<RankIdentity> identity_from_environment(const train::JobConfig& cf
     char* end = nullptr;
     const long g = std::strtol(r, &end, 10);
     const long size = std::strtol(n, nullptr, 10);
+    check_networked_sites(cfg);
     const auto sites = cfg.site_names();
     const long R = cfg.job.ranks_per_site;
     const long world = static_cast<long>(sites.size()) * R;
@@ -385,6 +386,22 @@ std::optional<std::string> mendable_failure(const std::function<void()>& connect
   return std::nullopt;
 }
 
+}  // namespace
+
+void check_networked_sites(const train::JobConfig& cfg) {
+  if (cfg.ranks_alike()) return;
+  std::vector<std::string> each;
+  for (std::size_t s = 0; s < cfg.job.site.size(); ++s)
+    each.push_back(fmt::format("{} {}", cfg.job.site[s].name, cfg.job.site[s].ranks));
+  throw ConfigError(fmt::format(
+      "{}: [[job.site]] gives the sites unequal rank counts ({}); a multi-process job pairs rank "
+      "r of every site in its wide-area groups, so its sites need equal rank counts for now "
+      "(their batches may differ). `desloc train` runs the job in one process",
+      cfg.source, fmt::join(each, ", ")));
+}
+
+namespace {
+
 // Epochs in a row whose groups a recovering rank fails to connect before it gives up.
 constexpr int kMaxConnectAttempts = 3;
 
@@ -395,10 +412,13 @@ int home_site(const train::JobConfig& cfg, const RankIdentity& id) {
   if (it == sites.end())
     throw ConfigError(fmt::format("--site {}: not a site of {} (job.sites = [{}])", id.site,
                                   cfg.source, fmt::join(sites, ", ")));
-  if (id.rank < 0 || id.rank >= cfg.job.ranks_per_site)
-    throw ConfigError(fmt::format("--rank {}: job.ranks_per_site = {} in {}", id.rank,
-                                  cfg.job.ranks_per_site, cfg.source));
-  return static_cast<int>(it - sites.begin());
+  const int site = static_cast<int>(it - sites.begin());
+  if (id.rank < 0 || id.rank >= cfg.site_ranks(site))
+    throw ConfigError(fmt::format(
+        "--rank {}: site {} has {} rank(s) ({} = {}) in {}", id.rank, id.site, cfg.site_ranks(site),
+        cfg.job.site.empty() ? "job.ranks_per_site" : "its [[job.site]] table's ranks",
+        cfg.site_ranks(site), cfg.source));
+  return site;
 }
 
 }  // namespace
@@ -559,8 +579,9 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
 
 train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& opts) {
   // Before registering, what would end this rank at its start ends it now, while the job
-  // does not count on it yet: an identity not of the job, data it cannot read, another process
-  // writing its directory.
+  // does not count on it yet: sites it cannot pair, an identity not of the job, data it cannot
+  // read, another process writing its directory.
+  check_networked_sites(cfg);
   const int home = home_site(cfg, opts.id);
   train::load_training_data(cfg);
   const train::OutDirLock lock(train::output_dir(cfg, home, opts.id.rank),
@@ -585,6 +606,13 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
     sync::PayloadGuard guard;  // names the sites in its warnings (ring positions)
     guard.site_names = ss.sites;
     averager->set_payload_guard(guard);
+    // The ring's sites by job index: the averages weigh them as the config does.
+    const std::vector<std::string> job_sites = cfg.site_names();
+    ctx.live_sites.clear();
+    for (const std::string& s : ss.sites)
+      ctx.live_sites.push_back(
+          static_cast<int>(std::find(job_sites.begin(), job_sites.end(), s) - job_sites.begin()));
+    averager->set_weights(cfg.site_weights(ctx.live_sites));
     averager->set_sync_meter(&meter);
     regional.reset();
     region_averager.reset();
@@ -604,6 +632,11 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
         region = &*lone_region;
       }
       region->set_payload_guard(region_guard);
+      if (ss.region_group) {
+        std::vector<int> region_sites;
+        for (int p : ss.region_sites) region_sites.push_back(ctx.live_sites.at(std::size_t(p)));
+        region->set_weights(cfg.site_weights(region_sites));
+      }
       regional.emplace(*averager, *region, ss.region_sites);
       bound = &*regional;
     }

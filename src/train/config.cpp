@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -155,6 +156,61 @@ std::string default_config_toml() {
     sec.bind(b, job);
   }
   return out.str();
+}
+
+int JobConfig::site_ranks(int s) const {
+  return static_cast<std::size_t>(s) < job.site.size() ? job.site[std::size_t(s)].ranks
+                                                       : job.ranks_per_site;
+}
+
+int JobConfig::site_batch(int s) const {
+  return static_cast<std::size_t>(s) < job.site.size() ? job.site[std::size_t(s)].batch
+                                                       : data.batch;
+}
+
+bool JobConfig::sites_alike() const {
+  return std::all_of(job.site.begin(), job.site.end(), [&](const SiteSpec& sp) {
+    return sp.ranks == job.site[0].ranks && sp.batch == job.site[0].batch;
+  });
+}
+
+bool JobConfig::ranks_alike() const {
+  return std::all_of(job.site.begin(), job.site.end(),
+                     [&](const SiteSpec& sp) { return sp.ranks == job.site[0].ranks; });
+}
+
+int JobConfig::first_rank(int s) const {
+  int first = 0;
+  for (int q = 0; q < s; ++q) first += site_ranks(q);
+  return first;
+}
+
+int JobConfig::ranks_of_sites(int sites) const { return first_rank(sites); }
+
+int JobConfig::wan_shards() const {
+  int shards = job.ranks_per_site;
+  for (const SiteSpec& sp : job.site) shards = std::lcm(shards, sp.ranks);
+  return shards;
+}
+
+int JobConfig::max_batch() const {
+  int most = data.batch;
+  for (const SiteSpec& sp : job.site) most = std::max(most, sp.batch);
+  return most;
+}
+
+std::uint64_t JobConfig::site_tokens_per_step(int s) const {
+  return static_cast<std::uint64_t>(site_ranks(s)) * static_cast<std::uint64_t>(site_batch(s)) *
+         static_cast<std::uint64_t>(seq_len());
+}
+
+std::vector<double> JobConfig::site_weights(std::span<const int> sites) const {
+  std::vector<double> w;
+  for (const int s : sites)
+    w.push_back(sync.weights == sync::SiteWeights::kTokens
+                    ? static_cast<double>(site_tokens_per_step(s))
+                    : 1.0);
+  return w;
 }
 
 std::vector<std::string> JobConfig::site_names() const {

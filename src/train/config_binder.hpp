@@ -193,6 +193,59 @@ class Binder {
     }
   }
 
+  // An array of tables ([[job.site]]) { name = "A", ranks = 2, batch = 8 }, each key required.
+  void site_specs(const char* key, std::vector<SiteSpec>& out, const char* doc) {
+    std::string text;
+    for (const SiteSpec& sp : out)
+      text += fmt::format("{}{{ name = \"{}\", ranks = {}, batch = {} }}", text.empty() ? "" : ", ",
+                          sp.name, sp.ranks, sp.batch);
+    if (describe(key, "[" + text + "]", doc)) return;
+    const toml::node* n = take(key);
+    if (n == nullptr) return;
+    constexpr const char* kShape =
+        "an array of tables: [[job.site]] with name = \"A\", ranks = 2, batch = 8";
+    const toml::array* a = n->as_array();
+    if (a == nullptr) type_error(key, *n, kShape);
+    out.clear();
+    for (const toml::node& e : *a) {
+      const toml::table* t = e.as_table();
+      if (t == nullptr) type_error(key, e, kShape);
+      const std::size_t i = out.size() + 1;
+      SiteSpec sp;
+      bool has_name = false, has_ranks = false, has_batch = false;
+      for (auto&& [k, v] : *t) {
+        const std::string name(k.str());
+        if (name == "name") {
+          if (!v.is_string()) type_error(key, v, "a string (name)");
+          sp.name = v.as_string()->get();
+          has_name = true;
+          continue;
+        }
+        int* field = name == "ranks" ? &sp.ranks : name == "batch" ? &sp.batch : nullptr;
+        if (field == nullptr)
+          throw ConfigError(
+              fmt::format("{}: {}.{}[{}] has an unknown key '{}' (name, ranks, batch)",
+                          where(file_, k.source()), section_, key, i, name));
+        if (!v.is_integer()) type_error(key, v, "an integer (ranks, batch)");
+        const std::int64_t value = v.as_integer()->get();
+        const std::int64_t most = name == "ranks" ? 1024 : INT32_MAX;
+        if (value < 1 || value > most)
+          throw ConfigError(fmt::format("{}: {}.{}[{}].{} = {} is out of range [1, {}]",
+                                        where(file_, v.source()), section_, key, i, name, value,
+                                        most));
+        *field = static_cast<int>(value);
+        (name == "ranks" ? has_ranks : has_batch) = true;
+      }
+      if (!has_name || !has_ranks || !has_batch)
+        throw ConfigError(fmt::format("{}: {}.{}[{}] needs name, ranks and batch (missing {})",
+                                      where(file_, e.source()), section_, key, i,
+                                      !has_name    ? "name"
+                                      : !has_ranks ? "ranks"
+                                                   : "batch"));
+      out.push_back(std::move(sp));
+    }
+  }
+
   void strings(const char* key, std::vector<std::string>& out, const char* doc) {
     if (describe(key, fmt::format("[{}]", fmt::join(out, ", ")), doc)) return;
     if (const toml::node* n = take(key)) {

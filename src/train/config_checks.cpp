@@ -245,10 +245,45 @@ void check_regions(const Binder& b, const toml::table& root, const std::string& 
   }
 }
 
+// [[job.site]]: the shorthand's keys left out (the tables say what they say), and the
+// shorthand's fields filled from the tables: job.sites their names, ranks_per_site the most
+// ranks, data.batch the smallest batch (the validation batch, which every site's model holds).
+namespace {
+void take_site_specs(const Binder& b, const toml::table& root, const std::string& file,
+                     JobConfig& job) {
+  for (const char* key : {"job.sites", "job.ranks_per_site", "data.batch"})
+    if (const toml::node* n = root.at_path(key).node())
+      throw ConfigError(fmt::format(
+          "{}: {} is the shorthand for sites alike, and [[job.site]] tables (at {}) say each "
+          "site's own; give one form: drop {}, or the tables",
+          where(file, n->source()), key, b.location_of("site"), key));
+  if (job.sync.join_step > 0)
+    throw ConfigError(fmt::format(
+        "{}: sync.join_step: an in-process join grows the job by sites of the shorthand's shape; "
+        "with [[job.site]] tables list every site instead",
+        file));
+  job.job.sites.clear();
+  job.job.ranks_per_site = 1;
+  job.data.batch = job.job.site.front().batch;
+  for (const SiteSpec& sp : job.job.site) {
+    job.job.sites.push_back(sp.name);
+    job.job.ranks_per_site = std::max(job.job.ranks_per_site, sp.ranks);
+    job.data.batch = std::min(job.data.batch, sp.batch);
+  }
+  if (job.wan_shards() > 1024)
+    throw ConfigError(fmt::format(
+        "{}: [[job.site]]: the sites' rank counts have {} as their least common multiple, the "
+        "number of wide-area shards each state is cut into; at most 1024: choose rank counts "
+        "that share more factors",
+        b.location_of("site"), job.wan_shards()));
+}
+}  // namespace
+
 // job.sites: valid names, each once, as many as sync.workers says if it says; sync.workers then
 // follows them.
 void check_sites(const Binder& b, const toml::table& root, const std::string& file,
                  JobConfig& job) {
+  if (!job.job.site.empty()) take_site_specs(b, root, file, job);
   if (job.job.sites.empty()) return;
   std::set<std::string> seen;
   for (const auto& site : job.job.sites) {

@@ -21,6 +21,12 @@ JobConfig normalized(const JobConfig& in) {
   const JobConfig defaults;
   c.data.seq_len = in.seq_len();
   c.job.sites = in.site_names();
+  // [[job.site]] tables alike are the shorthand (which check_sites filled in), and sites alike
+  // weigh alike whatever sync.weights says.
+  if (in.sites_alike()) {
+    c.job.site.clear();
+    c.sync.weights = defaults.sync.weights;
+  }
   sync::SyncConfig& s = c.sync;
   const sync::SyncConfig& d = defaults.sync;
   const bool desloc = s.method == SyncMethod::kDesloc;

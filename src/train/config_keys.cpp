@@ -121,6 +121,10 @@ void bind_sync(Binder& b, sync::SyncConfig& s) {
            {{"none", sync::OuterStep::kNone}, {"nesterov", sync::OuterStep::kNesterov}});
   b.real("outer_lr", s.outer_lr, "outer Nesterov learning rate", 0.0, 10.0, true);
   b.real("outer_momentum", s.outer_momentum, "outer Nesterov momentum", 0.0, 0.999999);
+  b.choice("weights", s.weights,
+           "each site's weight in every average: \"tokens\" (the tokens it trains on per step, "
+           "[[job.site]]'s ranks x batch) or \"equal\"; sites alike weigh alike either way",
+           {{"tokens", sync::SiteWeights::kTokens}, {"equal", sync::SiteWeights::kEqual}});
   b.integer64("join_step", s.join_step,
               "elastic join: from this step on, grow to join_workers (0 = never)", 0);
   b.integer("join_workers", s.join_sites, "elastic join: worker count after the join", 0, 4096);
@@ -210,6 +214,10 @@ void bind_job(Binder& b, JobSection& j) {
       "each in its ring order; with sync.region_kx");
   b.integer("ranks_per_site", j.ranks_per_site,
             "ranks (processes) per site R; they all-reduce gradients every step", 1, 1024);
+  b.comment_next();
+  b.site_specs("site", j.site,
+               "[[job.site]] tables, one per site in ring order: name, ranks, batch (sites that "
+               "differ; replaces job.sites, job.ranks_per_site and data.batch)");
   // How the processes find and watch each other: each process's own settings.
   b.scope_next(KeyScope::kProcess);
   b.string("coordinator", j.coordinator, "host:port of `desloc coordinator` (launch picks a port)");

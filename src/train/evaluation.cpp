@@ -13,7 +13,7 @@
 namespace desloc::train {
 
 std::vector<float> mean_of(std::vector<SiteReplica>& sites, optim::StateKind kind, int ranks,
-                           int lanes, double lane_share) {
+                           int lanes, double lane_share, std::span<const double> weights) {
   auto replicas = views_of(sites);
   const auto all = sync::state_views(replicas, kind);
   std::vector<float> mean(all[0].begin(), all[0].end());
@@ -23,6 +23,7 @@ std::vector<float> mean_of(std::vector<SiteReplica>& sites, optim::StateKind kin
     std::vector<std::span<float>> views(copies.begin(), copies.end());
     sync::VirtualAverager ring(static_cast<int>(views.size()), sync::SumOrder::kRing, ranks, lanes,
                                lane_share);
+    ring.set_weights({weights.begin(), weights.end()});
     ring.average(kind, views);
     mean = std::move(copies[0]);
   }
@@ -42,9 +43,11 @@ Evaluator::Evaluator(const JobConfig& cfg, model::Model& model, const data::Data
 void Evaluator::bind(RankContext* rank) {
   rank_ = rank;
   averager_.reset();
-  if (rank != nullptr)
+  if (rank != nullptr) {
     averager_.emplace(*rank->wan_group, rank->site_group, rank->wan_reverse,
                       cfg_.transport.lane_share);
+    averager_->set_weights(cfg_.site_weights(rank->live_sites));
+  }
 }
 
 namespace {
@@ -99,8 +102,10 @@ std::optional<Evaluation> Evaluator::evaluate(std::int64_t step, std::vector<Sit
     averager_->begin_step(step);
     averager_->average(optim::StateKind::kX, std::span<const std::span<float>>(&view, 1));
   } else {
-    mean_x = mean_of(sites, optim::StateKind::kX, cfg_.job.ranks_per_site, cfg_.transport.lanes,
-                     cfg_.transport.lane_share);
+    std::vector<int> all(sites.size());
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+    mean_x = mean_of(sites, optim::StateKind::kX, cfg_.wan_shards(), cfg_.transport.lanes,
+                     cfg_.transport.lane_share, cfg_.site_weights(all));
   }
   const std::size_t n =
       std::min<std::size_t>(static_cast<std::size_t>(cfg_.train.eval_batches), eval_.num_batches());

@@ -40,19 +40,23 @@ std::string parameter_keys(const model::GptConfig& m) {
 // The keys behind the largest term of the activation arena (see cpu_activation_floats): the
 // per-layer (B, T, C) tensors, the attention probabilities (B, NH, T, T) or the logits
 // (B, T, V).
+// The batch is the largest site's (the one the shorthand's data.batch, or a [[job.site]]
+// table's batch, gives).
 std::string activation_keys(const JobConfig& cfg) {
   const model::GptConfig& m = cfg.model;
-  const double B = cfg.data.batch, T = m.context, L = m.layers, C = m.d_model;
+  const int batch = cfg.max_batch();
+  const std::string key = cfg.job.site.empty() ? fmt::format("data.batch = {}", batch)
+                                               : fmt::format("[[job.site]] batch = {}", batch);
+  const double B = batch, T = m.context, L = m.layers, C = m.d_model;
   const std::array<std::pair<double, std::string>, 3> terms{{
       {B * T * C * (16 * L + 11),
-       fmt::format("data.batch = {}, model.context = {}, model.layers = {}, model.d_model = {}",
-                   cfg.data.batch, m.context, m.layers, m.d_model)},
+       fmt::format("{}, model.context = {}, model.layers = {}, model.d_model = {}", key, m.context,
+                   m.layers, m.d_model)},
       {B * m.heads * T * T * (L + 1),
-       fmt::format("data.batch = {}, model.heads = {}, model.context = {} (squared), "
-                   "model.layers = {}",
-                   cfg.data.batch, m.heads, m.context, m.layers)},
-      {B * T * m.vocab, fmt::format("data.batch = {}, model.context = {}, model.vocab = {}",
-                                    cfg.data.batch, m.context, m.vocab)},
+       fmt::format("{}, model.heads = {}, model.context = {} (squared), model.layers = {}", key,
+                   m.heads, m.context, m.layers)},
+      {B * T * m.vocab,
+       fmt::format("{}, model.context = {}, model.vocab = {}", key, m.context, m.vocab)},
   }};
   return std::max_element(terms.begin(), terms.end(),
                           [](const auto& a, const auto& b) { return a.first < b.first; })
@@ -126,7 +130,8 @@ MemoryEstimate estimate_memory(const JobConfig& cfg, ProcessRole role) {
   const bool in_process = role == ProcessRole::kInProcess;
   // Elastic join grows an in-process run to join_workers sites.
   const int sites = in_process ? std::max(cfg.sync.sites, cfg.sync.join_sites) : 1;
-  const int ranks = in_process ? cfg.job.ranks_per_site : 1;
+  // In one process every rank of every site holds its gradient.
+  const int ranks = in_process ? cfg.ranks_of_sites(sites) : 1;
   const bool joins = cfg.sync.join_step > 0 && cfg.sync.join_sites > cfg.sync.sites;
   const std::string site_keys =
       !in_process ? std::string("one site")
@@ -135,14 +140,18 @@ MemoryEstimate estimate_memory(const JobConfig& cfg, ProcessRole role) {
   e.parts.push_back({fmt::format("the model's parameters and gradients (2 x {:.3g} floats)", P),
                      pkeys, 2 * P * kFloat});
   e.parts.push_back({fmt::format("x, g, u and v of {}", site_keys), pkeys, 4 * P * sites * kFloat});
-  if (ranks > 1)
+  if (ranks > sites)
     e.parts.push_back(
-        {fmt::format("the gradients of job.ranks_per_site = {} ranks of each site", ranks), pkeys,
-         P * sites * ranks * kFloat});
+        {cfg.job.site.empty()
+             ? fmt::format("the gradients of job.ranks_per_site = {} ranks of each "
+                           "site",
+                           cfg.job.ranks_per_site)
+             : fmt::format("the gradients of the sites' {} ranks ([[job.site]])", ranks),
+         pkeys, P * ranks * kFloat});
   if (cfg.train.backend == model::Backend::kCpu)
-    e.parts.push_back({"activations for data.batch sequences of model.context tokens",
+    e.parts.push_back({"activations for the largest site's batch of model.context tokens",
                        activation_keys(cfg),
-                       model::cpu_activation_floats(cfg.model, cfg.data.batch) * kFloat});
+                       model::cpu_activation_floats(cfg.model, cfg.max_batch()) * kFloat});
   if (!in_process && cfg.job.on_site_failure == train::OnSiteFailure::kContinue &&
       cfg.sync.sites > 1)
     e.parts.push_back({"two recovery snapshots of x, u and v (job.on_site_failure = \"continue\")",

@@ -127,17 +127,21 @@ Checkpoint to_checkpoint(const TrainState& state, std::uint64_t config_hash,
   return ck;
 }
 
-TrainState from_checkpoint(Checkpoint ck, std::size_t loaders) {
+TrainState from_checkpoint(Checkpoint ck, std::span<const std::size_t> loaders) {
+  if (loaders.size() < ck.sites.size())
+    throw DataError(fmt::format("a checkpoint of {} sites given to {} replicas", ck.sites.size(),
+                                loaders.size()));
   TrainState st;
   st.step = ck.step;
   st.tokens_seen = ck.tokens_seen;
-  for (SiteState& w : ck.sites) {
+  for (std::size_t i = 0; i < ck.sites.size(); ++i) {
+    SiteState& w = ck.sites[i];
     ReplicaState r;
     r.x = std::move(w.params);
     r.u = std::move(w.u);
     r.v = std::move(w.v);
     r.optim_t = w.optim_t;
-    r.loaders.assign(loaders, w.loader);
+    r.loaders.assign(loaders[i], w.loader);
     r.codec_feedback = std::move(w.codec_feedback);
     st.replicas.push_back(std::move(r));
   }

@@ -84,7 +84,7 @@ std::uint64_t restore_state(TrainState state, std::vector<SiteReplica>& sites, S
 // throws Error when they differ).
 Checkpoint to_checkpoint(const TrainState& state, std::uint64_t config_hash,
                          const std::string& writer);
-// `loaders` per replica: the loader state is given to each of them.
-TrainState from_checkpoint(Checkpoint ck, std::size_t loaders);
+// `loaders[i]`: replica i's loader count; its loader state is given to each of them.
+TrainState from_checkpoint(Checkpoint ck, std::span<const std::size_t> loaders);
 
 }  // namespace desloc::train

@@ -50,12 +50,12 @@ class StopSignals {
 
 namespace {
 void check_rank_context(const JobConfig& cfg, const RankContext& rank) {
-  const int R = cfg.job.ranks_per_site;
+  const int R = cfg.site_ranks(rank.site);
   if (rank.averager == nullptr || rank.wan_group == nullptr)
     throw Error("run_training: a networked rank needs its averager and WAN group");
   if ((R > 1) != (rank.site_group != nullptr && rank.site_group->size() > 1))
     throw Error(
-        fmt::format("run_training: rank {} has a site group of {} but job.ranks_per_site = {}",
+        fmt::format("run_training: rank {} has a site group of {} but its site has {} rank(s)",
                     rank.name, rank.site_group ? rank.site_group->size() : 1, R));
   if (cfg.sync.join_step > 0)
     throw ConfigError(
@@ -81,21 +81,22 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
       opts_(opts),
       rank_(rank),
       networked_(rank != nullptr),
-      B_(cfg.data.batch),
       T_(cfg.seq_len()),
-      R_(cfg.job.ranks_per_site),
+      shards_(cfg.wan_shards()),
       total_(cfg.train.steps),
-      tokens_per_step_(static_cast<std::uint64_t>(B_) * static_cast<std::uint64_t>(T_) *
-                       static_cast<std::uint64_t>(R_)),
+      tokens_per_step_(cfg.site_tokens_per_step(rank != nullptr ? rank->site : 0)),
       policy_(cfg.sync),
       dataset_(checked_dataset(cfg, rank)),
       train_tokens_(data::open_train_tokens(dataset_)),
-      model_(model::make_model(cfg.model, {cfg.train.backend, cfg.train.threads, B_,
-                                           rank != nullptr ? rank->device : 0})),
+      // The activations hold the largest batch this process computes (every site's in-process).
+      model_(model::make_model(cfg.model,
+                               {cfg.train.backend, cfg.train.threads,
+                                rank != nullptr ? cfg.site_batch(rank->site) : cfg.max_batch(),
+                                rank != nullptr ? rank->device : 0})),
       outer_(outer_of(cfg.sync)),
       compression_(cfg.sync.compression(), model_->layout().total(),
                    rank != nullptr ? 1 : cfg.sync.sites),
-      virtual_averager_(cfg.sync.sites, sync::SumOrder::kRing, R_, cfg.transport.lanes,
+      virtual_averager_(cfg.sync.sites, sync::SumOrder::kRing, shards_, cfg.transport.lanes,
                         cfg.transport.lane_share),
       averager_(rank != nullptr ? rank->averager : &virtual_averager_),
       reducer_(rank != nullptr ? rank->site_group : nullptr),
@@ -104,7 +105,7 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
       evaluator_(cfg, *model_, dataset_),
       faults_(FaultPlan::from_environment()),
       live_sites_(cfg.sync.sites),
-      inputs_(static_cast<std::size_t>(B_) * T_),
+      inputs_(static_cast<std::size_t>(cfg.max_batch()) * T_),
       targets_(inputs_.size()) {
   if (networked_)
     sites_.push_back(make_site(rank_->site));
@@ -122,11 +123,12 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
         groups.back().push_back(
             static_cast<int>(std::find(names.begin(), names.end(), site) - names.begin()));
     }
-    region_averager_.emplace(std::move(groups), cfg.sync.sites, R_, guard, cfg.transport.lanes,
+    region_averager_.emplace(std::move(groups), cfg.sync.sites, shards_, guard, cfg.transport.lanes,
                              cfg.transport.lane_share);
     regional_.emplace(virtual_averager_, *region_averager_);
     averager_ = &*regional_;
   }
+  weigh_sites();
   evaluator_.bind(rank_);
   if (networked_ && rank_->recover)
     ft_.emplace(*rank_, static_cast<FaultTolerance::Run&>(*this), opts.resume);
@@ -152,15 +154,17 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
 
 // Data is partitioned for the largest site count the run will reach, so sites that join
 // later never read a window another site already owns. Site s's rank r reads partition
-// s * R + r.
+// first_rank(s) + r (s * R + r for sites alike) of every site's ranks.
 SiteReplica TrainingRun::make_site(int index) const {
   const std::size_t n = model_->layout().total();
   const int max_sites = std::max(cfg_.sync.sites, cfg_.sync.join_sites);
   SiteReplica s{{}, std::vector<float>(n), optim::Optimizer(cfg_.optim, model_->layout()), {}, {}};
   const int first = networked_ ? rank_->rank : 0;
-  const int count = networked_ ? 1 : R_;
+  const int count = networked_ ? 1 : cfg_.site_ranks(index);
+  const int partitions = cfg_.ranks_of_sites(max_sites);
   for (int r = first; r < first + count; ++r)
-    s.loaders.emplace_back(train_tokens_, B_, T_, cfg_.data.seed, index * R_ + r, max_sites * R_);
+    s.loaders.emplace_back(train_tokens_, cfg_.site_batch(index), T_, cfg_.data.seed,
+                           cfg_.first_rank(index) + r, partitions);
   if (count > 1) s.micro_g.assign(static_cast<std::size_t>(count), std::vector<float>(n));
   return s;
 }
@@ -219,9 +223,11 @@ void TrainingRun::resume() {
   while (sites_.size() < ck.sites.size())
     sites_.push_back(make_site(static_cast<int>(sites_.size())));
   virtual_averager_.resize(static_cast<int>(sites_.size()));
+  weigh_sites();
   const std::int64_t step = ck.step;
-  tokens_seen_ =
-      restore_state(from_checkpoint(std::move(ck), sites_[0].loaders.size()), sites_, shared());
+  std::vector<std::size_t> loaders;
+  for (const SiteReplica& s : sites_) loaders.push_back(s.loaders.size());
+  tokens_seen_ = restore_state(from_checkpoint(std::move(ck), loaders), sites_, shared());
   result_.start_step = step;
   result_.already_finished = step >= total_;
   if (result_.already_finished)
@@ -244,25 +250,34 @@ void TrainingRun::write_run_record() {
   }
   r.outer = std::string(to_string(cfg_.sync.outer));
   r.parameters = model_->layout().total();
-  r.batch = B_;
+  r.batch = cfg_.site_batch(site_index(0));
   r.seq_len = T_;
   r.steps = total_;
   r.config_hash = job_hash();
   r.run_id = run_id_;
   r.sites = fmt::format("{}", fmt::join(cfg_.site_names(), ","));
-  r.ranks_per_site = R_;
+  r.ranks_per_site = cfg_.site_ranks(site_index(0));
   r.rank = networked_ ? rank_->name : "all";
   r.wan_link =
       networked_ && !rank_->wan_successor.empty() ? rank_->name + "->" + rank_->wan_successor : "";
   metrics_->write(r);
   const int sites = live_sites_;
+  std::string shape =
+      fmt::format("{} x {} rank{}", sites, r.ranks_per_site, r.ranks_per_site == 1 ? "" : "s");
+  if (!cfg_.sites_alike()) {  // each site as it is: name ranks x batch
+    std::vector<std::string> each;
+    for (int s = 0; s < sites; ++s)
+      each.push_back(fmt::format("{} {}x{}", cfg_.site_names().at(std::size_t(s)),
+                                 cfg_.site_ranks(s), cfg_.site_batch(s)));
+    shape = fmt::format("{} (ranks x batch: {})", sites, fmt::join(each, ", "));
+  }
   progress_->message(fmt::format(
-      "desloc train: {} parameters ({} backend), {} site{} x {} rank{} ({}{}), B={} T={}, {} "
-      "steps, {} train / {} val tokens, unigram entropy {:.4f} nats",
-      model_->layout().total(), model_->backend_name(), sites, sites == 1 ? "" : "s", R_,
-      R_ == 1 ? "" : "s", to_string(cfg_.sync.method),
-      networked_ ? ", this process is " + rank_->name : std::string(", in-process"), B_, T_, total_,
-      dataset_.train_tokens, dataset_.val_tokens, dataset_.unigram_entropy_nats));
+      "desloc train: {} parameters ({} backend), {} site{}: {} ({}{}), B={} T={}, {} steps, {} "
+      "train / {} val tokens, unigram entropy {:.4f} nats",
+      model_->layout().total(), model_->backend_name(), sites, sites == 1 ? "" : "s", shape,
+      to_string(cfg_.sync.method),
+      networked_ ? ", this process is " + rank_->name : std::string(", in-process"), r.batch, T_,
+      total_, dataset_.train_tokens, dataset_.val_tokens, dataset_.unigram_entropy_nats));
 }
 
 // A checkpoint continues the history its directory's metrics.jsonl holds: one copied in from
@@ -388,7 +403,7 @@ TrainResult TrainingRun::run() {
   const double secs = seconds_since(run_start);
   if (step_ > result_.start_step && secs > 0)
     result_.tokens_per_s =
-        double(step_ - result_.start_step) * double(tokens_per_step_) * double(live_sites_) / secs;
+        double(step_ - result_.start_step) * double(job_tokens_per_step()) / secs;
   return result_;
 }
 
@@ -530,8 +545,11 @@ float TrainingRun::site_gradient(std::size_t i, std::int64_t t) {
   model_->params_updated();
   std::vector<float> micro_loss(w.loaders.size());
   for (std::size_t m = 0; m < w.loaders.size(); ++m) {
-    w.loaders[m].next(inputs_, targets_);
-    const float loss = model_->forward_backward({inputs_, targets_, B_, T_});
+    const int B = cfg_.site_batch(site_index(i));
+    const std::span<std::int32_t> in = std::span(inputs_).first(std::size_t(B) * T_);
+    const std::span<std::int32_t> tgt = std::span(targets_).first(in.size());
+    w.loaders[m].next(in, tgt);
+    const float loss = model_->forward_backward({in, tgt, B, T_});
     if (!std::isfinite(loss))
       throw Error(fmt::format(
           "loss is not finite ({}) at step {} on {}; lower schedule.lr or enable optim.clip "
@@ -573,7 +591,7 @@ void TrainingRun::record_step(const StepResult& s) {
   r.loss = s.loss;
   r.lr = s.lr;
   r.grad_norm = s.grad_norm;
-  r.tokens_per_s = double(tokens_per_step_) * double(live_sites_) / s.seconds;
+  r.tokens_per_s = double(job_tokens_per_step()) / s.seconds;
   r.step_ms = s.seconds * 1e3;
   r.sync_ms = s.sync_seconds * 1e3;
   r.cpu_ms = s.cpu_seconds * 1e3;
@@ -654,7 +672,8 @@ void TrainingRun::maybe_join(std::int64_t t) {
   const std::size_t n = model_->layout().total();
   const bool share_moments = shares_moments(cfg_.sync.method);
   const auto mean = [&](StateKind kind) {
-    return mean_of(sites_, kind, R_, cfg_.transport.lanes, cfg_.transport.lane_share);
+    return mean_of(sites_, kind, shards_, cfg_.transport.lanes, cfg_.transport.lane_share,
+                   virtual_averager_.weights());
   };
   const auto x = mean(StateKind::kX);
   const auto u = share_moments ? mean(StateKind::kU) : std::vector<float>(n, 0.0f);
@@ -673,9 +692,26 @@ void TrainingRun::maybe_join(std::int64_t t) {
     sites_.push_back(std::move(w));
   }
   virtual_averager_.resize(static_cast<int>(sites_.size()));
+  weigh_sites();
   metrics_->write(JoinRecord{t - 1, before, sites_.size()});
   progress_->message(fmt::format("step {}: {} sites joined (now {})", t - 1, sites_.size() - before,
                                  sites_.size()));
+}
+
+std::uint64_t TrainingRun::job_tokens_per_step() const {
+  std::uint64_t tokens = 0;
+  if (networked_)
+    for (const int s : rank_->live_sites) tokens += cfg_.site_tokens_per_step(s);
+  else
+    for (std::size_t i = 0; i < sites_.size(); ++i) tokens += cfg_.site_tokens_per_step(int(i));
+  return tokens;
+}
+
+void TrainingRun::weigh_sites() {
+  std::vector<int> all(sites_.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+  virtual_averager_.set_weights(cfg_.site_weights(all));
+  if (region_averager_) region_averager_->set_weights(cfg_.site_weights(all));
 }
 
 sync::Traffic TrainingRun::traffic_of(int w) const {

@@ -94,9 +94,18 @@ class TrainingRun : private FaultTolerance::Run {
   const TrainOptions& opts_;
   RankContext* rank_;  // null in-process
   const bool networked_;
-  const int B_, T_, R_;
+  // Site i of sites_'s index in cfg.site_names() (networked: this rank's site).
+  int site_index(std::size_t i) const { return networked_ ? rank_->site : static_cast<int>(i); }
+  // Tokens the live sites train on per step, together.
+  std::uint64_t job_tokens_per_step() const;
+  // The sites' weights on the in-process averagers (set_weights), for sites_ as it is now.
+  void weigh_sites();
+
+  const int T_;
+  const int shards_;  // wide-area shards of each state (JobConfig::wan_shards)
   const std::int64_t total_;
-  const std::uint64_t tokens_per_step_;       // per site: its R ranks each read B x T tokens
+  // Per site: sites_[0]'s ranks each read its batch x T tokens.
+  const std::uint64_t tokens_per_step_;
   sync::SyncPolicy policy_;                   // a re-plan adds period switches
   std::optional<sync::Replanner> replanner_;  // sync.replan on a networked rank
   data::DatasetInfo dataset_;

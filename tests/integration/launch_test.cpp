@@ -49,12 +49,14 @@ std::vector<std::string> site_column(const std::vector<std::string>& arrays, std
 
 // `launch_sync`: [sync] keys only the launched job has (overlap = "step", while the in-process
 // reference blocks: the comparison also shows that overlapping changes no number); `both_sync`:
-// keys both have.
+// keys both have. `batches`: each site's batch, in [[job.site]] tables (unequal sites, weighted
+// by their tokens), instead of the shorthand.
 void expect_launch_matches_train(const std::string& tag, const std::vector<std::string>& sites,
                                  int ranks, const std::string& launch_sync = "",
                                  const std::string& both_sync = "",
                                  const std::string& transport = "", const std::string& job = "",
-                                 fs::path* dir_out = nullptr) {
+                                 fs::path* dir_out = nullptr,
+                                 const std::vector<int>& batches = {}) {
   const fs::path dir = fresh_dir(tag);
   if (dir_out != nullptr) *dir_out = dir;
   std::string names;
@@ -67,6 +69,15 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
   // 2, 1), and the losses gathered back must sum to the in-process run's.
   toml.replace(toml.find("eval_batches = 2"), 16, "eval_batches = 7");
   toml.replace(toml.find("[sync]\n"), 7, "[sync]\n" + both_sync);
+  if (!batches.empty()) {
+    const std::string shorthand =
+        "sites = [" + names + "]\nranks_per_site = " + std::to_string(ranks) + "\n";
+    toml.erase(toml.find(shorthand), shorthand.size());
+    toml.replace(toml.find("\nbatch = 4\n"), 11, "\n");
+    for (std::size_t s = 0; s < sites.size(); ++s)
+      toml += "[[job.site]]\nname = \"" + sites[s] + "\"\nranks = " + std::to_string(ranks) +
+              "\nbatch = " + std::to_string(batches.at(s)) + "\n";
+  }
   const fs::path cfg = write_text(dir / "job.toml", toml);
   std::string launched_toml = toml;
   launched_toml.replace(launched_toml.find("[sync]\n"), 7, "[sync]\n" + launch_sync);
@@ -492,6 +503,28 @@ TEST(Launch, StreamingWithTheOuterStepReproducesTheInProcessRunBitForBit) {
 TEST(Launch, TwoSitesOfTwoRanksStreamingWithTheOuterStepReproduceTheInProcessRunBitForBit) {
   expect_launch_matches_train("launch2x2_outer_streaming", {"west", "east"}, 2, "",
                               std::string(kStreamingSync) + "outer = \"nesterov\"\n");
+}
+
+// Unequal sites (issue 38): [[job.site]] tables give the sites batches of 2, 5 and 3 sequences
+// per rank, and every average weighs each site by its tokens. The launched ranks scale their
+// shards as the in-process averager scales its replicas: equal bit for bit, blocking against
+// step-overlapped with int4 + error feedback, delayed streaming fragments with int4 + error
+// feedback and the outer step, and two ranks a site.
+TEST(Launch, UnequalBatchesOverlappedAndCompressedReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x1_unequal_codec", {"west", "east", "north"}, 1,
+                              "overlap = \"step\"\n",
+                              "codec_x = \"int4\"\ncodec_u = \"int4\"\ncodec_v = \"int4\"\n"
+                              "codec_block = 32\nerror_feedback = true\n",
+                              "", "", nullptr, {2, 5, 3});
+}
+TEST(Launch, UnequalBatchesStreamingCompressedWithTheOuterStepReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch3x1_unequal_streaming", {"west", "east", "north"}, 1, "",
+                              std::string(kStreamingSync) + kCodecSync + "outer = \"nesterov\"\n",
+                              "", "", nullptr, {2, 5, 3});
+}
+TEST(Launch, TwoSitesOfTwoRanksWithUnequalBatchesReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train("launch2x2_unequal", {"west", "east"}, 2, "", kDelayedSync, "", "",
+                              nullptr, {4, 1});
 }
 
 // Port 1 (tcpmux) is reserved and nothing listens there: connecting is refused at once.

@@ -295,6 +295,44 @@ TEST_F(SyncTrainer, DdpMovesOneModelPerStepAndKeepsReplicasIdentical) {
   EXPECT_EQ(r.bytes_sent_per_site, 6 * (model_bytes * 2 * 2 / 3));  // 2(M-1)/M per average
 }
 
+// Unequal sites ([[job.site]]: 3 ranks of 2 sequences, 1 of 4, 2 of 3) in one process: DDP
+// keeps every replica equal, each site reads its own ranks' partitions, and a DES-LOC run with
+// the outer step resumes bit for bit (each site's loaders restored from the checkpoint).
+static std::string unequal_job(const std::filesystem::path& out, const std::string& sync_toml,
+                               std::int64_t steps) {
+  std::string text = test::tiny_job_toml(out);
+  text.replace(text.find("\nbatch = 4\n"), 11, "\n");
+  text = std::regex_replace(text, std::regex("steps = 20"), "steps = " + std::to_string(steps));
+  return text + "[sync]\n" + sync_toml +
+         "[[job.site]]\nname = \"west\"\nranks = 3\nbatch = 2\n"
+         "[[job.site]]\nname = \"east\"\nranks = 1\nbatch = 4\n"
+         "[[job.site]]\nname = \"north\"\nranks = 2\nbatch = 3\n";
+}
+
+TEST_F(SyncTrainer, UnequalSitesTrainWithDdpAndResumeBitExact) {
+  const auto ddp_dir = fresh_dir("unequal_ddp");
+  const auto ddp = train::parse_config(unequal_job(ddp_dir, "method = \"ddp\"\n", 4), "ddp.toml");
+  const auto r = train::run_training(ddp, {.progress = 0});
+  EXPECT_EQ(r.sites, 3);
+  const auto s = final_state(ddp);
+  EXPECT_EQ(s.sites[0].params, s.sites[1].params);
+  EXPECT_EQ(s.sites[1].params, s.sites[2].params);
+  // Each site's ranks read their own partitions: the loaders moved by its own batch.
+  EXPECT_EQ(s.sites[0].loader.cursor, 4u * 2);
+  EXPECT_EQ(s.sites[1].loader.cursor, 4u * 4);
+  EXPECT_EQ(s.sites[2].loader.cursor, 4u * 3);
+
+  const std::string sync = "method = \"desloc\"\nkx = 3\nouter = \"nesterov\"\n";
+  const auto straight =
+      train::parse_config(unequal_job(fresh_dir("unequal_straight"), sync, 14), "straight.toml");
+  const auto resumed =
+      train::parse_config(unequal_job(fresh_dir("unequal_resumed"), sync, 14), "resumed.toml");
+  train::run_training(straight, {.progress = 0});
+  train::run_training(resumed, {.stop_after = 7, .progress = 0});
+  train::run_training(resumed, {.resume = true, .progress = 0});
+  test::expect_bitwise_equal(final_state(straight), final_state(resumed));
+}
+
 TEST_F(SyncTrainer, ResumeWithSeveralWorkersIsBitExact) {
   const std::string sync = "method = \"desloc\"\nworkers = 2\nkx = 3\nouter = \"nesterov\"\n";
   const auto straight = job(fresh_dir("m_straight"), sync, 14);

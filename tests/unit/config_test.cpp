@@ -377,6 +377,10 @@ Sections base(const std::string& kind) {
   } else if (kind == "in_process") {
     s.erase("job");
     s["sync"]["workers"] = "2";
+  } else if (kind == "unequal") {
+    s["job"] = {{"site",
+                 "[{ name = \"A\", ranks = 1, batch = 8 }, { name = \"B\", ranks = 1, batch = "
+                 "16 }]"}};
   } else if (kind == "join") {
     s.erase("job");
     s["sync"].insert({{"workers", "2"}, {"join_step", "10"}, {"join_workers", "3"}});
@@ -439,6 +443,7 @@ const std::map<std::string, KeyChange>& key_changes() {
       {"sync.outer", {"plain", "\"nesterov\""}},
       {"sync.outer_lr", {"outer", "0.5"}},
       {"sync.outer_momentum", {"outer", "0.8"}},
+      {"sync.weights", {"unequal", "\"equal\""}},
       {"sync.join_step", {"join", "20"}},
       {"sync.join_workers", {"join", "4"}},
       {"sync.overlap", {"plain", "\"step\""}},
@@ -461,6 +466,9 @@ const std::map<std::string, KeyChange>& key_changes() {
       {"job.sites", {"plain", "[\"A\", \"C\", \"B\"]"}},
       {"job.regions", {"regions", "[[\"A\"], [\"B\", \"C\"]]"}},
       {"job.ranks_per_site", {"plain", "2"}},
+      {"job.site",
+       {"unequal",
+        "[{ name = \"A\", ranks = 1, batch = 8 }, { name = \"B\", ranks = 1, batch = 4 }]"}},
       {"job.coordinator", {"plain", "\"10.0.0.1:1\""}},
       {"job.token_file", {"plain", "\"/tmp/token\""}},
       {"job.token", {"plain", "\"secret\""}},
@@ -563,4 +571,108 @@ TEST(Config, SettingsThatCouldNeverRunAreRefusedNamingTheKey) {
       << heartbeat;
   EXPECT_NE(error_of("[job]\nheartbeat_ms = 3000\n").find("job.toml:2:16"), std::string::npos)
       << "the default timeout against a raised period names the period";
+}
+
+// ---------------------------------------------------------------------------- unequal sites
+
+namespace {
+constexpr const char* kUnequalSites = R"(
+[[job.site]]
+name = "big"
+ranks = 3
+batch = 8
+[[job.site]]
+name = "small"
+ranks = 1
+batch = 2
+[[job.site]]
+name = "mid"
+ranks = 2
+batch = 4
+)";
+}  // namespace
+
+TEST(Config, SiteTablesGiveEachSiteItsRanksBatchAndTokenWeight) {
+  const auto cfg = parse_config(
+      "[sync]\nmethod = \"desloc\"\n[data]\nseq_len = 16\n" + std::string(kUnequalSites),
+      "job.toml");
+  EXPECT_EQ(cfg.site_names(), (std::vector<std::string>{"big", "small", "mid"}));
+  EXPECT_EQ(cfg.sync.sites, 3);
+  EXPECT_EQ(cfg.site_ranks(0), 3);
+  EXPECT_EQ(cfg.site_ranks(1), 1);
+  EXPECT_EQ(cfg.site_batch(2), 4);
+  EXPECT_EQ(cfg.job.ranks_per_site, 3);  // the most
+  EXPECT_EQ(cfg.data.batch, 2);          // the smallest: the validation batch
+  EXPECT_EQ(cfg.max_batch(), 8);
+  EXPECT_EQ(cfg.first_rank(2), 4);
+  EXPECT_EQ(cfg.ranks_of_sites(3), 6);
+  EXPECT_EQ(cfg.wan_shards(), 6);  // lcm(3, 1, 2)
+  EXPECT_FALSE(cfg.sites_alike());
+  EXPECT_FALSE(cfg.ranks_alike());
+  const std::vector<int> all{0, 1, 2};
+  EXPECT_EQ(cfg.site_weights(all), (std::vector<double>{3 * 8 * 16, 1 * 2 * 16, 2 * 4 * 16}));
+  const auto equal =
+      parse_config("[sync]\nmethod = \"desloc\"\nweights = \"equal\"\n[data]\nseq_len = 16\n" +
+                       std::string(kUnequalSites),
+                   "job.toml");
+  EXPECT_EQ(equal.site_weights(all), (std::vector<double>{1, 1, 1}));
+  EXPECT_NE(equal.hash(), cfg.hash());
+}
+
+TEST(Config, SiteTablesAlikeAreTheShorthandAndWeighAlike) {
+  const auto tables = parse_config(R"(
+[[job.site]]
+name = "A"
+ranks = 2
+batch = 4
+[[job.site]]
+name = "B"
+ranks = 2
+batch = 4
+)",
+                                   "tables.toml");
+  const auto shorthand = parse_config(
+      "[data]\nbatch = 4\n[job]\nsites = [\"A\", \"B\"]\nranks_per_site = 2\n", "shorthand.toml");
+  EXPECT_TRUE(tables.sites_alike());
+  EXPECT_EQ(tables.hash(), shorthand.hash());
+  EXPECT_EQ(tables.agreement_hash(), shorthand.agreement_hash());
+  // sync.weights changes nothing between sites alike.
+  const auto equal = parse_config(
+      "[sync]\nweights = \"equal\"\n[data]\nbatch = 4\n[job]\nsites = [\"A\", \"B\"]\n"
+      "ranks_per_site = 2\n",
+      "equal.toml");
+  EXPECT_EQ(equal.hash(), shorthand.hash());
+}
+
+TEST(Config, SiteTablesBesideTheShorthandAreRefusedNamingTheKey) {
+  for (const char* key :
+       {"[job]\nsites = [\"big\"]\n", "[job]\nranks_per_site = 2\n", "[data]\nbatch = 4\n"}) {
+    const std::string e = error_of(std::string(key) + kUnequalSites);
+    EXPECT_NE(e.find("is the shorthand for sites alike"), std::string::npos) << e;
+    EXPECT_NE(e.find("job.toml:2:"), std::string::npos) << e;
+  }
+  EXPECT_NE(error_of("[[job.site]]\nname = \"A\"\nranks = 1\n")
+                .find("needs name, ranks and batch "
+                      "(missing batch)"),
+            std::string::npos);
+  EXPECT_NE(error_of("[[job.site]]\nname = \"A\"\nranks = 0\nbatch = 1\n")
+                .find("job.site[1].ranks = 0 is out of range [1, 1024]"),
+            std::string::npos);
+  EXPECT_NE(error_of("[[job.site]]\nname = \"A\"\nranks = 1\nbatch = 1\ngpus = 2\n")
+                .find("has an unknown key 'gpus'"),
+            std::string::npos);
+  EXPECT_NE(error_of("[[job.site]]\nname = \"A\"\nranks = 1\nbatch = 1\n"
+                     "[[job.site]]\nname = \"A\"\nranks = 1\nbatch = 2\n")
+                .find("names 'A' twice"),
+            std::string::npos);
+  EXPECT_NE(error_of("[sync]\njoin_step = 4\njoin_workers = 4\n" + std::string(kUnequalSites))
+                .find("list every site instead"),
+            std::string::npos);
+  // lcm(7, 8, 9, 11, 13) = 72072 wide-area shards.
+  std::string many;
+  int i = 0;
+  for (int r : {7, 8, 9, 11, 13})
+    many += "[[job.site]]\nname = \"s" + std::to_string(i++) + "\"\nranks = " + std::to_string(r) +
+            "\nbatch = 1\n";
+  EXPECT_NE(error_of(many).find("least common multiple"), std::string::npos) << error_of(many);
 }

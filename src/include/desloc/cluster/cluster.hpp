@@ -38,6 +38,11 @@ struct RankIdentity {
 // the config's sites x ranks_per_site.
 std::optional<RankIdentity> identity_from_environment(const train::JobConfig& cfg);
 
+// A job the networked ranks can run: ConfigError when its [[job.site]] tables give the sites
+// unequal rank counts (the wide-area groups pair rank r of every site; the shard map that
+// pairs unequal sites runs in-process only, `desloc train`, so far). Unequal batches run.
+void check_networked_sites(const train::JobConfig& cfg);
+
 // "host:port" -> parts; ConfigError naming `what` (e.g. "--coordinator") when malformed.
 std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& text,
                                                      const std::string& what);

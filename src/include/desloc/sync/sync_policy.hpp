@@ -36,6 +36,13 @@ constexpr std::string_view to_string(OuterStep o) {
   return o == OuterStep::kNesterov ? "nesterov" : "none";
 }
 
+// How the sites weigh in every average (sync.weights): by the tokens each trains on per step
+// (a site with twice the ranks or batch counts twice), or alike.
+enum class SiteWeights : std::uint8_t { kTokens, kEqual };
+constexpr std::string_view to_string(SiteWeights w) {
+  return w == SiteWeights::kEqual ? "equal" : "tokens";
+}
+
 // The most switches a job keeps (a checkpoint holds them in a fixed-size block).
 inline constexpr std::size_t kMaxPeriodSwitches = 32;
 
@@ -51,6 +58,7 @@ struct SyncConfig {
   OuterStep outer = OuterStep::kNone;
   float outer_lr = 0.7f;
   float outer_momentum = 0.9f;
+  SiteWeights weights = SiteWeights::kTokens;  // alike for sites alike ([[job.site]])
   std::int64_t join_step = 0;  // elastic join: grow to join_workers at the first sync from here on
   int join_sites = 0;
   // "none": a step's averages run after its gradient and block it. "step": the averages of x,

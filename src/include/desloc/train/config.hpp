@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -52,8 +53,21 @@ constexpr std::string_view to_string(OnSiteFailure f) {
   return f == OnSiteFailure::kStop ? "stop" : "continue";
 }
 
+// One [[job.site]] table: a site as it is. job.sites, job.ranks_per_site and data.batch are
+// the shorthand for sites that are alike.
+struct SiteSpec {
+  std::string name;
+  int ranks = 1;   // its ranks, which all-reduce gradients every step
+  int batch = 16;  // sequences per step per rank
+  bool operator==(const SiteSpec&) const = default;
+};
+
 struct JobSection {
   std::vector<std::string> sites;  // names, in wide-area ring order; empty = site0..site{M-1}
+  // [[job.site]]: each site's ranks and batch, in ring order; empty = the shorthand. Once read,
+  // job.sites holds their names, ranks_per_site the most ranks and data.batch the smallest
+  // batch (the validation batch).
+  std::vector<SiteSpec> site;
   // Hierarchical DES-LOC: sites grouped into regions, each a list of sites in its ring order.
   // Inside a region x, u and v are also averaged every sync.region_k* steps (over the region's
   // own links); the sync.k* averages span every site. Empty: one level.
@@ -140,6 +154,31 @@ struct JobConfig {
   std::string source;  // the file it was read from, for messages
 
   int seq_len() const { return data.seq_len > 0 ? data.seq_len : model.context; }
+  // Site s's ranks and per-rank batch ([[job.site]], else the shorthand's; a site that joins
+  // in-process, past the listed ones, is like the shorthand's).
+  int site_ranks(int s) const;
+  int site_batch(int s) const;
+  // Every site has the same ranks and batch (the shorthand, or [[job.site]] tables alike).
+  bool sites_alike() const;
+  // Every site has the same number of ranks (the wide-area groups pair rank r of each site).
+  bool ranks_alike() const;
+  // The first data partition of site s's ranks: the ranks of the sites before it.
+  int first_rank(int s) const;
+  // Ranks of sites 0..sites-1.
+  int ranks_of_sites(int sites) const;
+  // The wide-area shards of every state: the least common multiple of the sites' rank counts
+  // (R for sites alike), so that each rank of every site owns a whole number of them, a
+  // contiguous range (transport::block of the state). VirtualAverager sums shard by shard as
+  // the networked rings do.
+  int wan_shards() const;
+  // The largest batch a site of the job uses (the model's activations are sized for it).
+  int max_batch() const;
+  // Tokens site s trains on per step: its ranks x batch x seq_len.
+  std::uint64_t site_tokens_per_step(int s) const;
+  // The weight in every average (sync::Averager::set_weights) of each site of `sites`
+  // (indices into site_names(), in the averager's order): its tokens per step with
+  // sync.weights = "tokens", else 1.
+  std::vector<double> site_weights(std::span<const int> sites) const;
   // job.sites, or site0..site{M-1} when unset.
   std::vector<std::string> site_names() const;
   // Every key and its value, in the order of the declarations, normalized so that configs that

@@ -61,6 +61,9 @@ struct RankContext {
   // The wide-area link this rank sends on (its WAN ring successor): every byte it reports as
   // wire traffic crossed "name -> wan_successor".
   std::string wan_successor;
+  // The current ring's sites, as indices into cfg.site_names(), in ring order (the averager's
+  // weights follow them).
+  std::vector<int> live_sites;
   sync::Averager* averager = nullptr;            // across sites (CollectiveAverager)
   transport::Collective* site_group = nullptr;   // the site's R ranks; nullptr when R = 1
   transport::Collective* wan_group = nullptr;    // rank r of every site
