@@ -26,7 +26,9 @@
 #include "desloc/topology/planner.hpp"
 #include "desloc/topology/regions.hpp"
 #include "desloc/topology/simulator.hpp"
+#include "desloc/topology/site_batches.hpp"
 #include "desloc/train/config.hpp"
+#include "desloc/train/memory_estimate.hpp"
 #include "desloc/transport/ring_order.hpp"
 #include "flag_checks.hpp"
 
@@ -170,14 +172,100 @@ topology::Plan plan_alternatives(const train::JobConfig& cfg, const topology::Pl
   return plan;
 }
 
+// The topology with each job site's step at the batch the config gives it: a step the profile
+// timed at another batch (SiteProfile::batch) scales linearly with it.
+topology::Topology at_site_batches(topology::Topology topo, const train::JobConfig& cfg) {
+  const auto names = cfg.site_names();
+  for (std::size_t s = 0; s < names.size(); ++s) {
+    const auto at = topo.find_site(names[s]);
+    if (!at) continue;
+    topology::SiteProfile& site = topo.sites[*at];
+    const int batch = cfg.site_batch(static_cast<int>(s));
+    // A step without its batch was timed at the config's (desloc profile of this config).
+    if (site.batch > 0) site.step_s *= double(batch) / double(site.batch);
+    site.batch = batch;
+  }
+  return topo;
+}
+
+// `desloc plan` for sites of unequal speed: each site's batch per rank balanced to its speed
+// (topology/site_batches.hpp), within the memory its profile measured. nullopt when the sites'
+// steps at the configured batches are within 10% of each other (nothing to balance).
+std::optional<topology::SiteBatchPlan> plan_site_batches(const topology::Topology& topo,
+                                                         const train::JobConfig& cfg) {
+  const auto names = cfg.site_names();
+  if (names.size() < 2) return std::nullopt;
+  topology::SiteBatchRequest req;
+  req.sites = names;
+  for (int s = 0; s < static_cast<int>(names.size()); ++s) {
+    req.ranks.push_back(cfg.site_ranks(s));
+    req.batch.push_back(cfg.site_batch(s));
+  }
+  req.memory_at = [&cfg](int batch) {
+    train::JobConfig one = cfg;  // a rank of a site at this batch
+    one.job.site.clear();
+    one.data.batch = batch;
+    return train::estimate_memory(one, train::ProcessRole::kRank).bytes();
+  };
+  topology::SiteBatchPlan p = topology::balance_site_batches(topo, req);
+  const auto [lo, hi] = std::minmax_element(p.configured_step_s.begin(), p.configured_step_s.end());
+  if (*hi <= 1.1 * *lo && p.batch == req.batch) return std::nullopt;
+  return p;
+}
+
+// A plan's config fragment with the balanced batches: its `sites = [...]` line (the ring order)
+// becomes [[job.site]] tables in that order, since a config gives one form or the other.
+std::string with_site_tables(const std::string& fragment,
+                             const std::optional<topology::SiteBatchPlan>& balanced,
+                             const std::vector<std::string>& job_sites) {
+  if (!balanced) return fragment;
+  std::vector<std::string> order;
+  std::string out;
+  std::size_t at = 0;
+  while (at < fragment.size()) {
+    const std::size_t end = std::min(fragment.find('\n', at), fragment.size());
+    const std::string line = fragment.substr(at, end - at);
+    at = end + 1;
+    if (!line.starts_with("sites = [")) {
+      out += line + "\n";
+      continue;
+    }
+    for (std::size_t q = line.find('"'); q != std::string::npos; q = line.find('"', q + 1)) {
+      const std::size_t close = line.find('"', q + 1);
+      order.push_back(line.substr(q + 1, close - q - 1));
+      q = close;
+    }
+  }
+  if (order.empty()) order = job_sites;
+  out += "# each site's batch per rank, balanced to its speed (desloc plan), in the ring order\n";
+  for (const std::string& name : order) {
+    const auto s = static_cast<std::size_t>(std::find(job_sites.begin(), job_sites.end(), name) -
+                                            job_sites.begin());
+    out += fmt::format("[[job.site]]\nname = \"{}\"\nranks = {}\nbatch = {}\n", name,
+                       balanced->ranks.at(s), balanced->batch.at(s));
+  }
+  return out;
+}
+
 int run_plan(const PlanOptions& o) {
   const std::string& topology_path = o.topology;
   const std::string& out = o.out;
   const std::string& svg_dir = o.svg_dir;
   const auto cfg = train::load_config(o.config);
-  const auto topo = topology::load_topology(topology_path);
   const auto sites = cfg.site_names();
-  for (const auto& s : sites) topo.site(s);  // every job site must be in the topology
+  const topology::Topology measured = at_site_batches(topology::load_topology(topology_path), cfg);
+  for (const auto& s : sites) measured.site(s);  // every job site must be in the topology
+  // Sites of unequal speed: the periods are planned for the steps at the balanced batches the
+  // fragment gives them.
+  const std::optional<topology::SiteBatchPlan> balanced = plan_site_batches(measured, cfg);
+  const topology::Topology topo = [&] {
+    if (!balanced) return measured;
+    train::JobConfig at_balance = cfg;
+    at_balance.job.site.clear();
+    for (std::size_t s = 0; s < sites.size(); ++s)
+      at_balance.job.site.push_back({sites[s], balanced->ranks[s], balanced->batch[s]});
+    return at_site_batches(measured, at_balance);
+  }();
   topology::PlanRequest req;
   req.state_bytes = 4.0 * model::parameter_count(cfg.model);
   req.target_overhead = o.target;
@@ -251,7 +339,14 @@ int run_plan(const PlanOptions& o) {
     if (hierarchical)
       for (const auto& line : hierarchical->explanation) std::printf("%s\n", line.c_str());
   }
+  if (balanced)
+    for (const auto& line : balanced->explanation) std::printf("%s\n", line.c_str());
   for (const auto& line : plan.warnings) std::printf("warning: %s\n", line.c_str());
+  plan.config_fragment = with_site_tables(plan.config_fragment, balanced, sites);
+  if (hierarchical) {
+    hierarchical->config_fragment =
+        with_site_tables(hierarchical->config_fragment, balanced, sites);
+  }
   std::printf("\n%s", plan.config_fragment.c_str());
   // A delayed plan with regions is one whole hierarchical plan; the config's own regions make
   // it the one --out writes.
@@ -432,7 +527,7 @@ void print_simulated_job(const topology::Topology& topo, const topology::SimJob&
 int run_simulate(const SimulateOptions& o) {
   const auto methods = parse_methods(o.methods);
   const auto cfg = train::load_config(o.config);
-  const topology::Topology topo = scaled_topology(o);
+  const topology::Topology topo = at_site_batches(scaled_topology(o), cfg);
   const double params = o.params > 0 ? o.params : model::parameter_count(cfg.model);
   const CodecPrice codecs = price_codecs(cfg, params);
   const topology::SimJob base = simulated_job(cfg, o, params, codecs);
@@ -441,6 +536,7 @@ int run_simulate(const SimulateOptions& o) {
   std::printf("%-11s %10s %12s %10s %10s %8s %12s %9s %9s\n", "method", "ms/step", "total",
               "comm s", "wait s", "syncs", "MB/site", "vs none", "steal s");
   double none_total = 0;
+  std::vector<std::string> waits;  // each method's wait per site, after the table
   for (const auto& method : methods) {
     auto job = base;
     job.schedule.method = method;
@@ -456,7 +552,15 @@ int run_simulate(const SimulateOptions& o) {
                 r.wait_s, static_cast<long long>(r.syncs), r.bytes_per_site / 1e6,
                 none_total > 0 ? fmt::format("{:.3f}x", r.total_s / none_total).c_str() : "-",
                 r.steal_s);
+    if (method != SyncMethod::kNone && topo.sites.size() > 1) {
+      std::vector<std::string> each;
+      for (std::size_t i = 0; i < topo.sites.size(); ++i)
+        each.push_back(fmt::format("{} {:.3f} s", topo.sites[i].name, r.wait_by_site.at(i)));
+      waits.push_back(fmt::format("{}: {}", to_string(method), fmt::join(each, ", ")));
+    }
   }
+  if (!waits.empty()) std::printf("wait per site at the averages:\n");
+  for (const auto& line : waits) std::printf("  %s\n", line.c_str());
   return 0;
 }
 

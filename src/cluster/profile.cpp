@@ -39,6 +39,7 @@
 #include "desloc/model/model.hpp"
 #include "desloc/topology/tcp_window.hpp"
 #include "desloc/topology/topology.hpp"
+#include "desloc/train/memory_estimate.hpp"
 #include "desloc/train/trainer.hpp"
 
 namespace desloc::cluster {
@@ -131,11 +132,11 @@ class StepBench {
   struct Sample {
     double wall_s, cpu_s;
   };
-  explicit StepBench(const train::JobConfig& cfg)
+  // At `batch` sequences (the site's own, [[job.site]]).
+  StepBench(const train::JobConfig& cfg, int batch)
       : dataset_(train::dataset_of(cfg)),
-        model_(model::make_model(cfg.model,
-                                 {cfg.train.backend, cfg.train.threads, cfg.data.batch, 0})),
-        B_(cfg.data.batch),
+        model_(model::make_model(cfg.model, {cfg.train.backend, cfg.train.threads, batch, 0})),
+        B_(batch),
         T_(cfg.seq_len()),
         loader_(dataset_, B_, T_, cfg.data.seed, 0, 1),
         in_(static_cast<std::size_t>(B_) * T_),
@@ -204,6 +205,8 @@ struct Steal {
 // travels as its bytes (SiteRow, then one LinkRecord per site of the job, its own left at zero).
 struct SiteRow {
   double step_s = 0, noise = 0;  // the compute step (mean) and its sd of ln step time
+  int batch = 0;                 // the batch per rank it was timed at
+  double memory_bytes = 0;       // what a rank of it may use (train::available_memory)
   topology::TcpBuffers buffers;  // its largest TCP buffers
   Steal steal;
 };
@@ -349,7 +352,8 @@ void write_topology(const train::JobConfig& cfg, const Session& ss,
   for (std::size_t s = 0; s < rows.size(); ++s) {
     const auto& [r, links] = rows[s];
     const std::string& name = ss.sites[s];
-    topo.sites.push_back({name, r.step_s, r.steal.s_per_byte, r.noise});
+    topo.sites.push_back(
+        {name, r.step_s, r.steal.s_per_byte, r.noise, r.batch, std::max(0.0, r.memory_bytes)});
     site_buffers[name] = r.buffers;
     for (std::size_t k = 0; k < rows.size(); ++k) {
       if (k == s) continue;
@@ -385,7 +389,7 @@ void write_topology(const train::JobConfig& cfg, const Session& ss,
 int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
                        const std::string& out_path) {
   Session ss = join_job(cfg, opts, /*pair_groups=*/true);
-  StepBench bench(cfg);
+  StepBench bench(cfg, cfg.site_batch(ss.home_site));
   std::vector<StepBench::Sample> alone = bench.run(kStepsBefore, 2);
   // The compute step: the steps alone before the pair measurements, then also those after the
   // streaming.
@@ -401,6 +405,8 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
   mine.buffers = topology::read_tcp_buffers();
   mine.step_s = mean(alone, &StepBench::Sample::wall_s);
   mine.noise = log_sd(alone);
+  mine.batch = cfg.site_batch(ss.home_site);
+  mine.memory_bytes = train::available_memory().bytes;
   log::info("{}: compute step {:.1f} ms, noise {:.3f} (sd of ln step time over {} steps alone)",
             ss.name, mine.step_s * 1e3, mine.noise, alone.size());
   const auto rows = gather_rows(ss, mine, links);

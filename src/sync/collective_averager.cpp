@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "desloc/core/error.hpp"
 #include "desloc/transport/ring_order.hpp"
@@ -135,6 +136,11 @@ std::optional<SyncMeasure> CollectiveAverager::take_measure() {
   return m;
 }
 
+std::vector<double> CollectiveAverager::take_waits() {
+  const std::lock_guard lock(traffic_mu_);
+  return std::exchange(waits_, {});
+}
+
 void CollectiveAverager::complete_average(optim::StateKind kind,
                                           std::span<const std::span<float>> local) {
   using transport::CollectiveOp;
@@ -254,11 +260,12 @@ bool CollectiveAverager::exchange(std::span<const DueAverage> due, bool stop, bo
 }
 
 // The rows of one rank's control message: one PayloadHealth per due state (zero when the guard
-// is off), then the stop request in `nonfinite`, then with `measure` two rows of what this rank
-// measured since the last such exchange: {seconds of its averages, their wide-area bytes} and
-// {its mean compute seconds per step, the number of averages}. A site's row is the sum of its
-// ranks' rows, except the seconds (the slowest rank's) and the count (the same on every rank:
-// the engine finishes a site's averages before the next exchange).
+// is off), then the stop request in `nonfinite`, then with `measure` three rows of what this
+// rank measured since the last such exchange: {seconds of its averages, their wide-area bytes},
+// {its mean compute seconds per step, the number of averages} and {its compute seconds, 0}. A
+// site's row is the sum of its ranks' rows, except the seconds (the slowest rank's) and the
+// count (the same on every rank: the engine finishes a site's averages before the next
+// exchange).
 CollectiveAverager::ControlRows CollectiveAverager::site_rows(std::span<const DueAverage> due,
                                                               bool stop, bool measure) {
   ControlRows out;
@@ -272,7 +279,7 @@ CollectiveAverager::ControlRows CollectiveAverager::site_rows(std::span<const Du
     out.elements.push_back(d.local[0].size());
   }
   const std::size_t stop_row = due.size();
-  const std::size_t rows = due.size() + 1 + (measure ? 2 : 0);
+  const std::size_t rows = due.size() + 1 + (measure ? 3 : 0);
   std::vector<PayloadHealth>& mine = out.rows;
   mine.resize(rows);
   const int ranks = site_ != nullptr ? site_->size() : 1;
@@ -292,6 +299,7 @@ CollectiveAverager::ControlRows CollectiveAverager::site_rows(std::span<const Du
     mine[stop_row + 1] = {pending_.seconds, double(pending_.bytes)};
     mine[stop_row + 2] = {pending_.steps > 0 ? pending_.compute / pending_.steps : 0.0,
                           double(pending_.averages)};
+    mine[stop_row + 3] = {pending_.compute, 0.0};
     pending_ = {};
   }
   if (site_ == nullptr) return out;
@@ -308,6 +316,8 @@ CollectiveAverager::ControlRows CollectiveAverager::site_rows(std::span<const Du
       if (k == stop_row + 1) {
         mine[k].nonfinite = std::max(mine[k].nonfinite, h.nonfinite);
         mine[k].sum_squares += h.sum_squares;
+      } else if (k == stop_row + 3) {
+        mine[k].nonfinite = std::max(mine[k].nonfinite, h.nonfinite);
       } else if (k == stop_row + 2) {
         mine[k].nonfinite = std::max(mine[k].nonfinite, h.nonfinite);
         mine[k].sum_squares = h.sum_squares;
@@ -348,6 +358,15 @@ bool CollectiveAverager::agree(const ControlRows& site, std::optional<SyncMeasur
       m.bytes_per_s = std::min(m.bytes_per_s, wire.sum_squares / wire.nonfinite);
     }
     measured = m.valid() ? std::optional(m) : std::nullopt;
+    // Each site's wait: the slowest site's compute since the exchange before, less its own.
+    std::vector<double> waits(static_cast<std::size_t>(sites));
+    double slowest = 0.0;
+    for (int s = 0; s < sites; ++s)
+      slowest = std::max(slowest, health_[std::size_t(s) * rows + stop_row + 3].nonfinite);
+    for (int s = 0; s < sites; ++s)
+      waits[std::size_t(s)] = slowest - health_[std::size_t(s) * rows + stop_row + 3].nonfinite;
+    const std::lock_guard lock(traffic_mu_);
+    waits_ = std::move(waits);
   }
   if (guard_.enabled)
     for (std::size_t k = 0; k < states; ++k) {

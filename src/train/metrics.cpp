@@ -72,18 +72,22 @@ std::string TrainRecord::to_json() const {
     by_worker += fmt::format("{}{}", i ? "," : "", wire_by_worker[i]);
   for (std::size_t i = 0; i < loss_by_site.size(); ++i)
     by_site += fmt::format("{}{}", i ? "," : "", json_exact(loss_by_site[i]));
+  std::string waits;
+  for (std::size_t i = 0; i < wait_ms_by_site.size(); ++i)
+    waits += fmt::format("{}{}", i ? "," : "", json_number(wait_ms_by_site[i]));
   return fmt::format(
       R"({{"type":"train","step":{},"loss":{},"lr":{},"grad_norm":{},"tokens_per_s":{},"step_ms":{},)"
       R"("sync_ms":{},"cpu_ms":{},"comm_cpu_ms":{},"wire_ms":{},"control_ms":{},"tokens":{},"workers":{},"synced":"{}",)"
       R"("bytes_sent":{},)"
       R"("bytes_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},)"
       R"("payload_by_state":{{"grad":{},"x":{},"u":{},"v":{}}},"bytes_sent_by_worker":[{}],)"
-      R"("loss_by_site":[{}],"site_bytes_sent":{},"region_bytes_sent":{}}})",
+      R"("loss_by_site":[{}],"wait_ms_by_site":[{}],"site_bytes_sent":{},"region_bytes_sent":{}}})",
       step, json_number(loss), json_number(lr), json_number(grad_norm), json_number(tokens_per_s),
       json_number(step_ms), json_number(sync_ms), json_number(cpu_ms), json_number(comm_cpu_ms),
       json_number(wire_ms), json_number(control_ms), tokens, workers, synced,
       wire[0] + wire[1] + wire[2] + wire[3], wire[0], wire[1], wire[2], wire[3], payload[0],
-      payload[1], payload[2], payload[3], by_worker, by_site, site_bytes_sent, region_bytes_sent);
+      payload[1], payload[2], payload[3], by_worker, by_site, waits, site_bytes_sent,
+      region_bytes_sent);
 }
 
 std::string EvalRecord::to_json() const {

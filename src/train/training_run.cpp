@@ -453,10 +453,10 @@ TrainingRun::StepResult TrainingRun::take_step(std::int64_t t) {
   const auto t_update = Clock::now();
   s.grad_norm = engine_.update(replicas, s.lr);
   compute_s += seconds_since(t_update);
-  if (replanner_) {
-    averager_->note_compute(compute_s);
-    replan(t);
-  }
+  // The control exchanges carry it: each site's wait at an average (take_waits), and the
+  // replanner's measure.
+  if (networked_) averager_->note_compute(compute_s);
+  if (replanner_) replan(t);
   s.loss = static_cast<float>(loss_sum / double(sites_.size()));
   s.seconds = seconds_since(t0);
   s.cpu_seconds = process_cpu_seconds() - cpu0;
@@ -610,6 +610,7 @@ void TrainingRun::record_step(const StepResult& s) {
   for (std::size_t i = 0; i < sites_.size(); ++i)
     r.wire_by_worker.push_back(traffic_of(static_cast<int>(i)).total_wire());
   r.loss_by_site = site_losses_;
+  for (const double w : averager_->take_waits()) r.wait_ms_by_site.push_back(w * 1e3);
   r.site_bytes_sent =
       networked_ && rank_->site_group != nullptr ? rank_->site_group->bytes().total().sent : 0;
   result_.last_train_loss = site_losses_.at(0);

@@ -304,6 +304,52 @@ TEST(Cli, ModelTooLargeForThisMachineIsRefusedUpFront) {
   EXPECT_TRUE(contains(r.output, "memory: ")) << r.output;
 }
 
+// Sites of unequal speed (issue 38): west steps in 100 ms at a batch of 8, east in 300 ms.
+// `desloc plan` balances the batches per rank to the sites' speed (the job's 32 sequences a
+// step kept), says why, and writes [[job.site]] tables in place of job.sites that complete a
+// config `config --check` accepts; `desloc simulate` says how long each site waits.
+TEST(Cli, PlanBalancesTheBatchesOfUnequalSitesAndSimulateNamesEachSitesWait) {
+  const auto dir = fresh_dir("plan_unequal");
+  std::string topo = "[meta]\nsource = \"test\"\n";
+  topo += "[[site]]\nname = \"west\"\nstep_ms = 100\nbatch = 8\n";
+  topo += "[[site]]\nname = \"east\"\nstep_ms = 300\nbatch = 8\n";
+  topo +=
+      "[[link]]\nfrom = \"west\"\nto = \"east\"\nbandwidth_mbit = 100\nlatency_ms = 1\n"
+      "[[link]]\nfrom = \"east\"\nto = \"west\"\nbandwidth_mbit = 100\nlatency_ms = 1\n";
+  write_text(dir / "topology.toml", topo);
+  std::string job = tiny_job_toml(dir / "out");
+  job.replace(job.find("\nbatch = 4\n"), 11, "\n");
+  job +=
+      "[sync]\nmethod = \"desloc\"\nkx = 8\n"
+      "[[job.site]]\nname = \"west\"\nranks = 2\nbatch = 8\n"
+      "[[job.site]]\nname = \"east\"\nranks = 2\nbatch = 8\n";
+  write_text(dir / "job.toml", job);
+  const auto r =
+      run_command(cli() + " plan --topology " + (dir / "topology.toml").string() + " --config " +
+                  (dir / "job.toml").string() + " --out " + (dir / "fragment.toml").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* needle :
+       {"every average waits for east", "west 8 -> 12 (150 ms), east 8 -> 4 (150 ms)",
+        "the job steps in 150 ms instead of 300 ms",
+        "[[job.site]]\nname = \"west\"\nranks = 2\nbatch = 12\n"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+  const std::string text = read_text(dir / "fragment.toml");
+  EXPECT_EQ(text.find("sites = ["), std::string::npos) << text;
+  std::string planned = tiny_job_toml(dir / "out");
+  planned.replace(planned.find("\nbatch = 4\n"), 11, "\n");
+  write_text(dir / "planned.toml", planned + text);
+  const auto check = run_command(cli() + " config --check " + (dir / "planned.toml").string());
+  EXPECT_EQ(check.exit_code, 0) << check.output << "\n" << text;
+
+  const auto sim =
+      run_command(cli() + " simulate --methods desloc --steps 64 --topology " +
+                  (dir / "topology.toml").string() + " --config " + (dir / "job.toml").string());
+  ASSERT_EQ(sim.exit_code, 0) << sim.output;
+  // 8 averages, each after 8 steps in which west computed 8 x 200 ms less than east.
+  EXPECT_NE(sim.output.find("desloc: west 12.800 s, east 0.000 s"), std::string::npos)
+      << sim.output;
+}
+
 TEST(Cli, PlanEndsOnAbsurdLinksAndTargets) {
   const auto dir = fresh_dir("plan_absurd");
   auto topology = [&](const char* mbit) {

@@ -511,11 +511,34 @@ TEST(Launch, TwoSitesOfTwoRanksStreamingWithTheOuterStepReproduceTheInProcessRun
 // step-overlapped with int4 + error feedback, delayed streaming fragments with int4 + error
 // feedback and the outer step, and two ranks a site.
 TEST(Launch, UnequalBatchesOverlappedAndCompressedReproduceTheInProcessRunBitForBit) {
+  fs::path dir;
   expect_launch_matches_train("launch3x1_unequal_codec", {"west", "east", "north"}, 1,
                               "overlap = \"step\"\n",
                               "codec_x = \"int4\"\ncodec_u = \"int4\"\ncodec_v = \"int4\"\n"
                               "codec_block = 32\nerror_feedback = true\n",
-                              "", "", nullptr, {2, 5, 3});
+                              "", "", &dir, {2, 5, 3});
+  // Each average's control exchange says how long every site waited there for the slowest
+  // (its compute since the exchange before, less theirs): every rank records the same three
+  // figures, one of them 0, at the 6 steps with averages (x every 2 of 12 steps).
+  std::vector<std::string> seen;
+  for (const fs::path& metrics :
+       {dir / "launch" / "metrics.jsonl", dir / "launch" / "ranks" / "north-0" / "metrics.jsonl"}) {
+    std::vector<std::string> waits;
+    for (const std::string& w : train_field(metrics, "wait_ms_by_site"))
+      if (w != "[]") waits.push_back(w);
+    ASSERT_EQ(waits.size(), 6u) << metrics;
+    for (const std::string& w : waits) {
+      std::vector<double> ms;
+      std::stringstream in(w.substr(1, w.size() - 2));
+      for (std::string item; std::getline(in, item, ',');) ms.push_back(std::stod(item));
+      ASSERT_EQ(ms.size(), 3u) << w;
+      EXPECT_EQ(*std::min_element(ms.begin(), ms.end()), 0.0) << w;
+    }
+    if (!seen.empty()) {
+      EXPECT_EQ(waits, seen) << metrics;
+    }
+    seen = waits;
+  }
 }
 TEST(Launch, UnequalBatchesStreamingCompressedWithTheOuterStepReproduceTheInProcessRunBitForBit) {
   expect_launch_matches_train("launch3x1_unequal_streaming", {"west", "east", "north"}, 1, "",

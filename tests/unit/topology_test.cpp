@@ -16,6 +16,7 @@
 #include "desloc/topology/planner.hpp"
 #include "desloc/topology/regions.hpp"
 #include "desloc/topology/simulator.hpp"
+#include "desloc/topology/site_batches.hpp"
 #include "desloc/topology/topology.hpp"
 #include "test_support.hpp"
 
@@ -1117,4 +1118,111 @@ TEST(Regions, EightRegionsOfSixtyFourSitesAndAThousandSitesQuickly) {
   EXPECT_EQ(q.regions.size(), 32u);
   EXPECT_LT(s1024, 5.0) << "1024 sites took " << s1024 << " s (64 sites: " << s64 << " s)";
   std::printf("propose_regions: 64 sites %.3f s, 1024 sites %.3f s\n", s64, s1024);
+}
+
+// ------------------------------------------------------------------------- unequal sites
+
+namespace {
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+// Sites A, B and C whose steps took 100, 200 and 400 ms at a batch of 8 per rank (C's
+// recorded, A's and B's the request's).
+Topology unequal_speeds(const std::string& extra_c = "") {
+  std::string t = topology_toml("ABC", 100, triangle);
+  t = replaced(t, "name = \"B\"\nstep_ms = 100.000000", "name = \"B\"\nstep_ms = 200");
+  t = replaced(t, "name = \"C\"\nstep_ms = 100.000000",
+               "name = \"C\"\nstep_ms = 400\nbatch = 8\n" + extra_c);
+  return parse_topology(t, "unequal.toml");
+}
+}  // namespace
+
+// Every average waits for the slowest site: the simulator says which site waits how long.
+TEST(Simulator, EachSitesWaitAtTheAveragesIsItsOwn) {
+  const Topology t = unequal_speeds();
+  SimJob job;
+  job.state_bytes = 3e6;
+  job.steps = 64;
+  job.schedule = {SyncMethod::kDesloc, 16, 48, 96, 0, 0, 0};
+  const SimResult r = simulate(t, job);
+  ASSERT_EQ(r.wait_by_site.size(), 3u);
+  // Between averages A computes 16 x 100 ms, C 16 x 400 ms: A waits 4.8 s a period, B 3.2 s.
+  EXPECT_NEAR(r.wait_by_site[0], 4 * 16 * 0.3, 1e-9);
+  EXPECT_NEAR(r.wait_by_site[1], 4 * 16 * 0.2, 1e-9);
+  EXPECT_NEAR(r.wait_by_site[2], 0.0, 1e-9);
+  EXPECT_NEAR(r.wait_s, (r.wait_by_site[0] + r.wait_by_site[1]) / 3.0, 1e-9);
+}
+
+// A batch per rank in proportion to each site's speed: 2 ranks each of 8 sequences (48 a step)
+// become 8 x 16/7 x 4, 2/7 x 4 ... rounded: every site then steps in about the same time, the job
+// keeps its 48 sequences a step, and its step drops from 400 ms to about 230.
+TEST(SiteBatches, BatchesFollowTheSitesSpeedAndKeepTheSequencesPerStep) {
+  const Topology t = unequal_speeds();
+  SiteBatchRequest req;
+  req.sites = {"A", "B", "C"};
+  req.ranks = {2, 2, 2};
+  req.batch = {8, 8, 8};
+  const SiteBatchPlan p = balance_site_batches(t, req);
+  EXPECT_EQ(p.sequences, 48);
+  EXPECT_EQ(p.balanced_sequences, 48);
+  EXPECT_EQ(p.batch, (std::vector<int>{14, 7, 3}));  // 13.7, 6.9, 3.4 rounded by the steps
+  EXPECT_NEAR(p.configured_job_step_s, 0.4, 1e-12);
+  EXPECT_LT(p.job_step_s, 0.24);
+  EXPECT_TRUE(p.pace_setter.empty());
+  for (double s : p.step_s) EXPECT_NEAR(s, 0.18, 0.06);
+  EXPECT_NE(p.explanation.at(0).find("every average waits for C"), std::string::npos)
+      << p.explanation.at(0);
+}
+
+// A site so slow that even a batch of 1 takes longer than the others' balanced step sets the
+// pace, and the plan names it with the cost; a site whose memory holds little takes what it
+// holds and the rest goes to the others.
+TEST(SiteBatches, ASiteTooSlowOrTooSmallIsNamedWithWhatItCosts) {
+  const Topology slow =
+      parse_topology(replaced(topology_toml("AB", 10, triangle),
+                              "name = \"B\"\nstep_ms = 10.000000", "name = \"B\"\nstep_ms = 4000"),
+                     "slow.toml");
+  SiteBatchRequest req;
+  req.sites = {"A", "B"};
+  req.ranks = {1, 1};
+  req.batch = {4, 4};
+  const SiteBatchPlan p = balance_site_batches(slow, req);
+  EXPECT_EQ(p.batch, (std::vector<int>{7, 1}));
+  EXPECT_EQ(p.pace_setter, "B");
+  EXPECT_NE(p.explanation.back().find("at its smallest batch (1)"), std::string::npos)
+      << p.explanation.back();
+
+  const Topology small = parse_topology(
+      replaced(topology_toml("ABC", 100, triangle), "name = \"A\"\nstep_ms = 100.000000",
+               "name = \"A\"\nstep_ms = 100\nmemory_mb = 10\n"),
+      "small.toml");
+  SiteBatchRequest three;
+  three.sites = {"A", "B", "C"};
+  three.ranks = {1, 1, 1};
+  three.batch = {8, 8, 8};
+  three.memory_at = [](int batch) { return 1e6 * batch; };  // 1 MB a sequence
+  const SiteBatchPlan q = balance_site_batches(small, three);
+  EXPECT_EQ(q.memory_cap, (std::vector<int>{10, 0, 0}));
+  EXPECT_EQ(q.batch, (std::vector<int>{8, 8, 8}));          // alike speeds: nothing moves
+  three.memory_at = [](int batch) { return 2e6 * batch; };  // A holds 5
+  const SiteBatchPlan r = balance_site_batches(small, three);
+  EXPECT_EQ(r.batch, (std::vector<int>{5, 10, 9}));
+  EXPECT_EQ(r.balanced_sequences, 24);
+  EXPECT_NE(r.explanation.at(2).find("holds a batch of at most 5"), std::string::npos)
+      << r.explanation.at(2);
+}
+
+TEST(Topology, ASitesBatchAndMemoryRoundTrip) {
+  const Topology t = unequal_speeds("memory_mb = 2048\n");
+  EXPECT_EQ(t.site("C").batch, 8);
+  EXPECT_EQ(t.site("C").memory_bytes, 2048e6);
+  EXPECT_EQ(t.site("A").batch, 0);
+  const Topology back = parse_topology(to_toml(t), "back.toml");
+  EXPECT_EQ(back.site("C").batch, 8);
+  EXPECT_EQ(back.site("C").memory_bytes, 2048e6);
+  expect_config_error(replaced(topology_toml("AB", 10, triangle), "step_ms = 10.000000",
+                               "step_ms = 10\nbatch = 2.5"),
+                      "whole number of sequences");
 }

@@ -73,6 +73,7 @@ class Simulation {
  private:
   void check() const;
   void price();
+  double step_of(std::size_t s) const { return t_.sites[s].step_s; }
   Due due_at(std::int64_t step) const;
   // Each site's compute for the step (jitter drawn in site order), with what overlapped
   // averages steal from it; adds the step's steals of `due` first.
@@ -99,8 +100,8 @@ class Simulation {
   std::mt19937_64 gen_;
   std::normal_distribution<double> noise_{0.0, 1.0};
   SimResult r_;
-  double link_free_ = 0.0;  // when the previous all-reduce (or delayed batch) finishes
-  double waited_ = 0.0;
+  double link_free_ = 0.0;      // when the previous all-reduce (or delayed batch) finishes
+  std::vector<double> waited_;  // by site
   double stolen_ = 0.0;
   std::vector<Fold> folds_;
   std::vector<std::vector<Steal>> steals_;
@@ -120,6 +121,7 @@ Simulation::Simulation(const Topology& t, const SimJob& job)
       jitter_(n_),
       dts_(n_),
       gen_(job.seed),
+      waited_(n_, 0.0),
       steals_(n_) {
   check();
   price();
@@ -208,7 +210,7 @@ const std::vector<double>& Simulation::compute_step(std::int64_t step, const Due
   std::vector<double>& dts = dts_;
   for (std::size_t s = 0; s < n_; ++s) {
     const double j = jitter_[s];
-    dts[s] = t_.sites[s].step_s * (j > 0 ? std::exp(j * noise_(gen_) - j * j / 2) : 1.0);
+    dts[s] = step_of(s) * (j > 0 ? std::exp(j * noise_(gen_) - j * j / 2) : 1.0);
     compute_[s] += dts[s];
     for (auto it = steals_[s].begin(); it != steals_[s].end();) {
       dts[s] += it->per_step;
@@ -246,15 +248,15 @@ void Simulation::region_averages(std::int64_t step, const Due& due, const std::v
     for (std::size_t s : g.sites) {
       switch (where) {
         case Placement::kAfterCompute:
-          waited_ += start - (clock_[s] + dts[s]);
+          waited_[s] += start - (clock_[s] + dts[s]);
           clock_[s] = start + cost - dts[s];
           break;
         case Placement::kUnderCompute:
-          waited_ += start - clock_[s] + std::max(0.0, cost - dts[s]);
+          waited_[s] += start - clock_[s] + std::max(0.0, cost - dts[s]);
           clock_[s] = start + std::max(dts[s], cost) - dts[s];
           break;
         case Placement::kBeforeCompute:
-          waited_ += start - clock_[s];
+          waited_[s] += start - clock_[s];
           clock_[s] = start + cost;
           break;
       }
@@ -287,7 +289,7 @@ void Simulation::blocking(const Due& due, const std::vector<double>& dts) {
   for (std::size_t s = 0; s < n_; ++s) clock_[s] += dts[s];
   if (due.states == 0) return;
   const double start = *std::max_element(clock_.begin(), clock_.end());
-  for (double c : clock_) waited_ += start - c;
+  for (std::size_t s = 0; s < n_; ++s) waited_[s] += start - clock_[s];
   std::fill(clock_.begin(), clock_.end(), start + due.cost);
 }
 
@@ -296,7 +298,7 @@ void Simulation::blocking(const Due& due, const std::vector<double>& dts) {
 void Simulation::step_overlap(const Due& due, const std::vector<double>& dts) {
   const double start = *std::max_element(clock_.begin(), clock_.end());
   for (std::size_t s = 0; s < n_; ++s) {
-    waited_ += start - clock_[s] + std::max(0.0, due.cost - dts[s]);
+    waited_[s] += start - clock_[s] + std::max(0.0, due.cost - dts[s]);
     clock_[s] = start + std::max(dts[s], due.cost);
   }
 }
@@ -309,8 +311,9 @@ void Simulation::step_overlap(const Due& due, const std::vector<double>& dts) {
 void Simulation::delayed(std::int64_t step, const Due& due, const std::vector<double>& dts) {
   if (due.states > 0) {
     double ready = link_free_;
-    for (double& c : clock_) {
-      waited_ += std::max(0.0, link_free_ - c);
+    for (std::size_t s = 0; s < n_; ++s) {
+      double& c = clock_[s];
+      waited_[s] += std::max(0.0, link_free_ - c);
       c = std::max(c, link_free_);
       ready = std::max(ready, c);
     }
@@ -328,9 +331,9 @@ void Simulation::delayed(std::int64_t step, const Due& due, const std::vector<do
       ++it;
       continue;
     }
-    for (double& c : clock_) {
-      waited_ += std::max(0.0, it->ready - c);
-      c = std::max(c, it->ready);
+    for (std::size_t s = 0; s < n_; ++s) {
+      waited_[s] += std::max(0.0, it->ready - clock_[s]);
+      clock_[s] = std::max(clock_[s], it->ready);
     }
     it = folds_.erase(it);
   }
@@ -343,9 +346,9 @@ void Simulation::unbounded(const Due& due, const std::vector<double>& dts) {
   if (due.states == 0) return;
   const double ready = *std::max_element(clock_.begin(), clock_.end());
   const double start = std::max(ready, link_free_);
-  for (double& c : clock_) {
-    if (link_free_ > c) waited_ += link_free_ - c;
-    c = std::max(c, link_free_);
+  for (std::size_t s = 0; s < n_; ++s) {
+    if (link_free_ > clock_[s]) waited_[s] += link_free_ - clock_[s];
+    clock_[s] = std::max(clock_[s], link_free_);
   }
   link_free_ = start + due.cost;
 }
@@ -369,7 +372,7 @@ std::int64_t Simulation::quiet_until(std::int64_t step) const {
 
 void Simulation::advance(std::int64_t steps) {
   for (std::size_t s = 0; s < n_; ++s) {
-    const double dt = t_.sites[s].step_s * double(steps);
+    const double dt = step_of(s) * double(steps);
     clock_[s] += dt;
     compute_[s] += dt;
   }
@@ -380,7 +383,10 @@ SimResult Simulation::result() {
       std::max(*std::max_element(clock_.begin(), clock_.end()), job_.overlap ? link_free_ : 0.0);
   r_.step_s = r_.total_s / double(job_.steps);
   r_.compute_s = *std::max_element(compute_.begin(), compute_.end());
-  r_.wait_s = n_ > 0 ? waited_ / double(n_) : 0.0;
+  r_.wait_by_site = waited_;
+  double waited = 0.0;
+  for (double w : waited_) waited += w;
+  r_.wait_s = n_ > 0 ? waited / double(n_) : 0.0;
   r_.steal_s = n_ > 0 ? stolen_ / double(n_) : 0.0;
   return r_;
 }

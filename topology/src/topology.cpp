@@ -194,6 +194,16 @@ Topology from_table(const toml::table& root, const std::string& file) {
             "ln(step time) must be below {} (at 2 a step's 90th percentile is 13x its median)",
             r.location(), s.step_jitter, kMaxStepJitter));
     }
+    if (r.has("batch")) {
+      const double b = r.positive("batch");
+      if (b != std::floor(b) || b > 1e9)
+        throw ConfigError(fmt::format(
+            "{}: site.batch = {} must be a whole number of sequences (the batch per rank "
+            "step_ms was timed at)",
+            r.location(), b));
+      s.batch = static_cast<int>(b);
+    }
+    if (r.has("memory_mb")) s.memory_bytes = r.positive("memory_mb") * 1e6;
     r.done();
     if (!names.insert(s.name).second)
       throw ConfigError(fmt::format("{}: duplicate site '{}'", r.location(), s.name));
@@ -354,10 +364,13 @@ std::string to_toml(const Topology& t) {
   }
   for (const auto& s : t.sites)
     out << fmt::format(
-        "\n[[site]]\nname = \"{}\"\nstep_ms = {:.6g}\n{}{}", s.name, s.step_s * 1e3,
+        "\n[[site]]\nname = \"{}\"\nstep_ms = {:.6g}\n{}{}{}{}", s.name, s.step_s * 1e3,
         s.steal_s_per_byte > 0 ? fmt::format("steal_ms_per_mb = {:.6g}\n", s.steal_s_per_byte * 1e9)
                                : std::string(),
-        s.step_jitter > 0 ? fmt::format("step_jitter = {:.4g}\n", s.step_jitter) : std::string());
+        s.step_jitter > 0 ? fmt::format("step_jitter = {:.4g}\n", s.step_jitter) : std::string(),
+        s.batch > 0 ? fmt::format("batch = {}\n", s.batch) : std::string(),
+        s.memory_bytes > 0 ? fmt::format("memory_mb = {:.6g}\n", s.memory_bytes / 1e6)
+                           : std::string());
   if (t.sites.size() < kMatrixSites) {
     for (const auto& l : t.links)
       out << fmt::format(

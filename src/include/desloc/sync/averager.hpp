@@ -165,6 +165,10 @@ class Averager {
   virtual void note_compute(double /*seconds*/) {}
   // What the latest control exchange measured (once; nullopt when it measured nothing).
   virtual std::optional<SyncMeasure> take_measure() { return std::nullopt; }
+  // Each site's wait at the latest control exchange (once; empty when none since the last
+  // take, and in one process): the compute seconds the slowest site noted since the exchange
+  // before, less the site's own, by site index. Every rank of the job holds the same figures.
+  virtual std::vector<double> take_waits() { return {}; }
   // CPU seconds of the threads the averager starts itself (a networked rank's second
   // wide-area lane), since it was made: part of what its averages cost the compute.
   virtual double helper_cpu_seconds() const { return 0.0; }

@@ -54,6 +54,7 @@ class CollectiveAverager final : public Averager {
   ControlAnswer close_control() override;
   void note_compute(double seconds) override;
   std::optional<SyncMeasure> take_measure() override;
+  std::vector<double> take_waits() override;
   // The second lane's threads (one per two-lane average).
   double helper_cpu_seconds() const override { return lane_cpu_.seconds(); }
   int sites() const override { return wan_.size(); }
@@ -116,6 +117,7 @@ class CollectiveAverager final : public Averager {
     int steps = 0;
   } pending_;
   std::optional<SyncMeasure> measure_;
+  std::vector<double> waits_;              // take_waits(), under traffic_mu_
   std::optional<ControlRows> opened_;      // between open_control() and close_control()
   std::vector<float> gathered_;            // R blocks, for the intra-site all-gather
   std::vector<PayloadHealth> health_;      // rows x S: the control exchange's table

@@ -49,6 +49,8 @@ class RegionalAverager final : public Averager {
   // job-wide periods are chosen for.
   void note_compute(double seconds) override { global_.note_compute(seconds); }
   std::optional<SyncMeasure> take_measure() override { return std::exchange(measure_, {}); }
+  // The job-wide exchange's (the regions' waits are inside the regions).
+  std::vector<double> take_waits() override { return global_.take_waits(); }
   double helper_cpu_seconds() const override {
     return global_.helper_cpu_seconds() + region_.helper_cpu_seconds();
   }

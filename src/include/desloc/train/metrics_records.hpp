@@ -55,7 +55,11 @@ struct TrainRecord {  // after every step
   std::array<std::uint64_t, 4> payload{};     // bytes averaged, by optim::StateKind
   std::vector<std::uint64_t> wire_by_worker;  // every replica's total wire bytes
   std::vector<float> loss_by_site;            // exact (round-trips a float)
-  std::uint64_t site_bytes_sent = 0;          // the site group's bytes (networked)
+  // At a networked step whose averages opened with a control exchange: each live site's wait
+  // there (ring order), the compute milliseconds the slowest site took since the exchange
+  // before less its own (sync::Averager::take_waits); empty otherwise.
+  std::vector<double> wait_ms_by_site;
+  std::uint64_t site_bytes_sent = 0;  // the site group's bytes (networked)
   // With job.regions: the wide-area bytes of the averages inside the region (`wire` holds the
   // job-wide ones); bytes_sent_by_worker counts both.
   std::uint64_t region_bytes_sent = 0;

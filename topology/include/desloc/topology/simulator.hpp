@@ -79,14 +79,15 @@ struct SimJob {
 };
 
 struct SimResult {
-  double total_s = 0;         // time to the last step, all sites done
-  double step_s = 0;          // total / steps
-  double compute_s = 0;       // the slowest site's compute alone
-  double comm_s = 0;          // time spent in all-reduces (on the critical path without overlap)
-  double wait_s = 0;          // mean per site of time spent waiting for slower sites at syncs
-  double steal_s = 0;         // mean per site of compute time lost to overlapped averages
-  std::int64_t syncs = 0;     // all-reduces performed
-  double bytes_per_site = 0;  // wide-area bytes each site sends (ring: 2(n-1)/n per state)
+  double total_s = 0;    // time to the last step, all sites done
+  double step_s = 0;     // total / steps
+  double compute_s = 0;  // the slowest site's compute alone
+  double comm_s = 0;     // time spent in all-reduces (on the critical path without overlap)
+  double wait_s = 0;     // mean per site of time spent waiting for slower sites at syncs
+  std::vector<double> wait_by_site;  // each site's, by the topology's site order
+  double steal_s = 0;                // mean per site of compute time lost to overlapped averages
+  std::int64_t syncs = 0;            // all-reduces performed
+  double bytes_per_site = 0;         // wide-area bytes each site sends (ring: 2(n-1)/n per state)
 };
 
 SimResult simulate(const Topology& t, const SimJob& job);

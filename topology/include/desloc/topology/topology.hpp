@@ -10,6 +10,8 @@
 //   step_ms = 88.5          # compute time of one training step of the configured model
 //   steal_ms_per_mb = 9.5   # optional: compute time lost per MB the site's averages send while
 //                           # they overlap its compute (the communication's CPU)
+//   batch = 16              # optional: the batch per rank step_ms was timed at
+//   memory_mb = 81000       # optional: the memory one rank of the site can use
 //   [[link]]
 //   from = "A"
 //   to = "B"
@@ -42,6 +44,12 @@ struct SiteProfile {
   // (0.27-0.30 on the 3-site test bed on 2 cores), and the sites then wait for the slowest at
   // every rendezvous: simulate() draws each step from it.
   double step_jitter = 0.0;
+  // The batch per rank step_s was timed at (0 = not recorded: the config's). A site of another
+  // batch steps in step_s * its batch / this (the planner's and simulator's linear model).
+  int batch = 0;
+  // The memory a rank of the site can use, bytes (0 = not measured): the planner gives the site
+  // no batch whose estimated footprint exceeds it.
+  double memory_bytes = 0.0;
 };
 
 struct Topology {
