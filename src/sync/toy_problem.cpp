@@ -46,6 +46,12 @@ void validate(const ToyProblemConfig& cfg) {
     throw ConfigError("toy problem: steps must be >= 0, got " + std::to_string(cfg.steps));
   if (!(cfg.sigma >= 0.0f))
     throw ConfigError("toy problem: sigma must be >= 0, got " + std::to_string(cfg.sigma));
+  if (!cfg.weights.empty() && cfg.weights.size() != static_cast<std::size_t>(s.sites))
+    throw ConfigError("toy problem: " + std::to_string(cfg.weights.size()) + " weights for " +
+                      std::to_string(s.sites) + " sites");
+  for (const double w : cfg.weights)
+    if (!(w > 0.0 && std::isfinite(w)))
+      throw ConfigError("toy problem: a site's weight must be positive, got " + std::to_string(w));
   if (s.outer != OuterStep::kNone)
     throw ConfigError("toy problem: sync.outer = \"" + std::string(to_string(s.outer)) +
                       "\" is not supported here; set it to \"none\"");
@@ -114,6 +120,9 @@ ToyProblemResult run_rosenbrock(const ToyProblemConfig& cfg) {
 
   const SyncPolicy policy(cfg.sync);
   VirtualAverager averager(cfg.sync.sites);
+  averager.set_weights(cfg.weights);
+  double total_weight = 0.0;
+  for (std::size_t m = 0; m < M; ++m) total_weight += cfg.weights.empty() ? 1.0 : cfg.weights[m];
   const auto sigma = static_cast<double>(cfg.sigma);
 
   ToyProblemResult res;
@@ -123,12 +132,15 @@ ToyProblemResult run_rosenbrock(const ToyProblemConfig& cfg) {
     double s1 = 0.0, s2 = 0.0, sd = 0.0;
     for (std::size_t m = 0; m < M; ++m) {
       const auto x1 = static_cast<double>(x[2 * m]), x2 = static_cast<double>(x[2 * m + 1]);
-      s1 += x1;
-      s2 += x2;
+      const double w = cfg.weights.empty() ? 1.0 : cfg.weights[m];
+      s1 += w * x1;
+      s2 += w * x2;
       sd += std::hypot(x1 - 1.0, x2 - 1.0);
     }
     const auto inv = 1.0 / static_cast<double>(M);
-    res.final_mean_x = {s1 * inv, s2 * inv};
+    res.final_mean_x = cfg.weights.empty()
+                           ? std::array<double, 2>{s1 * inv, s2 * inv}
+                           : std::array<double, 2>{s1 / total_weight, s2 / total_weight};
     res.distance.push_back(std::hypot(res.final_mean_x[0] - 1.0, res.final_mean_x[1] - 1.0));
     res.site_distance.push_back(sd * inv);
   };

@@ -43,6 +43,9 @@ struct ToyProblemConfig {
   // What "favg_reset" restarts after each parameter average: u and v are always zeroed; with
   // reset_step_count the bias-correction step count restarts too (a fresh torch.optim.Adam).
   bool reset_step_count = true;
+  // Each site's weight in the averages (Averager::set_weights: sites of unequal tokens per
+  // step); empty = alike. The sites' mean in the result is then the weighted one.
+  std::vector<double> weights;
 };
 
 struct ToyProblemResult {
