@@ -52,8 +52,10 @@ std::string shape(int sites, int ranks) {
          (ranks > 1 ? "s" : "") + ", " + (sites >= 3 ? "2 lanes" : "1 lane");
 }
 
+// `batches`: each site's batch per rank, as [[job.site]] tables (sites that differ), instead of
+// the shorthand's data.batch = 4 for every site.
 std::string elastic_toml(const fs::path& out, int ranks, int sites, const std::string& extra_job,
-                         const std::string& extra_sync = "") {
+                         const std::string& extra_sync = "", const std::vector<int>& batches = {}) {
   std::string toml = tiny_job_toml(out);
   auto set = [&](const std::string& key, const std::string& value) {
     const auto at = toml.find(key + " = ");
@@ -67,13 +69,22 @@ std::string elastic_toml(const fs::path& out, int ranks, int sites, const std::s
   // the tolerance between machines (+0.084 for the x-average death on an AMD EPYC host,
   // +0.046 on 4096 tokens).
   set("eval_batches", "32");
-  std::string names;
+  std::string names, tables;
   for (const auto& s : site_names(sites)) names += (names.empty() ? "\"" : ", \"") + s + "\"";
-  return toml + "[sync]\nmethod = \"desloc\"\nkx = 4\n" + extra_sync + "[job]\nsites = [" + names +
-         "]\nranks_per_site = " + std::to_string(ranks) +
-         "\ntoken = \"fault-suite\"\nrendezvous_timeout_s = 30\nheartbeat_ms = 200\n"
+  std::string shorthand =
+      "sites = [" + names + "]\nranks_per_site = " + std::to_string(ranks) + "\n";
+  if (!batches.empty()) {
+    toml.replace(toml.find("\nbatch = 4\n"), 11, "\n");
+    shorthand.clear();
+    for (int i = 0; i < sites; ++i)
+      tables += "[[job.site]]\nname = \"" + site_names(sites)[std::size_t(i)] +
+                "\"\nranks = " + std::to_string(ranks) +
+                "\nbatch = " + std::to_string(batches.at(std::size_t(i))) + "\n";
+  }
+  return toml + "[sync]\nmethod = \"desloc\"\nkx = 4\n" + extra_sync + "[job]\n" + shorthand +
+         "token = \"fault-suite\"\nrendezvous_timeout_s = 30\nheartbeat_ms = 200\n"
          "heartbeat_timeout_ms = 1500\nrecovery_timeout_s = 10\n" +
-         extra_job + "[transport]\ndeadline_s = 5\n";
+         extra_job + "[transport]\ndeadline_s = 5\n" + tables;
 }
 
 // The last value of a numeric field in a metrics file's records of type `type`.
@@ -156,14 +167,15 @@ struct Job {
 
   Job(const std::string& tag, int ranks_per_site, int site_count, const std::string& extra_job = "",
       std::vector<std::pair<std::string, std::string>> rank_env = {},
-      std::string rank_env_site = "", const std::string& extra_sync = "")
+      std::string rank_env_site = "", const std::string& extra_sync = "",
+      const std::vector<int>& batches = {})
       : cluster{fresh_dir(tag), {}, 0},
         sites(site_names(site_count)),
         R(ranks_per_site),
         env(std::move(rank_env)),
         env_site(std::move(rank_env_site)) {
-    cfg = write_text(cluster.dir / "job.toml",
-                     elastic_toml(cluster.dir / "out", R, site_count, extra_job, extra_sync));
+    cfg = write_text(cluster.dir / "job.toml", elastic_toml(cluster.dir / "out", R, site_count,
+                                                            extra_job, extra_sync, batches));
     start({});
   }
   int S() const { return static_cast<int>(sites.size()); }
@@ -587,6 +599,36 @@ TEST_P(FaultSuiteSites, KilledSiteRestartsRejoinsFromAPeerAndTheJobFinishesOnAll
   report_row("kill -9 a site, restart it: rejoins from its ring predecessor (" + shape(S, 1) + ")",
              seconds(killed_at, *heard), seconds(restarted_at, *rejoined), val - ref, *state_bytes,
              "dropped east, east rejoined at epoch 3, finished on " + std::to_string(S) + " sites");
+}
+
+// Unequal sites (issue 38): east trains on twice west's batch and four times north's, so it
+// weighs most in every average. Killed, the survivors roll back and average by their own
+// tokens (west 4, north 2); restarted, east rejoins from a peer and the averages weigh all three
+// again. The job finishes on every site near the fault-free in-process run of the same tables.
+TEST(FaultSuite, TheHeaviestOfUnequalSitesKilledAndRestartedRejoinsAndTheJobFinishes) {
+  Job job("rejoin_unequal", 1, 3, "", {}, "", "", {4, 8, 2});
+  ASSERT_TRUE(job.reach(kSteps / 4)) << job.ranks[0][0].output();
+  const auto killed_at = Clock::now();
+  ::kill(job.ranks[1][0].pid, SIGKILL);
+  job.ranks[1][0].wait(5s);
+  const auto heard = wait_for_text(job.ranks[0][0], "closed membership epoch 1", 10s);
+  ASSERT_TRUE(heard.has_value()) << job.ranks[0][0].output();
+  ASSERT_TRUE(wait_for_text(job.ranks[0][0], "rolled back to step", 30s).has_value());
+  const auto restarted_at = Clock::now();
+  job.ranks[1][0] = job.cluster.worker(job.cfg, "east", 0, {}, {"--threads", "1"});
+  const auto rejoined = wait_for_text(job.ranks[1][0], "rejoined at step", 60s);
+  ASSERT_TRUE(rejoined.has_value()) << job.ranks[1][0].output() << job.cluster.coordinator.output();
+  const double val = expect_leader_finishes(job);
+  expect_others_finish(job, "");
+  const fs::path east = job.cluster.dir / "out" / "ranks" / "east-0" / "metrics.jsonl";
+  EXPECT_EQ(leader_step(east), kSteps);
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_NEAR(val, ref, kLossTolerance);
+  report_row("kill -9 the heaviest of unequal sites (batches 4, 8, 2), restart it: rejoins (" +
+                 shape(3, 1) + ")",
+             seconds(killed_at, *heard), seconds(restarted_at, *rejoined), val - ref,
+             last_field(east, "rejoin", "state_bytes").value_or(-1),
+             "dropped east, east rejoined, finished on 3 sites, token-weighted");
 }
 
 // Re-planning (issue 15, item 5) and a rejoin: every rank switches kx 4 -> 8 after step 200
