@@ -545,6 +545,16 @@ TEST(Launch, UnequalBatchesStreamingCompressedWithTheOuterStepReproduceTheInProc
                               std::string(kStreamingSync) + kCodecSync + "outer = \"nesterov\"\n",
                               "", "", nullptr, {2, 5, 3});
 }
+// Regions of unequal sites: each region weighs its own sites by their tokens (the region of
+// three on both lanes), while the job-wide level streams (delayed, 2 fragments, int4 + error
+// feedback, the outer step at each fold).
+TEST(Launch, StreamingRegionsOfUnequalBatchesReproduceTheInProcessRunBitForBit) {
+  expect_launch_matches_train(
+      "launch4x1_regions_unequal", {"west", "east", "north", "south"}, 1, "",
+      "region_kx = 1\noverlap = \"delayed\"\ndelay = 1\nfragments = 2\n"
+      "codec_x = \"int4\"\nerror_feedback = true\nouter = \"nesterov\"\n",
+      "", "regions = [[\"west\", \"east\", \"north\"], [\"south\"]]\n", nullptr, {2, 5, 3, 4});
+}
 TEST(Launch, TwoSitesOfTwoRanksWithUnequalBatchesReproduceTheInProcessRunBitForBit) {
   expect_launch_matches_train("launch2x2_unequal", {"west", "east"}, 2, "", kDelayedSync, "", "",
                               nullptr, {4, 1});
