@@ -625,6 +625,13 @@ void TrainingRun::record_step(const StepResult& s) {
     if (cfg_.sync.averages_params()) report.kx = policy_.schedule_at(step_ + 1).kx;
     report.replans =
         static_cast<std::uint32_t>(policy_.switches().size() - cfg_.sync.switches.size());
+    const auto me = static_cast<std::size_t>(rank_->wan_group->rank());
+    if (me < r.wait_ms_by_site.size()) {
+      last_wait_ms_ = r.wait_ms_by_site[me];
+      wait_seconds_ += r.wait_ms_by_site[me] / 1e3;
+    }
+    report.last_wait_ms = static_cast<std::uint32_t>(std::lround(last_wait_ms_));
+    report.wait_seconds = wait_seconds_;
     rank_->on_progress(report);
   }
   for (const sync::Rejection& rj : averager_->rejections())

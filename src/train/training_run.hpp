@@ -137,8 +137,11 @@ class TrainingRun : private FaultTolerance::Run {
   std::uint64_t run_id_ = 0;
   std::int64_t step_ = 0;
   std::uint64_t guard_rejections_ = 0;  // sites the payload guard left out, all steps
-  std::uint64_t tokens_seen_ = 0;       // per site
-  int live_sites_;                      // fewer after a site failed
+  // This site's wait at its latest average with a control exchange, and all of them summed
+  // (the heartbeats' report).
+  double last_wait_ms_ = 0.0, wait_seconds_ = 0.0;
+  std::uint64_t tokens_seen_ = 0;  // per site
+  int live_sites_;                 // fewer after a site failed
   std::vector<float> site_losses_;
   bool site_stop_ = false;      // a rank of this site asked to stop (networked)
   bool stop_agreed_ = false;    // the sites agreed to stop after this step

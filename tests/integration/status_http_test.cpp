@@ -98,6 +98,8 @@ TEST(StatusHttp, PrometheusScrapesARunningJob) {
   EXPECT_EQ(value_of("desloc_rank_heartbeats_missed{site=\"east\",rank=\"0\"}"), 0.0);
   EXPECT_EQ(value_of("desloc_rank_kx{site=\"east\",rank=\"0\"}"), 4.0);
   EXPECT_EQ(value_of("desloc_rank_replans_total{site=\"east\",rank=\"0\"}"), 0.0);
+  // Each site's waits for the slowest at its averages, summed (absent: -1).
+  EXPECT_GE(value_of("desloc_rank_wait_seconds_total{site=\"west\",rank=\"0\"}"), 0.0) << metrics;
   write_text(dir / "metrics.txt", metrics);
   const auto check =
       run_command("promtool check metrics < '" + (dir / "metrics.txt").string() + "'");
@@ -112,6 +114,8 @@ TEST(StatusHttp, PrometheusScrapesARunningJob) {
   EXPECT_EQ(state["plan"]["kx"], "4");
   EXPECT_EQ(state["ranks"][0]["kx"], 4);  // the period in force, as the rank reports it
   EXPECT_EQ(state["ranks"][0]["replans"], 0);
+  EXPECT_GE(state["ranks"][0]["wait_s"].get<double>(), 0.0);
+  EXPECT_GE(state["ranks"][0]["last_wait_s"].get<double>(), 0.0);
   EXPECT_EQ(state["site_state"]["east"], "live");
   ASSERT_EQ(state["epochs"].size(), 1u);
   EXPECT_EQ(state["epochs"][0]["ring"], nlohmann::json::array({"west", "east"}));

@@ -93,6 +93,8 @@ TEST(Heartbeat, CarriesTheWholeReportAndKeepsItsSize) {
   hb.report.region_lane = {9, 3.5f};
   hb.report.tcp_backlog_ms = 9010;
   hb.report.tcp_backlog_peer = transport::parse_ip_address("10.77.0.3");
+  hb.report.last_wait_ms = 412;
+  hb.report.wait_seconds = 17.5;
   const auto frame = transport::encode(hb);
   const auto back = transport::decode<transport::Heartbeat>(
       {transport::MessageType::kHeartbeat,
@@ -107,9 +109,11 @@ TEST(Heartbeat, CarriesTheWholeReportAndKeepsItsSize) {
   EXPECT_EQ(back.report.region_lane, (transport::LaneReport{9, 3.5f}));
   EXPECT_EQ(back.report.tcp_backlog_ms, 9010u);
   EXPECT_EQ(transport::ip_text(back.report.tcp_backlog_peer), "10.77.0.3");
+  EXPECT_EQ(back.report.last_wait_ms, 412u);
+  EXPECT_EQ(back.report.wait_seconds, 17.5);
   // Fixed size whatever the job: 2 x 8 + 4 + 4 + 8 + 13 x 8 + 8 + 2 x 12 + 8 + 8 + 4 + 12 + 4
-  // + 16 bytes.
-  EXPECT_EQ(frame.size() - transport::kFrameHeaderBytes, 220u);
+  // + 16 + 4 + 8 bytes.
+  EXPECT_EQ(frame.size() - transport::kFrameHeaderBytes, 232u);
 }
 
 TEST(JobHistory, RecordsEachEpochOnceWithItsRing) {

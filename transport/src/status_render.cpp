@@ -191,6 +191,10 @@ std::string prometheus_text(const JobStatus& s) {
       "Time a rank's unacknowledged TCP data needs to drain at the rate its slowest link "
       "last delivered, sampled at its last heartbeat: seconds behind a slow outbound link.",
       [](const RankProgress& r) { return fmt::format("{:.3f}", r.report.tcp_backlog_ms / 1e3); });
+  per_rank("desloc_rank_wait_seconds_total", "counter",
+           "Seconds a rank's site waited for the slowest site at its averages (the slowest's "
+           "compute since the average before, less its own), summed.",
+           [](const RankProgress& r) { return fmt::format("{:.3f}", r.report.wait_seconds); });
   per_rank("desloc_payload_guard_rejections_total", "counter",
            "Sites the payload guard left out of a rank's wide-area averages.",
            [](const RankProgress& r) { return std::to_string(r.report.guard_rejections); });
@@ -276,6 +280,8 @@ std::string status_json(const JobStatus& s) {
                      {"kx", p.kx},
                      {"replans", p.replans},
                      {"tcp_backlog_s", p.tcp_backlog_ms / 1e3},
+                     {"last_wait_s", p.last_wait_ms / 1e3},
+                     {"wait_s", finite(p.wait_seconds)},
                      {"missing", missing.count(r.id) > 0}});
   }
   j["ranks"] = ranks;

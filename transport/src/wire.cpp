@@ -274,6 +274,8 @@ void write_payload(WireWriter& w, const Heartbeat& m) {
   w.put<std::uint32_t>(std::bit_cast<std::uint32_t>(p.region_lane.recent_bytes_per_s));
   w.put<std::uint32_t>(p.tcp_backlog_ms);
   w.put_raw(p.tcp_backlog_peer);
+  w.put<std::uint32_t>(p.last_wait_ms);
+  w.put<std::uint64_t>(std::bit_cast<std::uint64_t>(p.wait_seconds));
 }
 void read_payload(WireReader& r, Heartbeat& m) {
   RankReport& p = m.report;
@@ -295,6 +297,8 @@ void read_payload(WireReader& r, Heartbeat& m) {
   p.region_lane.recent_bytes_per_s = std::bit_cast<float>(r.get<std::uint32_t>("region_lane.rate"));
   p.tcp_backlog_ms = r.get<std::uint32_t>("tcp_backlog_ms");
   r.get_raw(p.tcp_backlog_peer, "tcp_backlog_peer");
+  p.last_wait_ms = r.get<std::uint32_t>("last_wait_ms");
+  p.wait_seconds = std::bit_cast<double>(r.get<std::uint64_t>("wait_seconds"));
 }
 
 void write_payload(WireWriter& w, const Status& m) {

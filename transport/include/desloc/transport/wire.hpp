@@ -227,7 +227,12 @@ struct RankReport {
   // as it sends each heartbeat, so a long average behind a slow link shows while it runs.
   std::uint32_t tcp_backlog_ms = 0;
   IpAddress tcp_backlog_peer = kNoAddress;  // where that slowest socket leads
-  std::uint64_t syncs() const;              // the sum of sync_buckets
+  // The rank's site's wait for the slowest site at its latest average with a control exchange
+  // (the slowest's compute since the exchange before, less its own), and all such waits
+  // summed: a site that waits long at every average is faster than the pace the job keeps.
+  std::uint32_t last_wait_ms = 0;
+  double wait_seconds = 0.0;
+  std::uint64_t syncs() const;  // the sum of sync_buckets
   bool operator==(const RankReport&) const = default;
 };
 
