@@ -46,7 +46,7 @@ usage: $prog [--build DIR] [--rate 5mbit] [--rtt 40ms] [--budget SECONDS] [--quo
        [--batch N] [--target-overhead F] [--results DIR]
   --quota   the CPU share (of one core) sites B and C may use; A is uncapped
   --batch   every site's batch per rank in the equal run (and the profile's)
-  --target-overhead  for `desloc plan --auto` (mode, codecs and periods): 0.05 by default
+  --target-overhead  for desloc plan --auto (mode, codecs and periods): 0.05 by default
   Needs root (network namespaces, cgroups).
 EOF
 }
