@@ -563,24 +563,38 @@ TEST(FaultSuite, BelowTheMinimumSiteCountTheJobEndsWithTheReason) {
              "stopped with the designed error");
 }
 
+// When east (one rank) was killed, when the leader heard of it, when east was restarted as a
+// fresh process and when it rejoined from a peer.
+struct Rejoin {
+  Clock::time_point killed, heard, restarted, rejoined;
+};
+// A quarter of the way in, east is killed; once the survivors rolled back, it comes back (a
+// fresh process, no state) and rejoins at the next epoch.
+void kill_and_rejoin_east(Job& job, Rejoin& at) {
+  ASSERT_TRUE(job.reach(kSteps / 4)) << job.ranks[0][0].output();
+  at.killed = Clock::now();
+  ::kill(job.ranks[1][0].pid, SIGKILL);
+  job.ranks[1][0].wait(5s);
+  const auto heard = wait_for_text(job.ranks[0][0], "closed membership epoch 1", 10s);
+  ASSERT_TRUE(heard.has_value()) << job.ranks[0][0].output();
+  at.heard = *heard;
+  ASSERT_TRUE(wait_for_text(job.ranks[0][0], "rolled back to step", 30s).has_value());
+  at.restarted = Clock::now();
+  job.ranks[1][0] = job.cluster.worker(job.cfg, "east", 0, {}, {"--threads", "1"});
+  const auto rejoined = wait_for_text(job.ranks[1][0], "rejoined at step", 60s);
+  ASSERT_TRUE(rejoined.has_value()) << job.ranks[1][0].output() << job.cluster.coordinator.output();
+  at.rejoined = *rejoined;
+}
+
 // The survivors of a loss open the next epoch's ports for every site of the job, not just for
 // themselves: a rejoin grows the world back (with 3 sites, from one lane to two; with 2, from no
 // wide-area ring to one), and a port opened for the shrunken world killed a survivor.
 TEST_P(FaultSuiteSites, KilledSiteRestartsRejoinsFromAPeerAndTheJobFinishesOnAllSites) {
   const int S = GetParam();
   Job job("rejoin_" + std::to_string(S), 1, S);
-  ASSERT_TRUE(job.reach(kSteps / 4)) << job.ranks[0][0].output();
-  const auto killed_at = Clock::now();
-  ::kill(job.ranks[1][0].pid, SIGKILL);
-  job.ranks[1][0].wait(5s);
-  const auto heard = wait_for_text(job.ranks[0][0], "closed membership epoch 1", 10s);
-  ASSERT_TRUE(heard.has_value()) << job.ranks[0][0].output();
-  ASSERT_TRUE(wait_for_text(job.ranks[0][0], "rolled back to step", 30s).has_value());
-  // East comes back (a fresh process, no state): it rejoins at the next epoch.
-  const auto restarted_at = Clock::now();
-  job.ranks[1][0] = job.cluster.worker(job.cfg, "east", 0, {}, {"--threads", "1"});
-  const auto rejoined = wait_for_text(job.ranks[1][0], "rejoined at step", 60s);
-  ASSERT_TRUE(rejoined.has_value()) << job.ranks[1][0].output() << job.cluster.coordinator.output();
+  Rejoin at;
+  kill_and_rejoin_east(job, at);
+  if (HasFatalFailure()) return;
   const double val = expect_leader_finishes(job);
   expect_others_finish(job, "");
   EXPECT_NE(
@@ -597,7 +611,8 @@ TEST_P(FaultSuiteSites, KilledSiteRestartsRejoinsFromAPeerAndTheJobFinishesOnAll
   const double ref = reference_val_loss(job.cfg, job.cluster.dir);
   EXPECT_NEAR(val, ref, kLossTolerance);
   report_row("kill -9 a site, restart it: rejoins from its ring predecessor (" + shape(S, 1) + ")",
-             seconds(killed_at, *heard), seconds(restarted_at, *rejoined), val - ref, *state_bytes,
+             seconds(at.killed, at.heard), seconds(at.restarted, at.rejoined), val - ref,
+             *state_bytes,
              "dropped east, east rejoined at epoch 3, finished on " + std::to_string(S) + " sites");
 }
 
@@ -607,17 +622,9 @@ TEST_P(FaultSuiteSites, KilledSiteRestartsRejoinsFromAPeerAndTheJobFinishesOnAll
 // again. The job finishes on every site near the fault-free in-process run of the same tables.
 TEST(FaultSuite, TheHeaviestOfUnequalSitesKilledAndRestartedRejoinsAndTheJobFinishes) {
   Job job("rejoin_unequal", 1, 3, "", {}, "", "", {4, 8, 2});
-  ASSERT_TRUE(job.reach(kSteps / 4)) << job.ranks[0][0].output();
-  const auto killed_at = Clock::now();
-  ::kill(job.ranks[1][0].pid, SIGKILL);
-  job.ranks[1][0].wait(5s);
-  const auto heard = wait_for_text(job.ranks[0][0], "closed membership epoch 1", 10s);
-  ASSERT_TRUE(heard.has_value()) << job.ranks[0][0].output();
-  ASSERT_TRUE(wait_for_text(job.ranks[0][0], "rolled back to step", 30s).has_value());
-  const auto restarted_at = Clock::now();
-  job.ranks[1][0] = job.cluster.worker(job.cfg, "east", 0, {}, {"--threads", "1"});
-  const auto rejoined = wait_for_text(job.ranks[1][0], "rejoined at step", 60s);
-  ASSERT_TRUE(rejoined.has_value()) << job.ranks[1][0].output() << job.cluster.coordinator.output();
+  Rejoin at;
+  kill_and_rejoin_east(job, at);
+  if (HasFatalFailure()) return;
   const double val = expect_leader_finishes(job);
   expect_others_finish(job, "");
   const fs::path east = job.cluster.dir / "out" / "ranks" / "east-0" / "metrics.jsonl";
@@ -626,7 +633,7 @@ TEST(FaultSuite, TheHeaviestOfUnequalSitesKilledAndRestartedRejoinsAndTheJobFini
   EXPECT_NEAR(val, ref, kLossTolerance);
   report_row("kill -9 the heaviest of unequal sites (batches 4, 8, 2), restart it: rejoins (" +
                  shape(3, 1) + ")",
-             seconds(killed_at, *heard), seconds(restarted_at, *rejoined), val - ref,
+             seconds(at.killed, at.heard), seconds(at.restarted, at.rejoined), val - ref,
              last_field(east, "rejoin", "state_bytes").value_or(-1),
              "dropped east, east rejoined, finished on 3 sites, token-weighted");
 }
