@@ -262,20 +262,20 @@ void TrainingRun::write_run_record() {
       networked_ && !rank_->wan_successor.empty() ? rank_->name + "->" + rank_->wan_successor : "";
   metrics_->write(r);
   const int sites = live_sites_;
-  std::string shape =
-      fmt::format("{} x {} rank{}", sites, r.ranks_per_site, r.ranks_per_site == 1 ? "" : "s");
-  if (!cfg_.sites_alike()) {  // each site as it is: name ranks x batch
+  // "3 sites x 2 ranks", or each site as it is: "3 sites (ranks x batch: west 2x8, ...)".
+  std::string shape = fmt::format("{} site{} x {} rank{}", sites, sites == 1 ? "" : "s",
+                                  r.ranks_per_site, r.ranks_per_site == 1 ? "" : "s");
+  if (!cfg_.sites_alike()) {
     std::vector<std::string> each;
     for (int s = 0; s < sites; ++s)
       each.push_back(fmt::format("{} {}x{}", cfg_.site_names().at(std::size_t(s)),
                                  cfg_.site_ranks(s), cfg_.site_batch(s)));
-    shape = fmt::format("{} (ranks x batch: {})", sites, fmt::join(each, ", "));
+    shape = fmt::format("{} sites (ranks x batch: {})", sites, fmt::join(each, ", "));
   }
   progress_->message(fmt::format(
-      "desloc train: {} parameters ({} backend), {} site{}: {} ({}{}), B={} T={}, {} steps, {} "
-      "train / {} val tokens, unigram entropy {:.4f} nats",
-      model_->layout().total(), model_->backend_name(), sites, sites == 1 ? "" : "s", shape,
-      to_string(cfg_.sync.method),
+      "desloc train: {} parameters ({} backend), {} ({}{}), B={} T={}, {} steps, {} train / {} "
+      "val tokens, unigram entropy {:.4f} nats",
+      model_->layout().total(), model_->backend_name(), shape, to_string(cfg_.sync.method),
       networked_ ? ", this process is " + rank_->name : std::string(", in-process"), r.batch, T_,
       total_, dataset_.train_tokens, dataset_.val_tokens, dataset_.unigram_entropy_nats));
 }
