@@ -69,8 +69,9 @@ std::optional<Averager::Verdict> Averager::take_verdict(optim::StateKind kind) {
   return v;
 }
 
-float Averager::contribution_scale(int site, std::span<const char> left_out) const {
-  if (weights_.empty()) return 1.0f;
+std::vector<float> Averager::contribution_scales(std::span<const char> left_out) const {
+  std::vector<float> scales(left_out.size(), 1.0f);
+  if (weights_.empty()) return scales;
   if (weights_.size() != left_out.size())
     throw Error("averager: " + std::to_string(weights_.size()) + " site weights for " +
                 std::to_string(left_out.size()) + " sites");
@@ -83,7 +84,9 @@ float Averager::contribution_scale(int site, std::span<const char> left_out) con
     }
   if (!(total > 0.0))
     throw Error("averager: the kept sites' weights sum to " + std::to_string(total));
-  return static_cast<float>(weights_.at(static_cast<std::size_t>(site)) * kept / total);
+  for (std::size_t s = 0; s < weights_.size(); ++s)
+    if (!left_out[s]) scales[s] = static_cast<float>(weights_[s] * kept / total);
+  return scales;
 }
 
 std::vector<char> Averager::left_out_of(const std::optional<Verdict>& verdict, int sites) const {
@@ -148,9 +151,8 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
     average_compressed(kind, local, *codec, left_out);
     return;
   }
-  std::vector<float> scale(M, 1.0f);
-  for (std::size_t w = 0; w < M && M > 1; ++w)
-    if (!left_out[w]) scale[w] = contribution_scale(static_cast<int>(w), left_out);
+  const std::vector<float> scale =
+      M > 1 ? contribution_scales(left_out) : std::vector<float>(M, 1.0f);
   if (M > 1 && order_ == SumOrder::kRing) {
     std::vector<float> sum;
     const std::vector<float> zeros(kept < M ? transport::block(n, shards_, 0).count : 0, 0.0f);
@@ -220,6 +222,7 @@ void VirtualAverager::average_compressed(optim::StateKind kind,
     std::vector<float>& scratch = scratch_;
     std::vector<float>& mean = mean_;
     bytes.resize(M);
+    const std::vector<float> scale = contribution_scales(left_out);
     for (int r = 0; r < shards_; ++r) {
       const transport::Range b = transport::block(n, shards_, r);
       const RingLayout l(codec, b.count, S);
@@ -231,8 +234,7 @@ void VirtualAverager::average_compressed(optim::StateKind kind,
       for (std::size_t w = 0; w < M; ++w) {
         bytes[w].resize(l.segment_bytes * M);
         encode_contribution(l, local[w].subspan(b.offset, b.count), ref, feedback(w),
-                            left_out[w] != 0, bytes[w], scratch,
-                            left_out[w] ? 1.0f : contribution_scale(static_cast<int>(w), left_out));
+                            left_out[w] != 0, bytes[w], scratch, scale[w]);
       }
       combined.assign(l.segment_bytes * M, std::byte{0});
       for (int s = 0; s < S; ++s) {

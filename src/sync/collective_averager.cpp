@@ -403,7 +403,7 @@ CollectiveAverager::Decision CollectiveAverager::decide(optim::StateKind kind,
   }
   const std::vector<char> left_out = left_out_of(verdict, sites);
   Decision out{verdict ? verdict->kept : sites, left_out[std::size_t(wan_.rank())] != 0, 1.0f};
-  if (!out.rejected) out.scale = contribution_scale(wan_.rank(), left_out);
+  out.scale = contribution_scales(left_out)[std::size_t(wan_.rank())];
   return out;
 }
 

@@ -114,7 +114,7 @@ TEST(Rosenbrock, SingleNoiselessWorkerEqualsInlineAdam) {
 // Weighted Local Adam (sites of unequal tokens per step, weights 3, 1 and 2) against an
 // independent reference written out here: three noisy Adam sites whose x, u and v are replaced
 // every 4 steps by their weighted mean, computed in double. The runner scales each site's
-// contribution in float (Averager::contribution_scale: 1.5, 0.5 and 1 here, exact), so the two
+// contribution in float (Averager::contribution_scales: 1.5, 0.5 and 1 here, exact), so the two
 // agree to float rounding, and both are far from the plain mean's trajectory.
 TEST(Rosenbrock, WeightedLocalAdamMatchesAnIndependentReference) {
   ToyProblemConfig c = paper_config("local_adam");

@@ -106,7 +106,7 @@ class Averager {
   // Each site's weight in every average, indexed as sites() counts them (a replica, or a ring
   // position): the tokens it trains on per step with sync.weights = "tokens", so the mean is
   // the one over every sequence the sites trained on. Empty: every site alike. Each site's
-  // contribution is multiplied by contribution_scale() before the sum, which is then divided
+  // contribution is multiplied by contribution_scales() before the sum, which is then divided
   // by the number of sites kept, as unweighted. A left-out site's weight leaves the divisor.
   void set_weights(std::vector<double> weights) { weights_ = std::move(weights); }
   const std::vector<double>& weights() const { return weights_; }
@@ -188,14 +188,15 @@ class Averager {
   ControlAnswer close_with(const std::function<bool()>& exchange);
   // The verdict exchange_control left for kind, consumed; nullopt when there is none.
   std::optional<Verdict> take_verdict(optim::StateKind kind);
-  // The factor site `site`'s contribution takes before the sum: w_site * kept / (the kept
-  // sites' weights summed in site order), rounded to float, where `left_out[s]` marks the sites
-  // the guard rejected. Exactly 1 when the kept sites weigh alike (their sum is then kept
-  // times one of them, exactly, for weights that are integers below 2^53), so an average of
-  // equal weights computes what an unweighted one does, bit for bit. Every rank computes the
-  // same factor for a site: the in-process and networked averages stay equal.
-  float contribution_scale(int site, std::span<const char> left_out) const;
-  // left_out as contribution_scale() reads it, from a verdict's rejections (none: all kept).
+  // The factor each site's contribution takes before the sum, by site: w_site * kept / (the
+  // kept sites' weights summed in site order), rounded to float, where `left_out[s]` marks the
+  // sites the guard rejected (their factor is 1: they send zeros). Exactly 1 when the kept
+  // sites weigh alike (their sum is then kept times one of them, exactly, for weights that are
+  // integers below 2^53), so an average of equal weights computes what an unweighted one does,
+  // bit for bit. Every rank computes the same factors: the in-process and networked averages
+  // stay equal.
+  std::vector<float> contribution_scales(std::span<const char> left_out) const;
+  // left_out as contribution_scales() reads it, from a verdict's rejections (none: all kept).
   std::vector<char> left_out_of(const std::optional<Verdict>& verdict, int sites) const;
 
   std::int64_t step_ = -1;
@@ -215,7 +216,7 @@ class Averager {
 
 // How VirtualAverager sums.
 enum class SumOrder {
-  // Each element summed in double in site order (each times its contribution_scale) and
+  // Each element summed in double in site order (each times its contribution_scales factor) and
   // divided once: deterministic, and exact whenever the inputs' sum is representable
   // (closed-form tests rely on that).
   kExact,

@@ -72,7 +72,7 @@ class CollectiveAverager final : public Averager {
   struct Decision {
     int kept = 0;           // sites averaged
     bool rejected = false;  // this site is left out
-    float scale = 1.0f;     // this site's contribution_scale (1 when rejected)
+    float scale = 1.0f;     // this site's contribution_scales factor (1 when rejected)
   };
   Decision decide(optim::StateKind kind, std::span<float> data);
   // The control exchange; `measure` adds the measurement rows (only the engine's exchange,

@@ -150,7 +150,7 @@ struct RingLayout {
 // `out` holds sites * segment_bytes bytes. A site the payload guard rejected (`zero`) sends
 // zeros and its feedback restarts at zero. `feedback` is empty without error feedback. `scale`
 // multiplies the difference before the feedback joins it (the site's weight in a weighted
-// average, Averager::contribution_scale): the feedback holds what the weighted contribution
+// average, Averager::contribution_scales): the feedback holds what the weighted contribution
 // dropped.
 void encode_contribution(const RingLayout& l, std::span<const float> state,
                          std::span<const float> reference, std::span<float> feedback, bool zero,
