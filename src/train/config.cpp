@@ -213,6 +213,12 @@ std::vector<double> JobConfig::site_weights(std::span<const int> sites) const {
   return w;
 }
 
+std::vector<double> JobConfig::site_weights(int count) const {
+  std::vector<int> first(static_cast<std::size_t>(count));
+  std::iota(first.begin(), first.end(), 0);
+  return site_weights(first);
+}
+
 std::vector<std::string> JobConfig::site_names() const {
   if (!job.sites.empty()) return job.sites;
   std::vector<std::string> names;

@@ -102,10 +102,8 @@ std::optional<Evaluation> Evaluator::evaluate(std::int64_t step, std::vector<Sit
     averager_->begin_step(step);
     averager_->average(optim::StateKind::kX, std::span<const std::span<float>>(&view, 1));
   } else {
-    std::vector<int> all(sites.size());
-    for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
     mean_x = mean_of(sites, optim::StateKind::kX, cfg_.wan_shards(), cfg_.transport.lanes,
-                     cfg_.transport.lane_share, cfg_.site_weights(all));
+                     cfg_.transport.lane_share, cfg_.site_weights(static_cast<int>(sites.size())));
   }
   const std::size_t n =
       std::min<std::size_t>(static_cast<std::size_t>(cfg_.train.eval_batches), eval_.num_batches());

@@ -716,10 +716,9 @@ std::uint64_t TrainingRun::job_tokens_per_step() const {
 }
 
 void TrainingRun::weigh_sites() {
-  std::vector<int> all(sites_.size());
-  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
-  virtual_averager_.set_weights(cfg_.site_weights(all));
-  if (region_averager_) region_averager_->set_weights(cfg_.site_weights(all));
+  const std::vector<double> weights = cfg_.site_weights(static_cast<int>(sites_.size()));
+  virtual_averager_.set_weights(weights);
+  if (region_averager_) region_averager_->set_weights(weights);
 }
 
 sync::Traffic TrainingRun::traffic_of(int w) const {

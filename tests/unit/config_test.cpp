@@ -611,6 +611,7 @@ TEST(Config, SiteTablesGiveEachSiteItsRanksBatchAndTokenWeight) {
   EXPECT_FALSE(cfg.ranks_alike());
   const std::vector<int> all{0, 1, 2};
   EXPECT_EQ(cfg.site_weights(all), (std::vector<double>{3 * 8 * 16, 1 * 2 * 16, 2 * 4 * 16}));
+  EXPECT_EQ(cfg.site_weights(3), cfg.site_weights(all));  // the first 3 sites
   const auto equal =
       parse_config("[sync]\nmethod = \"desloc\"\nweights = \"equal\"\n[data]\nseq_len = 16\n" +
                        std::string(kUnequalSites),

@@ -179,6 +179,8 @@ struct JobConfig {
   // (indices into site_names(), in the averager's order): its tokens per step with
   // sync.weights = "tokens", else 1.
   std::vector<double> site_weights(std::span<const int> sites) const;
+  // The same for the first `count` sites (every replica of an in-process run).
+  std::vector<double> site_weights(int count) const;
   // job.sites, or site0..site{M-1} when unset.
   std::vector<std::string> site_names() const;
   // Every key and its value, in the order of the declarations, normalized so that configs that
