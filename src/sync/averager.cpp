@@ -12,14 +12,20 @@ namespace desloc::sync {
 
 VirtualAverager::VirtualAverager(int sites, SumOrder order, int shards, int lanes,
                                  double lane_share)
+    : VirtualAverager(sites, order, ShardMap::even(shards), lanes, lane_share) {}
+
+VirtualAverager::VirtualAverager(int sites, SumOrder order, ShardMap map, int lanes,
+                                 double lane_share)
     : sites_(sites),
       order_(order),
-      shards_(shards),
+      map_(std::move(map)),
       lanes_(lanes),
       lane_share_(lane_share),
       traffic_(static_cast<std::size_t>(sites)) {
   if (sites < 1) throw ConfigError("sync.workers must be >= 1, got " + std::to_string(sites));
-  if (shards < 1) throw ConfigError("ranks per site must be >= 1, got " + std::to_string(shards));
+  if (!map_.alike() && map_.sites_known() != sites)
+    throw ConfigError("virtual averager: a shard map of " + std::to_string(map_.sites_known()) +
+                      " sites for " + std::to_string(sites));
 }
 
 void VirtualAverager::resize(int sites) {
@@ -113,12 +119,19 @@ void VirtualAverager::judge(optim::StateKind kind, std::span<const std::span<flo
   const std::size_t M = local.size();
   const std::size_t n = local.empty() ? 0 : local[0].size();
   std::vector<PayloadHealth> health(M);
-  for (std::size_t w = 0; w < M; ++w)
-    for (int r = 0; r < shards_; ++r) {
-      const transport::Range b = transport::block(n, shards_, r);
-      health[w] += measure_sent(codec, w, b, local[w].subspan(b.offset, b.count),
-                                static_cast<int>(M), scratch_);
+  for (std::size_t w = 0; w < M; ++w) {
+    const int ranks = map_.ranks_of(static_cast<int>(w));
+    for (int q = 0; q < ranks; ++q) {
+      PayloadHealth rank;
+      const ShardMap::Segments mine = map_.segments_of(ranks, q);
+      for (int j = mine.first; j < mine.last; ++j) {
+        const transport::Range b = map_.segment(n, j);
+        rank += measure_sent(codec, w, b, local[w].subspan(b.offset, b.count), static_cast<int>(M),
+                             scratch_);
+      }
+      health[w] += rank;
     }
+  }
   hold_verdict(kind, judge_payloads(health, n, guard_, step_, kind), static_cast<int>(M),
                /*log=*/true);
 }
@@ -155,11 +168,13 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
       M > 1 ? contribution_scales(left_out) : std::vector<float>(M, 1.0f);
   if (M > 1 && order_ == SumOrder::kRing) {
     std::vector<float> sum;
-    const std::vector<float> zeros(kept < M ? transport::block(n, shards_, 0).count : 0, 0.0f);
+    std::size_t largest = 0;
+    for (int j = 0; j < map_.segments(); ++j) largest = std::max(largest, map_.segment(n, j).count);
+    const std::vector<float> zeros(kept < M ? largest : 0, 0.0f);
     std::vector<std::span<const float>> parts(M);
     scaled_.resize(M);
-    for (int r = 0; r < shards_; ++r) {
-      const transport::Range b = transport::block(n, shards_, r);
+    for (int j = 0; j < map_.segments(); ++j) {
+      const transport::Range b = map_.segment(n, j);
       for (std::size_t w = 0; w < M; ++w) {
         parts[w] = left_out[w] ? std::span<const float>(zeros).first(b.count)
                                : local[w].subspan(b.offset, b.count);
@@ -199,7 +214,7 @@ void VirtualAverager::average(optim::StateKind kind, std::span<const std::span<f
   }
 }
 
-// Shard by shard, as the networked ranks do: every replica's encoded contribution, each
+// Segment by segment, as the networked ranks do: every replica's encoded contribution, each
 // segment's ring replayed (segment s from site s on, each next site combining), then the
 // combined sums decoded into the mean of every replica.
 void VirtualAverager::average_compressed(optim::StateKind kind,
@@ -223,8 +238,8 @@ void VirtualAverager::average_compressed(optim::StateKind kind,
     std::vector<float>& mean = mean_;
     bytes.resize(M);
     const std::vector<float> scale = contribution_scales(left_out);
-    for (int r = 0; r < shards_; ++r) {
-      const transport::Range b = transport::block(n, shards_, r);
+    for (int j = 0; j < map_.segments(); ++j) {
+      const transport::Range b = map_.segment(n, j);
       const RingLayout l(codec, b.count, S);
       auto feedback = [&](std::size_t w) {
         return codec.feedback.empty() ? std::span<float>()

@@ -143,13 +143,14 @@ Traffic RegionalAverager::traffic(int w) const {
   return t += r;
 }
 
-GroupedAverager::GroupedAverager(std::vector<std::vector<int>> groups, int sites, int shards,
-                                 const PayloadGuard& guard, int lanes, double lane_share)
+GroupedAverager::GroupedAverager(std::vector<std::vector<int>> groups, int sites,
+                                 const ShardMap& map, const PayloadGuard& guard, int lanes,
+                                 double lane_share)
     : groups_(std::move(groups)), sites_(sites) {
   averagers_.reserve(groups_.size());
   for (const auto& g : groups_) {
     averagers_.push_back(std::make_unique<VirtualAverager>(
-        static_cast<int>(g.size()), SumOrder::kRing, shards, lanes, lane_share));
+        static_cast<int>(g.size()), SumOrder::kRing, map.subset(g), lanes, lane_share));
     PayloadGuard mine = guard;
     mine.site_names.clear();
     for (int w : g) mine.site_names.push_back(guard.site_name(w));

@@ -193,6 +193,12 @@ int JobConfig::wan_shards() const {
   return shards;
 }
 
+sync::ShardMap JobConfig::wan_map() const {
+  std::vector<int> ranks;
+  for (int s = 0; s < sync.sites; ++s) ranks.push_back(site_ranks(s));
+  return sync::ShardMap(ranks);
+}
+
 int JobConfig::max_batch() const {
   int most = data.batch;
   for (const SiteSpec& sp : job.site) most = std::max(most, sp.batch);

@@ -12,8 +12,9 @@
 
 namespace desloc::train {
 
-std::vector<float> mean_of(std::vector<SiteReplica>& sites, optim::StateKind kind, int ranks,
-                           int lanes, double lane_share, std::span<const double> weights) {
+std::vector<float> mean_of(std::vector<SiteReplica>& sites, optim::StateKind kind,
+                           const sync::ShardMap& map, int lanes, double lane_share,
+                           std::span<const double> weights) {
   auto replicas = views_of(sites);
   const auto all = sync::state_views(replicas, kind);
   std::vector<float> mean(all[0].begin(), all[0].end());
@@ -21,7 +22,7 @@ std::vector<float> mean_of(std::vector<SiteReplica>& sites, optim::StateKind kin
     std::vector<std::vector<float>> copies;
     for (auto& s : all) copies.emplace_back(s.begin(), s.end());
     std::vector<std::span<float>> views(copies.begin(), copies.end());
-    sync::VirtualAverager ring(static_cast<int>(views.size()), sync::SumOrder::kRing, ranks, lanes,
+    sync::VirtualAverager ring(static_cast<int>(views.size()), sync::SumOrder::kRing, map, lanes,
                                lane_share);
     ring.set_weights({weights.begin(), weights.end()});
     ring.average(kind, views);
@@ -102,7 +103,7 @@ std::optional<Evaluation> Evaluator::evaluate(std::int64_t step, std::vector<Sit
     averager_->begin_step(step);
     averager_->average(optim::StateKind::kX, std::span<const std::span<float>>(&view, 1));
   } else {
-    mean_x = mean_of(sites, optim::StateKind::kX, cfg_.wan_shards(), cfg_.transport.lanes,
+    mean_x = mean_of(sites, optim::StateKind::kX, cfg_.wan_map(), cfg_.transport.lanes,
                      cfg_.transport.lane_share, cfg_.site_weights(static_cast<int>(sites.size())));
   }
   const std::size_t n =

@@ -23,8 +23,9 @@ namespace desloc::train {
 
 // The mean of one state over in-process replicas, in the training averages' order, without
 // touching them (evaluation, elastic join), each site weighing `weights` (empty: alike).
-std::vector<float> mean_of(std::vector<SiteReplica>& sites, optim::StateKind kind, int ranks,
-                           int lanes, double lane_share, std::span<const double> weights);
+std::vector<float> mean_of(std::vector<SiteReplica>& sites, optim::StateKind kind,
+                           const sync::ShardMap& map, int lanes, double lane_share,
+                           std::span<const double> weights);
 
 // A validation result: nats per token and bits per byte of the text the targets stand for (so
 // runs with different tokenizers compare honestly). bits_per_byte is NaN without batches.

@@ -82,7 +82,7 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
       rank_(rank),
       networked_(rank != nullptr),
       T_(cfg.seq_len()),
-      shards_(cfg.wan_shards()),
+      shard_map_(cfg.wan_map()),
       total_(cfg.train.steps),
       tokens_per_step_(cfg.site_tokens_per_step(rank != nullptr ? rank->site : 0)),
       policy_(cfg.sync),
@@ -96,7 +96,7 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
       outer_(outer_of(cfg.sync)),
       compression_(cfg.sync.compression(), model_->layout().total(),
                    rank != nullptr ? 1 : cfg.sync.sites),
-      virtual_averager_(cfg.sync.sites, sync::SumOrder::kRing, shards_, cfg.transport.lanes,
+      virtual_averager_(cfg.sync.sites, sync::SumOrder::kRing, shard_map_, cfg.transport.lanes,
                         cfg.transport.lane_share),
       averager_(rank != nullptr ? rank->averager : &virtual_averager_),
       reducer_(rank != nullptr ? rank->site_group : nullptr),
@@ -123,8 +123,8 @@ TrainingRun::TrainingRun(const JobConfig& cfg, const TrainOptions& opts, RankCon
         groups.back().push_back(
             static_cast<int>(std::find(names.begin(), names.end(), site) - names.begin()));
     }
-    region_averager_.emplace(std::move(groups), cfg.sync.sites, shards_, guard, cfg.transport.lanes,
-                             cfg.transport.lane_share);
+    region_averager_.emplace(std::move(groups), cfg.sync.sites, shard_map_, guard,
+                             cfg.transport.lanes, cfg.transport.lane_share);
     regional_.emplace(virtual_averager_, *region_averager_);
     averager_ = &*regional_;
   }
@@ -680,7 +680,7 @@ void TrainingRun::maybe_join(std::int64_t t) {
   const std::size_t n = model_->layout().total();
   const bool share_moments = shares_moments(cfg_.sync.method);
   const auto mean = [&](StateKind kind) {
-    return mean_of(sites_, kind, shards_, cfg_.transport.lanes, cfg_.transport.lane_share,
+    return mean_of(sites_, kind, shard_map_, cfg_.transport.lanes, cfg_.transport.lane_share,
                    virtual_averager_.weights());
   };
   const auto x = mean(StateKind::kX);

@@ -102,7 +102,7 @@ class TrainingRun : private FaultTolerance::Run {
   void weigh_sites();
 
   const int T_;
-  const int shards_;  // wide-area shards of each state (JobConfig::wan_shards)
+  const sync::ShardMap shard_map_;  // the wide-area shards of each state (JobConfig::wan_map)
   const std::int64_t total_;
   // Per site: sites_[0]'s ranks each read its batch x T tokens.
   const std::uint64_t tokens_per_step_;

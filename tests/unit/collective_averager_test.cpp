@@ -219,3 +219,124 @@ INSTANTIATE_TEST_SUITE_P(
              (share == 0.5 ? std::string() : "_share" + std::to_string(int(share * 100))) +
              (std::get<4>(info.param) ? "_weighted" : "");
     });
+
+// Sites of unequal rank counts (sync::ShardMap): each rank runs one ring per segment it owns,
+// in segment order, and its site all-gathers the ranks' unequal ranges. The networked average
+// equals the VirtualAverager over the same map bit for bit, for plain and int4 + error feedback
+// averages, one and two lanes, token weights, and a site the payload guard leaves out (its
+// verdict agreed on every ring). Two rounds, so the second carries the first's feedback.
+struct UnequalCase {
+  std::vector<int> ranks;  // per site, in ring order
+  int lanes = 1;
+  bool weighted = false;
+  bool int4 = false;
+  bool bad_site = false;  // the last site sends 1000x the others (left out from 3 sites)
+};
+
+class UnequalRankCountsTest : public ::testing::TestWithParam<UnequalCase> {};
+
+TEST_P(UnequalRankCountsTest, MatchesTheVirtualAveragerOverTheSameShardMap) {
+  const UnequalCase c = GetParam();
+  const int S = static_cast<int>(c.ranks.size());
+  const sync::ShardMap map(c.ranks);
+  Watchdog watchdog(90s);
+  constexpr int kRounds = 2;
+  sync::PayloadGuard guard;
+  guard.site_names = {"east", "west", "north", "south"};
+  auto codec_views = [](std::vector<float>& ref, std::vector<std::vector<float>>* ef) {
+    sync::CodecViews v;
+    v.codec = sync::Codec::kInt4;
+    v.block = 16;
+    v.reference = ref;
+    if (ef != nullptr) v.feedback.assign(ef->begin(), ef->end());
+    return v;
+  };
+  for (const std::size_t n : {std::size_t{5}, std::size_t{2053}}) {
+    auto value = [&](int site, std::size_t i, int round) {
+      const auto h = static_cast<std::uint32_t>((i * 2654435761u) ^ (unsigned(site) * 40503u));
+      const float v = std::ldexp(static_cast<float>(h % 100003) - 50001.0f, -int(h % 23) - 8) +
+                      0.01f * float(round);
+      return c.bad_site && site == S - 1 ? v * 1000.0f : v;
+    };
+    // The reference: every site's replica in one process.
+    const auto Ss = static_cast<std::size_t>(S);
+    std::vector<std::vector<float>> expect(Ss, std::vector<float>(n));
+    std::vector<float> ref(n, 0.0f);
+    std::vector<std::vector<float>> ef(Ss, std::vector<float>(n, 0.0f));
+    sync::VirtualAverager virt(S, sync::SumOrder::kRing, map, c.lanes, 0.5);
+    if (c.weighted) virt.set_weights(unequal_weights(S));
+    virt.set_payload_guard(guard);
+    for (int round = 0; round < kRounds; ++round) {
+      for (int s = 0; s < S; ++s)
+        for (std::size_t i = 0; i < n; ++i) expect[std::size_t(s)][i] = value(s, i, round);
+      virt.begin_step(3 + round);
+      if (c.int4) virt.set_codec(optim::StateKind::kU, codec_views(ref, &ef));
+      std::vector<std::span<float>> views(expect.begin(), expect.end());
+      virt.average(optim::StateKind::kU, views);
+    }
+    const bool left_out = c.bad_site && S >= 3 && n > 1024;
+    ASSERT_EQ(virt.rejections().size(), left_out ? std::size_t{kRounds} : 0u) << "n " << n;
+
+    test_support::WorldOptions world;
+    world.collective.deadline = 20s;
+    world.collective.chunk_bytes = 256;
+    world.two_lanes = transport::effective_lanes(c.lanes, S) == 2;
+    struct Got {
+      std::vector<float> state, ref, ef;
+      std::size_t rejections = 0;
+    };
+    std::vector<std::vector<Got>> got(Ss);
+    for (int s = 0; s < S; ++s) got[std::size_t(s)].resize(std::size_t(c.ranks[std::size_t(s)]));
+    test_support::run_world(c.ranks, world, [&](int s, int r, test_support::Groups& g) {
+      sync::CollectiveAverager avg(g.wan_rings(), map, g.site.get(), 0.5);
+      if (c.weighted) avg.set_weights(unequal_weights(S));
+      avg.set_payload_guard(guard);
+      EXPECT_EQ(avg.sites(), S);
+      std::vector<float> mine(n), my_ref(n, 0.0f);
+      std::vector<std::vector<float>> my_ef(1, std::vector<float>(n, 0.0f));
+      for (int round = 0; round < kRounds; ++round) {
+        for (std::size_t i = 0; i < n; ++i) mine[i] = value(s, i, round);
+        std::span<float> one(mine);
+        avg.begin_step(3 + round);
+        if (c.int4) avg.set_codec(optim::StateKind::kU, codec_views(my_ref, &my_ef));
+        avg.average(optim::StateKind::kU, std::span<const std::span<float>>(&one, 1));
+      }
+      got[std::size_t(s)][std::size_t(r)] = {mine, my_ref, my_ef[0], avg.rejections().size()};
+    });
+    for (int s = 0; s < S; ++s)
+      for (int r = 0; r < c.ranks[std::size_t(s)]; ++r) {
+        const Got& have = got[std::size_t(s)][std::size_t(r)];
+        const std::string where =
+            "site " + std::to_string(s) + " rank " + std::to_string(r) + " n " + std::to_string(n);
+        ASSERT_EQ(0,
+                  std::memcmp(have.state.data(), expect[std::size_t(s)].data(), n * sizeof(float)))
+            << where;
+        EXPECT_EQ(have.rejections, virt.rejections().size()) << where;
+        if (!c.int4) continue;
+        EXPECT_EQ(0, std::memcmp(have.ref.data(), ref.data(), n * sizeof(float))) << where;
+        // The feedback of the range this rank owns (the rest stays the site's other ranks').
+        const transport::Range b = map.owned(n, c.ranks[std::size_t(s)], r);
+        EXPECT_EQ(0, std::memcmp(have.ef.data() + b.offset, ef[std::size_t(s)].data() + b.offset,
+                                 b.count * sizeof(float)))
+            << where;
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sites, UnequalRankCountsTest,
+                         ::testing::Values(UnequalCase{{1, 2, 3}, 1, false, false, false},
+                                           UnequalCase{{1, 2, 3}, 2, true, false, false},
+                                           UnequalCase{{3, 1, 2}, 2, true, true, false},
+                                           UnequalCase{{2, 4}, 1, true, true, false},
+                                           UnequalCase{{1, 2, 3}, 2, true, false, true},
+                                           UnequalCase{{2, 1, 3, 1}, 2, true, true, true}),
+                         [](const auto& info) {
+                           const UnequalCase& c = info.param;
+                           std::string name;
+                           for (const int r : c.ranks) name += std::to_string(r);
+                           name += "_lanes" + std::to_string(c.lanes);
+                           if (c.weighted) name += "_weighted";
+                           if (c.int4) name += "_int4ef";
+                           if (c.bad_site) name += "_badsite";
+                           return name;
+                         });

@@ -22,7 +22,7 @@ struct World {
   std::vector<std::vector<float>> replicas;  // site w holds w + 1 + i / 16
   std::vector<std::span<float>> views;
   VirtualAverager global{4, SumOrder::kRing};
-  GroupedAverager regions{{{0, 1}, {2, 3}}, 4, 1, PayloadGuard{}};
+  GroupedAverager regions{{{0, 1}, {2, 3}}, 4, ShardMap::even(1), PayloadGuard{}};
   RegionalAverager avg{global, regions};
   SyncSchedule job_wide{SyncMethod::kDesloc, 4, 12, 24, 0, 0, 0};
   World() {

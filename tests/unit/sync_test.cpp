@@ -707,7 +707,7 @@ TEST(SyncEngine, WithRegionsTheCodecAndTheOuterStepActOnTheJobWideAveragesOnly) 
   const SyncConfig sc{.method = SyncMethod::kFavg, .sites = M, .kx = 4, .region_kx = 2};
   const SyncPolicy policy(sc);
   sync::VirtualAverager global(M, sync::SumOrder::kRing);
-  sync::GroupedAverager regions({{0, 1}, {2, 3}}, M, 1, sync::PayloadGuard{});
+  sync::GroupedAverager regions({{0, 1}, {2, 3}}, M, sync::ShardMap::even(1), sync::PayloadGuard{});
   sync::RegionalAverager avg(global, regions);
   sync::SyncEngine engine(policy, sync::step_options(sc, nullptr, &outer, &codecs));
   for (std::int64_t t = 1; t <= 8; ++t) {
@@ -761,7 +761,7 @@ TEST(SyncEngine, DelayedAveragesWithRegionsFoldOneCorrectionPerRegion) {
   sc.delay = 1;
   const SyncPolicy policy(sc);
   sync::VirtualAverager global(M, sync::SumOrder::kRing);
-  sync::GroupedAverager regions({{0, 1}, {2, 3}}, M, 1, sync::PayloadGuard{});
+  sync::GroupedAverager regions({{0, 1}, {2, 3}}, M, sync::ShardMap::even(1), sync::PayloadGuard{});
   sync::RegionalAverager avg(global, regions);
   sync::SyncEngine engine(policy, sync::step_options(sc, nullptr, nullptr));
   const auto gap = [&] {  // between the regions

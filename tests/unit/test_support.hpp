@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "desloc/sync/collective_averager.hpp"
+#include "desloc/sync/shard_map.hpp"
 #include "desloc/transport/nccl_collective.hpp"
 #include "desloc/transport/ring_order.hpp"
 #include "desloc/transport/ucx_collective.hpp"
@@ -206,51 +208,85 @@ struct WorldOptions {
 // One rank's groups, alive until every rank of the world has left its body.
 struct Groups {
   std::unique_ptr<transport::Collective> site;     // ranks of this site; null if none was built
-  std::unique_ptr<transport::Collective> wan;      // rank r of every site
+  std::unique_ptr<transport::Collective> wan;      // the first segment's ring: rank r of every site
   std::unique_ptr<transport::Collective> reverse;  // the WAN ring reversed; null with one lane
+  // Sites of unequal rank counts: the segments (sync::ShardMap) this rank owns, the first
+  // being wan's and reverse's, and the rings of the others, in segment order.
+  std::vector<int> segments;
+  std::vector<std::unique_ptr<transport::Collective>> more_rings, more_reverses;
+  std::vector<sync::WanRing> wan_rings() const {
+    std::vector<sync::WanRing> out{{segments.at(0), wan.get(), reverse.get()}};
+    for (std::size_t i = 0; i < more_rings.size(); ++i)
+      out.push_back({segments.at(i + 1), more_rings[i].get(), more_reverses[i].get()});
+    return out;
+  }
 };
 
-// S sites x R ranks as threads over UCX loopback. Rank (s, r) opens its ports, publishes their
-// addresses (site books per site, WAN and reverse books per rank index), connects its groups,
+// Sites of site_ranks[s] ranks each, as threads over UCX loopback. Rank (s, r) opens its
+// ports, publishes their addresses (site books per site, a WAN and a reverse book per segment
+// of the sync::ShardMap), connects its groups (the site's, and one ring per segment it owns),
 // runs body(s, r, groups), and waits on a barrier for every rank before its groups close.
-// Once all have joined, the first failed rank (in s * R + r order) is named on stderr and its
-// exception rethrown as it was thrown, so the caller can still catch it by type.
-inline void run_world(int S, int R, const WorldOptions& world,
+// Once all have joined, the first failed rank (in site, then rank order) is named on stderr
+// and its exception rethrown as it was thrown, so the caller can still catch it by type.
+inline void run_world(const std::vector<int>& site_ranks, const WorldOptions& world,
                       const std::function<void(int s, int r, Groups&)>& body) {
+  const int S = static_cast<int>(site_ranks.size());
+  const sync::ShardMap map(site_ranks);
   std::vector<transport::InMemoryAddressBook> site_books(static_cast<std::size_t>(S));
-  std::vector<transport::InMemoryAddressBook> wan_books(static_cast<std::size_t>(R));
-  std::vector<transport::InMemoryAddressBook> reverse_books(static_cast<std::size_t>(R));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(S * R));
-  std::latch done(S * R);
+  std::vector<transport::InMemoryAddressBook> wan_books(static_cast<std::size_t>(map.segments()));
+  std::vector<transport::InMemoryAddressBook> reverse_books(wan_books.size());
+  std::vector<std::size_t> first(static_cast<std::size_t>(S) + 1, 0);
+  for (int s = 0; s < S; ++s)
+    first[std::size_t(s) + 1] = first[std::size_t(s)] + std::size_t(site_ranks[std::size_t(s)]);
+  std::vector<std::exception_ptr> errors(first.back());
+  std::latch done(static_cast<std::ptrdiff_t>(first.back()));
   std::vector<std::thread> threads;
   for (int s = 0; s < S; ++s)
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < site_ranks[std::size_t(s)]; ++r)
       threads.emplace_back([&, s, r] {
-        const auto me = static_cast<std::size_t>(s * R + r);
+        const int R = site_ranks[std::size_t(s)];
+        const std::size_t me = first[std::size_t(s)] + std::size_t(r);
         Groups groups;
         try {
           const auto deadline = std::chrono::steady_clock::now() + world.lookup_timeout;
           const bool with_site = R > 1 || world.lone_site_group;
           auto site_port = with_site ? transport::open_ucx_port() : nullptr;
-          auto wan_port = transport::open_ucx_port();
-          auto reverse_port = world.two_lanes ? transport::open_ucx_port() : nullptr;
+          const sync::ShardMap::Segments owned = map.segments_of(R, r);
+          std::vector<std::unique_ptr<transport::UcxPort>> wan_ports, reverse_ports;
           const int back = transport::reversed_rank(s, S);
-          if (world.two_lanes) reverse_books[std::size_t(r)].publish(back, reverse_port->address());
+          for (int j = owned.first; j < owned.last; ++j) {
+            groups.segments.push_back(j);
+            wan_ports.push_back(transport::open_ucx_port());
+            wan_books[std::size_t(j)].publish(s, wan_ports.back()->address());
+            reverse_ports.push_back(world.two_lanes ? transport::open_ucx_port() : nullptr);
+            if (world.two_lanes)
+              reverse_books[std::size_t(j)].publish(back, reverse_ports.back()->address());
+          }
           if (with_site) site_books[std::size_t(s)].publish(r, site_port->address());
-          wan_books[std::size_t(r)].publish(s, wan_port->address());
           if (with_site)
             groups.site = transport::connect_ucx_collective(
                 std::move(site_port), r, R,
                 site_books[std::size_t(s)].lookup((r + 1) % R, deadline), world.collective);
           auto wan_options = world.collective;
           if (world.wan_chunk_headers) wan_options.chunk_headers = true;
-          groups.wan = transport::connect_ucx_collective(
-              std::move(wan_port), s, S, wan_books[std::size_t(r)].lookup((s + 1) % S, deadline),
-              wan_options);
-          if (world.two_lanes)
-            groups.reverse = transport::connect_ucx_collective(
-                std::move(reverse_port), back, S,
-                reverse_books[std::size_t(r)].lookup((back + 1) % S, deadline), wan_options);
+          for (std::size_t i = 0; i < groups.segments.size(); ++i) {
+            const auto j = static_cast<std::size_t>(groups.segments[i]);
+            auto ring = transport::connect_ucx_collective(
+                std::move(wan_ports[i]), s, S, wan_books[j].lookup((s + 1) % S, deadline),
+                wan_options);
+            std::unique_ptr<transport::Collective> reverse;
+            if (world.two_lanes)
+              reverse = transport::connect_ucx_collective(
+                  std::move(reverse_ports[i]), back, S,
+                  reverse_books[j].lookup((back + 1) % S, deadline), wan_options);
+            if (i == 0) {
+              groups.wan = std::move(ring);
+              groups.reverse = std::move(reverse);
+            } else {
+              groups.more_rings.push_back(std::move(ring));
+              groups.more_reverses.push_back(std::move(reverse));
+            }
+          }
           body(s, r, groups);
         } catch (...) {
           errors[me] = std::current_exception();
@@ -258,20 +294,29 @@ inline void run_world(int S, int R, const WorldOptions& world,
         done.arrive_and_wait();
       });
   for (auto& t : threads) t.join();
-  const auto first = std::find_if(errors.begin(), errors.end(), [](auto& e) { return bool(e); });
-  if (first == errors.end()) return;
-  const auto i = static_cast<std::size_t>(first - errors.begin());
-  const auto failed = std::count_if(first, errors.end(), [](auto& e) { return bool(e); });
+  const auto failed_first =
+      std::find_if(errors.begin(), errors.end(), [](auto& e) { return bool(e); });
+  if (failed_first == errors.end()) return;
+  const auto i = static_cast<std::size_t>(failed_first - errors.begin());
+  const auto failed = std::count_if(failed_first, errors.end(), [](auto& e) { return bool(e); });
   std::string what = "(not a std::exception)";
   try {
-    std::rethrow_exception(*first);
+    std::rethrow_exception(*failed_first);
   } catch (const std::exception& e) {
     what = e.what();
   } catch (...) {
   }
-  std::fprintf(stderr, "run_world: site %zu rank %zu failed (the first of %td): %s\n",
-               i / std::size_t(R), i % std::size_t(R), failed, what.c_str());
-  std::rethrow_exception(*first);
+  const auto site =
+      static_cast<std::size_t>(std::upper_bound(first.begin(), first.end(), i) - first.begin() - 1);
+  std::fprintf(stderr, "run_world: site %zu rank %zu failed (the first of %td): %s\n", site,
+               i - first[site], failed, what.c_str());
+  std::rethrow_exception(*failed_first);
+}
+
+// S sites x R ranks each.
+inline void run_world(int S, int R, const WorldOptions& world,
+                      const std::function<void(int s, int r, Groups&)>& body) {
+  run_world(std::vector<int>(static_cast<std::size_t>(S), R), world, body);
 }
 
 }  // namespace desloc::test_support

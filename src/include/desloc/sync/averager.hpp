@@ -17,6 +17,7 @@
 #include "desloc/sync/compression.hpp"
 #include "desloc/sync/payload_guard.hpp"
 #include "desloc/sync/replanner.hpp"
+#include "desloc/sync/shard_map.hpp"
 
 namespace desloc::sync {
 
@@ -220,23 +221,29 @@ enum class SumOrder {
   // divided once: deterministic, and exact whenever the inputs' sum is representable
   // (closed-form tests rely on that).
   kExact,
-  // Bit for bit what the networked CollectiveAverager computes with `shards` ranks per site:
-  // each shard (transport::block) summed in the ring order of transport::ring_sum_reference
-  // in float, then divided by M in float. The trainer uses it, so `desloc train` is the exact
+  // Bit for bit what the networked CollectiveAverager computes over the same ShardMap: each
+  // segment summed in the ring order of transport::ring_sum_reference in float, then divided
+  // by M in float. The trainer uses it, so `desloc train` is the exact
   // reference for a multi-process `desloc launch` of the same job.
   kRing,
 };
 
 // M replicas in one process; a single replica is returned unchanged. Each replica is a site to
-// the payload guard: its health is measured per shard and summed in shard order, as the
-// networked averager's ranks do, so both reject the same sites and stay equal bit for bit.
+// the payload guard: its health is measured per segment and summed per rank, then over the
+// site's ranks, as the networked averager's ranks do, so both reject the same sites and stay
+// equal bit for bit.
 class VirtualAverager final : public Averager {
  public:
-  // `lanes` (kRing): 2 splits each shard over the ring and the reversed ring, as the networked
+  // `shards` (kRing): the ranks of each site (ShardMap::even). `lanes` (kRing): 2 splits each
+  // segment over the ring and the reversed ring, as the networked
   // averager does with transport.lanes = 2, `lane_share` of it on the ring
   // (transport::lane_block).
   explicit VirtualAverager(int sites, SumOrder order = SumOrder::kExact, int shards = 1,
                            int lanes = 1, double lane_share = 0.5);
+  // kRing over the segments of `map` (sites whose rank counts differ): each site's payload
+  // health is the sum of its ranks' (each the sum of its segments'), as the networked ranks
+  // combine it.
+  VirtualAverager(int sites, SumOrder order, ShardMap map, int lanes, double lane_share);
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   // In one process the sites' requests are one: returns `stop`.
   bool exchange_control(std::span<const DueAverage> due, bool stop) override;
@@ -261,7 +268,7 @@ class VirtualAverager final : public Averager {
 
   int sites_;
   SumOrder order_;
-  int shards_;
+  ShardMap map_;
   int lanes_;
   double lane_share_;
   std::vector<Traffic> traffic_;

@@ -1,27 +1,41 @@
-// The networked Averager: a job of S sites x R ranks, each rank a process holding its site's
-// replica. Rank r of every site owns shard r (transport::block) of each state buffer; the
-// rank-r ranks of all sites form WAN group r, which averages that shard across the sites with
-// a ring all-reduce. An all-gather inside the site then makes every rank of the site identical
-// again. With R = 1 the whole buffer goes over the one WAN group. The trainer cannot tell it
-// from the VirtualAverager, whose kRing order it matches bit for bit, payload guard included:
-// before a step's averages the sites swap a 16-byte health summary per due state (an all-gather
-// inside the site, then one over the WAN group: the control exchange) and a rejected site sends
-// zeros.
+// The networked Averager: a job of S sites, each rank a process holding its site's replica.
+// Each rank owns a contiguous range of every state buffer, cut into segments (ShardMap); the
+// owners of segment j in all sites form a WAN ring, which averages that segment across the
+// sites with a ring all-reduce. For sites alike (R ranks each) rank r owns segment r alone and
+// its one ring is rank r of every site; a site with fewer ranks than another owns several
+// segments per rank and runs their rings one after the other, in segment order (so no two
+// ranks wait on each other in a cycle). An all-gather inside the site then makes every rank of
+// the site identical again. With R = 1 the whole buffer goes over the site's rings. The trainer
+// cannot tell it from the VirtualAverager, whose kRing order it matches bit for bit, payload guard
+// included: before a step's averages the sites swap a 16-byte health summary per due state (an
+// all-gather inside the site, then one over the WAN group: the control exchange) and a rejected
+// site sends zeros.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <vector>
 
 #include "desloc/core/cpu_time.hpp"
 #include "desloc/sync/averager.hpp"
+#include "desloc/sync/shard_map.hpp"
 #include "desloc/sync/sync_meter.hpp"
 #include "desloc/transport/collective.hpp"
 #include "desloc/transport/ring_order.hpp"
 
 namespace desloc::sync {
+
+// One segment's wide-area rings as a rank holds them: `ring` (rank = the site's ring position)
+// and, when given, the same ranks in the reversed ring (the second lane).
+struct WanRing {
+  int segment = 0;  // ShardMap segment
+  transport::Collective* ring = nullptr;
+  transport::Collective* reverse = nullptr;
+};
 
 class CollectiveAverager final : public Averager {
  public:
@@ -36,6 +50,11 @@ class CollectiveAverager final : public Averager {
   explicit CollectiveAverager(transport::Collective& wan, transport::Collective* site = nullptr,
                               transport::Collective* wan_reverse = nullptr,
                               double lane_share = 0.5);
+  // The segments of `map` this rank owns (as a rank of `site`, whose rank count the map
+  // knows), each with its rings, in segment order; every ring has the same sites in the same
+  // order.
+  CollectiveAverager(std::vector<WanRing> rings, ShardMap map, transport::Collective* site,
+                     double lane_share);
   // `local` holds exactly one replica, identical on every rank of a site.
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   // The payload guard and the WAN all-reduce of this rank's shard, divided: only the WAN
@@ -57,7 +76,7 @@ class CollectiveAverager final : public Averager {
   std::vector<double> take_waits() override;
   // The second lane's threads (one per two-lane average).
   double helper_cpu_seconds() const override { return lane_cpu_.seconds(); }
-  int sites() const override { return wan_.size(); }
+  int sites() const override { return wan().size(); }
   // Wire bytes are what the collectives actually sent, not a formula: `wire` is the WAN
   // group's, `site_wire` the intra-site all-gather's.
   Traffic traffic(int w) const override;
@@ -96,13 +115,21 @@ class CollectiveAverager final : public Averager {
   // One wide-area average's seconds and bytes, for the next exchange's measurement.
   void measured(double seconds, std::uint64_t bytes);
   void check_one_replica(optim::StateKind kind, std::span<const std::span<float>> local) const;
-  // The wide-area half of a compressed average (set_codec): this rank's shard `mine` of data.
-  void across_sites_compressed(optim::StateKind kind, std::span<float> data, std::span<float> shard,
-                               transport::Range mine);
+  // The wide-area half of a compressed average (set_codec): this rank's segments of data.
+  void across_sites_compressed(optim::StateKind kind, std::span<float> data);
+  // One segment's exact average: `shard` (zeros when rejected, else scaled) summed over its
+  // ring (and its reversed ring, `lane_share_` apart) and divided by the sites kept; the
+  // lanes' seconds and bytes added to `lanes`.
+  void average_segment(optim::StateKind kind, const WanRing& w, std::span<float> shard,
+                       const Decision& decision, std::array<SyncMeter::LaneSample, 2>& lanes);
+  // The bytes every ring of this rank sent in `ops`.
+  std::uint64_t wan_sent(std::initializer_list<transport::CollectiveOp> ops) const;
+  // The first ring: the sites' size and this site's ring position are the same in every ring.
+  transport::Collective& wan() const { return *rings_.front().ring; }
 
-  transport::Collective& wan_;
+  std::vector<WanRing> rings_;
+  ShardMap map_;
   transport::Collective* site_;
-  transport::Collective* wan_reverse_;
   double lane_share_;
   ThreadCpuTally lane_cpu_;  // helper_cpu_seconds()
   Traffic traffic_;

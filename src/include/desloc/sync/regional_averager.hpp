@@ -95,7 +95,7 @@ class RegionalAverager final : public Averager {
 // index.
 class GroupedAverager final : public Averager {
  public:
-  GroupedAverager(std::vector<std::vector<int>> groups, int sites, int shards,
+  GroupedAverager(std::vector<std::vector<int>> groups, int sites, const ShardMap& map,
                   const PayloadGuard& guard, int lanes = 1, double lane_share = 0.5);
   void average(optim::StateKind kind, std::span<const std::span<float>> local) override;
   bool exchange_control(std::span<const DueAverage> due, bool stop) override;

@@ -15,6 +15,7 @@
 #include "desloc/model/gpt_config.hpp"
 #include "desloc/model/model.hpp"
 #include "desloc/optim/optimizer.hpp"
+#include "desloc/sync/shard_map.hpp"
 #include "desloc/sync/sync_policy.hpp"
 
 namespace desloc::train {
@@ -168,9 +169,11 @@ struct JobConfig {
   int ranks_of_sites(int sites) const;
   // The wide-area shards of every state: the least common multiple of the sites' rank counts
   // (R for sites alike), so that each rank of every site owns a whole number of them, a
-  // contiguous range (transport::block of the state). VirtualAverager sums shard by shard as
-  // the networked rings do.
+  // contiguous range (transport::block of the state).
   int wan_shards() const;
+  // The map of those shards to each site's ranks, in ring order (sync::ShardMap): the
+  // in-process averagers sum segment by segment as the networked rings do.
+  sync::ShardMap wan_map() const;
   // The largest batch a site of the job uses (the model's activations are sized for it).
   int max_batch() const;
   // Tokens site s trains on per step: its ranks x batch x seq_len.
