@@ -385,6 +385,26 @@ class RecordingRelay {
   std::thread thread_;
 };
 
+// Sites of unequal rank counts ([[job.site]]): each site's own count bounds its ranks, and the
+// membership forms once every site's ranks (1 + 2 here) have registered.
+TEST_F(ControlPlane, SitesOfUnequalRankCountsFormOnceEachSitesRanksRegistered) {
+  CoordinatorOptions o = coord_options(2, 2);
+  o.site_names = {"west", "east"};
+  o.site_ranks = {1, 2};
+  Coordinator coord(o);
+  const auto port = coord.start(0);
+  expect_refused<ConfigError>(port, rank_options("west", 1),
+                              "rank 1 of site 'west' is outside 0..0; the job has 1 ranks at that");
+  const auto ms = register_ranks(
+      port, {rank_options("east", 1), rank_options("west", 0), rank_options("east", 0)});
+  for (const auto& m : ms) EXPECT_EQ(m, ms[0]);
+  EXPECT_EQ(ms[0].members.size(), 3u);
+  EXPECT_EQ(ms[0].sites, (std::vector<std::string>{"west", "east"}));
+  coord.stop();
+  o.site_ranks = {1, 3};
+  EXPECT_THROW(Coordinator{o}, ConfigError) << "3 ranks past ranks_per_site = 2";
+}
+
 TEST_F(ControlPlane, ReplayedAuthResponseIsRefusedAndRealRanksComplete) {
   LogRecorder logs;
   Coordinator coord(coord_options(1, 2));

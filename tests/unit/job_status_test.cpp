@@ -288,5 +288,15 @@ TEST(StatusViews, TheHistogramIsCumulativeAndTheDroppedSiteIsNotLive) {
   EXPECT_TRUE(contains(json, "\"note\":\"site east lost\""));
 }
 
+TEST(StatusViews, SitesOfUnequalRankCountsExpectTheirSum) {
+  auto s = two_site_status();
+  EXPECT_TRUE(contains(transport::prometheus_text(s), "desloc_ranks_expected 4\n"));
+  EXPECT_FALSE(contains(transport::status_json(s), "site_ranks"));
+  s.job.site_ranks = {1, 2};
+  EXPECT_TRUE(contains(transport::prometheus_text(s), "desloc_ranks_expected 3\n"));
+  const std::string json = transport::status_json(s);
+  EXPECT_TRUE(contains(json, "\"site_ranks\":[1,2],\"ranks_expected\":3")) << json;
+}
+
 }  // namespace
 }  // namespace desloc

@@ -36,7 +36,7 @@ class Job {
     Job job(rules);
     job.shared_address = one_host;
     for (const auto& s : sites)
-      for (std::uint32_t r = 0; r < R; ++r) job.hello(s, r);
+      for (std::uint32_t r = 0; r < job.roster.rules().ranks_of(s); ++r) job.hello(s, r);
     return job;
   }
 
@@ -92,7 +92,7 @@ class Job {
     for (auto left = d; left > 0ms; left -= 1000ms) {
       advance(std::min<std::chrono::milliseconds>(left, 1000ms));
       for (const auto& s : sites)
-        for (std::uint32_t r = 0; r < roster.rules().ranks_per_site; ++r) heartbeat(s, r, 1);
+        for (std::uint32_t r = 0; r < roster.rules().ranks_of(s); ++r) heartbeat(s, r, 1);
       for (const auto& l : tick().log) log += l.text + "\n";
     }
     return log;
@@ -100,7 +100,7 @@ class Job {
   // Every survivor of `sites` (all its ranks) reports `snapshots`.
   void all_report(const std::vector<std::string>& sites, const Steps& snapshots) {
     for (const auto& s : sites)
-      for (std::uint32_t r = 0; r < roster.rules().ranks_per_site; ++r) report(s, r, snapshots);
+      for (std::uint32_t r = 0; r < roster.rules().ranks_of(s); ++r) report(s, r, snapshots);
   }
 
   const Membership& membership() const { return *roster.state().membership; }
@@ -168,6 +168,8 @@ struct RecoveryRow {
   std::vector<std::string> joining;
   std::string note;                   // a part of the epoch's note
   std::vector<std::string> departed;  // sorted
+  // Sites of unequal rank counts (west, east, north); empty: R ranks each.
+  std::vector<std::size_t> site_ranks = {};
 };
 
 void PrintTo(const RecoveryRow& row, std::ostream* os) { *os << row.name; }
@@ -176,7 +178,10 @@ class RecoveryTable : public ::testing::TestWithParam<RecoveryRow> {};
 
 TEST_P(RecoveryTable, OpensTheExpectedEpoch) {
   const RecoveryRow& row = GetParam();
-  Job job = Job::formed(kSites, row.R, [&](MembershipRules& r) { r.min_sites = row.min_sites; });
+  Job job = Job::formed(kSites, row.R, [&](MembershipRules& r) {
+    r.min_sites = row.min_sites;
+    r.site_ranks = row.site_ranks;
+  });
   ASSERT_EQ(job.membership().epoch, 1u);
   row.script(job);
   const Membership& m = job.membership();
@@ -184,7 +189,9 @@ TEST_P(RecoveryTable, OpensTheExpectedEpoch) {
   EXPECT_EQ(m.sites, row.sites) << m.note;
   if (!row.sites.empty()) {
     EXPECT_EQ(m.resume_step, row.resume_step) << m.note;
-    EXPECT_EQ(m.members.size(), row.sites.size() * row.R);
+    std::size_t members = 0;
+    for (const auto& site : row.sites) members += job.roster.rules().ranks_of(site);
+    EXPECT_EQ(m.members.size(), members);
     for (const auto& e : m.members)
       EXPECT_NE(std::find(m.sites.begin(), m.sites.end(), e.site), m.sites.end());
   } else {
@@ -564,6 +571,71 @@ const RecoveryRow kRecoveryRows[] = {
      {},
      "dropped site(s) [east, north]",
      {"east", "north"}},
+    // Sites of unequal rank counts: west 1, east 3, north 2 ([[job.site]] tables).
+    {"UnequalSitesLossOfTheSiteWithMostRanks",
+     3,
+     1,
+     [](Job& j) {
+       j.close("east", 2);
+       j.all_report({"west", "north"}, {6, 9});
+     },
+     2,
+     {"west", "north"},
+     9,
+     {},
+     "east/2 disconnected (peer closed the connection); dropped site(s) [east]",
+     {"east"},
+     {1, 3, 2}},
+    {"UnequalSitesLossOfTheSingleRankSite",
+     3,
+     1,
+     [](Job& j) {
+       j.close("west", 0);
+       j.all_report({"east", "north"}, {4});
+     },
+     2,
+     {"east", "north"},
+     4,
+     {},
+     "dropped site(s) [west]",
+     {"west"},
+     {1, 3, 2}},
+    {"UnequalSitesTheSiteWithMostRanksRejoinsOnceAllItsRanksAreBack",
+     3,
+     1,
+     [](Job& j) {
+       for (std::uint32_t r = 0; r < 3; ++r) j.close("east", r);
+       j.all_report({"west", "north"}, {12});
+       j.hello("east", 0);
+       j.hello("east", 2);
+       ASSERT_FALSE(j.roster.state().recovering) << "two of east's three ranks are back";
+       j.hello("east", 1);
+       ASSERT_TRUE(j.roster.state().recovering);
+       j.all_report({"west", "north"}, {12, 14});
+     },
+     3,
+     {"west", "east", "north"},
+     14,
+     {"east"},
+     "site east rejoins",
+     {},
+     {1, 3, 2}},
+    {"UnequalSitesTheSingleRankSiteRejoins",
+     3,
+     1,
+     [](Job& j) {
+       j.close("west", 0);
+       j.all_report({"east", "north"}, {5});
+       j.hello("west", 0);
+       j.all_report({"east", "north"}, {5});
+     },
+     3,
+     {"west", "east", "north"},
+     5,
+     {"west"},
+     "site west rejoins",
+     {},
+     {1, 3, 2}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Membership, RecoveryTable, ::testing::ValuesIn(kRecoveryRows),

@@ -197,6 +197,10 @@ void Coordinator::Impl::run() {
   }
 }
 
+std::size_t CoordinatorOptions::ranks_of(const std::string& site) const {
+  return site_rank_count(site_names, site_ranks, ranks_per_site, site);
+}
+
 Coordinator::Coordinator(CoordinatorOptions options) {
   if (options.num_sites == 0 || options.ranks_per_site == 0)
     throw ConfigError(fmt::format("coordinator: world of {} sites x {} ranks is empty",
@@ -204,6 +208,14 @@ Coordinator::Coordinator(CoordinatorOptions options) {
   if (!options.site_names.empty() && options.site_names.size() != options.num_sites)
     throw ConfigError(fmt::format("coordinator: {} site names given for {} sites",
                                   options.site_names.size(), options.num_sites));
+  if (!options.site_ranks.empty() && options.site_ranks.size() != options.site_names.size())
+    throw ConfigError(fmt::format("coordinator: {} site rank counts given for {} site names",
+                                  options.site_ranks.size(), options.site_names.size()));
+  for (std::size_t s = 0; s < options.site_ranks.size(); ++s)
+    if (options.site_ranks[s] == 0 || options.site_ranks[s] > options.ranks_per_site)
+      throw ConfigError(
+          fmt::format("coordinator: site {} has {} ranks; each site needs 1..ranks_per_site = {}",
+                      options.site_names[s], options.site_ranks[s], options.ranks_per_site));
   if (!options.token)
     throw ConfigError(
         "coordinator: no job token configured; set `token` or a token file so no "
@@ -262,7 +274,9 @@ std::uint16_t Coordinator::start(std::uint16_t port) {
   im.thread = std::thread([&im] { im.run(); });
   log::info("coordinator: listening on {}:{}{} for {} sites x {} ranks", im.options.bind_address,
             im.bound_port.load(), im.options.tls.enabled ? " (TLS)" : "", im.options.num_sites,
-            im.options.ranks_per_site);
+            im.options.site_ranks.empty()
+                ? fmt::to_string(im.options.ranks_per_site)
+                : fmt::format("{}", fmt::join(im.options.site_ranks, "/")));
   return im.bound_port;
 }
 

@@ -60,11 +60,11 @@ std::optional<Reject> check_hello(const Hello& h, const CoordinatorOptions& opti
   if (!valid_site_name(h.site))
     return Reject{RejectCode::kWorldSize, fmt::format("site name '{}' is invalid; use {}",
                                                       h.site.substr(0, 64), kSiteNameRule)};
-  if (h.rank >= options.ranks_per_site)
-    return Reject{
-        RejectCode::kWorldSize,
-        fmt::format("rank {} of site '{}' is outside 0..{}; the job has {} ranks per site", h.rank,
-                    h.site, options.ranks_per_site - 1, options.ranks_per_site)};
+  if (const std::size_t ranks = options.ranks_of(h.site); h.rank >= ranks)
+    return Reject{RejectCode::kWorldSize,
+                  fmt::format("rank {} of site '{}' is outside 0..{}; the job has {} ranks {}",
+                              h.rank, h.site, ranks - 1, ranks,
+                              options.site_ranks.empty() ? "per site" : "at that site")};
   return std::nullopt;
 }
 

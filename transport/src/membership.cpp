@@ -21,12 +21,24 @@ MembershipRules MembershipRules::of(const CoordinatorOptions& o) {
   r.num_sites = o.num_sites;
   r.ranks_per_site = o.ranks_per_site;
   r.site_names = o.site_names;
+  r.site_ranks = o.site_ranks;
   r.elastic = o.elastic;
   r.min_sites = o.min_sites;
   r.heartbeat_timeout = o.heartbeat_timeout;
   r.recovery_timeout = o.recovery_timeout;
   r.straggler_ratio = o.straggler_ratio;
   return r;
+}
+
+std::size_t MembershipRules::ranks_of(const std::string& site) const {
+  return site_rank_count(site_names, site_ranks, ranks_per_site, site);
+}
+
+std::size_t MembershipRules::world() const {
+  if (site_ranks.empty()) return num_sites * ranks_per_site;
+  std::size_t all = 0;
+  for (const std::size_t r : site_ranks) all += r;
+  return all;
 }
 
 std::optional<Straggler> find_straggler(const std::map<RankId, Recover>& reports, double ratio,
@@ -242,9 +254,10 @@ void Roster::Step::welcome(const HelloEvent& e) {
     for (const auto& [k, v] : s_.ranks)
       if (k.site == id.site && v.joining && v.connected()) ++here;
     say(log::Level::kInfo, fmt::format("{} rejoins from {} ({}/{} of its site)", id.str(), r.peer,
-                                       here, rules_.ranks_per_site));
+                                       here, rules_.ranks_of(id.site)));
     send({id}, roster_.status());
-    if (here == rules_.ranks_per_site) begin_recovery(fmt::format("site {} rejoins", id.site), "");
+    if (here == rules_.ranks_of(id.site))
+      begin_recovery(fmt::format("site {} rejoins", id.site), "");
   } else if (s_.ranks.size() < rules_.world() || s_.membership) {
     say(log::Level::kInfo, fmt::format("registered {} from {} ({}/{})", id.str(), r.peer,
                                        s_.ranks.size(), rules_.world()));
@@ -386,7 +399,7 @@ std::vector<std::string> Roster::unregistered() const {
   for (const auto& s : rules_.site_names)
     if (!seen.contains(s)) known.push_back(s);
   for (const auto& site : known)
-    for (std::uint32_t r = 0; r < rules_.ranks_per_site; ++r)
+    for (std::uint32_t r = 0; r < rules_.ranks_of(site); ++r)
       if (!state_.ranks.contains(RankId{site, r})) out.push_back(RankId{site, r}.str());
   if (known.size() < rules_.num_sites)
     out.push_back(fmt::format("{} more site(s) x {} rank(s) not yet seen",

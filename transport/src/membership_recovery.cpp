@@ -155,12 +155,13 @@ void Roster::Step::rebuild_if_quiet() {
     std::size_t back = 0;
     for (const auto& [id, r] : s_.ranks)
       if (id.site == site) ++back;
-    if (back == rules_.ranks_per_site)
+    const std::size_t ranks = rules_.ranks_of(site);
+    if (back == ranks)
       m.sites.push_back(site);
     else
-      s_.departed[site] = fmt::format("not back after the coordinator restarted ({} of {} ranks)",
-                                      back, rules_.ranks_per_site);
-    if (back > 0 && back < rules_.ranks_per_site) partial.push_back(site);
+      s_.departed[site] =
+          fmt::format("not back after the coordinator restarted ({} of {} ranks)", back, ranks);
+    if (back > 0 && back < ranks) partial.push_back(site);
   }
   for (const auto& [id, r] : s_.ranks)
     if (contains(m.sites, id.site)) m.members.push_back({id.site, id.rank, r.worker_address});
@@ -293,7 +294,7 @@ std::set<std::string> Roster::Step::joining_sites() const {
   for (const auto& [id, r] : s_.ranks)
     if (r.joining && r.connected() && !s_.failing_sites.contains(id.site)) ++back[id.site];
   for (const auto& [site, n] : back)
-    if (n == rules_.ranks_per_site) joining.insert(site);
+    if (n == rules_.ranks_of(site)) joining.insert(site);
   for (const auto& [id, rep] : s_.reports)
     if (rep.snapshots.empty() && !s_.failing_sites.contains(id.site)) joining.insert(id.site);
   return joining;

@@ -130,8 +130,8 @@ std::string prometheus_text(const JobStatus& s) {
   family(out, "desloc_membership_epoch", "gauge",
          "The membership epoch (0 until every rank has registered).");
   out += fmt::format("desloc_membership_epoch {}\n", s.membership ? s.membership->epoch : 0);
-  family(out, "desloc_ranks_expected", "gauge", "Sites x ranks per site.");
-  out += fmt::format("desloc_ranks_expected {}\n", s.job.sites.size() * s.job.ranks_per_site);
+  family(out, "desloc_ranks_expected", "gauge", "Every site's ranks together.");
+  out += fmt::format("desloc_ranks_expected {}\n", s.job.ranks_expected());
   family(out, "desloc_ranks_registered", "gauge", "Ranks registered with the coordinator.");
   out += fmt::format("desloc_ranks_registered {}\n", s.registered);
   family(out, "desloc_site_live", "gauge",
@@ -241,10 +241,19 @@ std::string prometheus_text(const JobStatus& s) {
   return out;
 }
 
+std::size_t JobDescription::ranks_expected() const {
+  if (site_ranks.empty()) return sites.size() * ranks_per_site;
+  std::size_t all = 0;
+  for (const std::uint32_t r : site_ranks) all += r;
+  return all;
+}
+
 std::string status_json(const JobStatus& s) {
   nlohmann::ordered_json j;
   j["sites"] = s.job.sites;
   j["ranks_per_site"] = s.job.ranks_per_site;
+  if (!s.job.site_ranks.empty()) j["site_ranks"] = s.job.site_ranks;
+  j["ranks_expected"] = s.job.ranks_expected();
   j["train_steps"] = s.job.steps;
   j["registered"] = s.registered;
   j["uptime_s"] = s.uptime_s;

@@ -49,11 +49,25 @@ struct TlsOptions {
   std::string server_name;
 };
 
+// The rank count of `site`: ranks[s] where names[s] is the site, else `otherwise`.
+inline std::size_t site_rank_count(const std::vector<std::string>& names,
+                                   const std::vector<std::size_t>& ranks, std::size_t otherwise,
+                                   const std::string& site) {
+  for (std::size_t s = 0; s < ranks.size() && s < names.size(); ++s)
+    if (names[s] == site) return ranks[s];
+  return otherwise;
+}
+
 struct CoordinatorOptions {
   std::size_t num_sites = 1;       // S
   std::size_t ranks_per_site = 1;  // R; ranks are 0..R-1 in every site
   // Expected site names. When empty, the first S distinct names to register are accepted.
   std::vector<std::string> site_names;
+  // Sites of unequal rank counts: site_names[s] has site_ranks[s] ranks (ranks_per_site is
+  // then their largest). Empty: every site has ranks_per_site.
+  std::vector<std::size_t> site_ranks;
+  // The ranks of `site`.
+  std::size_t ranks_of(const std::string& site) const;
   std::optional<JobToken> token;  // required: no unauthenticated peer joins
   std::uint64_t config_hash = 0;
   // The keys config_hash digests: a rank whose hash differs is told which of them differ.

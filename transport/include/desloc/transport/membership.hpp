@@ -24,6 +24,7 @@ struct MembershipRules {
   std::size_t num_sites = 1;
   std::size_t ranks_per_site = 1;
   std::vector<std::string> site_names;  // the ring order; empty = the first S names to register
+  std::vector<std::size_t> site_ranks;  // per site_names entry (CoordinatorOptions::site_ranks)
   bool elastic = true;                  // a lost site leaves and the others go on
   std::size_t min_sites = 1;            // fewer live sites end the job
   std::chrono::milliseconds heartbeat_timeout{3000};
@@ -31,7 +32,8 @@ struct MembershipRules {
   double straggler_ratio = 4.0;  // find_straggler's; 0 = never drop a live site
 
   static MembershipRules of(const CoordinatorOptions& options);
-  std::size_t world() const { return num_sites * ranks_per_site; }
+  std::size_t ranks_of(const std::string& site) const;
+  std::size_t world() const;
 };
 
 // What the coordinator knows of one registered rank.
@@ -45,9 +47,9 @@ struct RankRecord {
   // Its control connection's address: the straggler rule takes a slow socket that leads there
   // to lead to this rank's site (when no other site's rank registered from it).
   IpAddress address = kNoAddress;
-  bool silent = false;              // past heartbeat_timeout: listed missing
-  std::uint64_t step = 0;           // from its latest heartbeat
-  RankReport report;                // from its latest heartbeat
+  bool silent = false;     // past heartbeat_timeout: listed missing
+  std::uint64_t step = 0;  // from its latest heartbeat
+  RankReport report;       // from its latest heartbeat
   // Its heartbeats' TCP backlogs of at least kStragglerFloor over the last kBacklogMemory, oldest
   // first: the straggler rule reads those reported while the failed operation ran, since a
   // sender that finished its sends before the operation broke reports none at the end.

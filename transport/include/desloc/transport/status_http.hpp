@@ -29,6 +29,10 @@ namespace desloc::transport {
 struct JobDescription {
   std::vector<std::string> sites;  // job.sites, in ring order
   std::uint32_t ranks_per_site = 0;
+  // Sites of unequal rank counts ([[job.site]]): each site's, in ring order; empty when alike.
+  std::vector<std::uint32_t> site_ranks;
+  // Every site's ranks together.
+  std::size_t ranks_expected() const;
   std::int64_t steps = 0;  // train.steps
   // job.heartbeat_ms: a silent rank's heartbeats missed are its silence over this.
   std::chrono::milliseconds heartbeat{500};
