@@ -133,7 +133,7 @@ train::JobConfig load_local_job(const std::string& config_path, const std::strin
   Overrides o;
   o.out_dir = out_dir;
   auto cfg = load_with(config_path, o);
-  train::check_memory(cfg, ProcessRole::kRank, cfg.sync.sites * cfg.job.ranks_per_site);
+  train::check_memory(cfg, ProcessRole::kRank, cfg.ranks_of_sites(cfg.sync.sites));
   return cfg;
 }
 
@@ -198,6 +198,7 @@ Command add_profile(CLI::App& app) {
   return {cmd, [opts] {
             const StartupSignals stop("desloc profile");
             const auto cfg = load_local_job(opts->config_path, "");
+            cluster::check_profile_sites(cfg);
             cluster::LaunchOptions p;
             p.config_path = opts->config_path;
             p.worker_args = {"--profile", std::filesystem::absolute(opts->out).string()};
@@ -277,10 +278,10 @@ Command add_worker(CLI::App& app, ProcessName& name) {
   cmd->add_option("-c,--config", o.config_path, "job config (TOML)")->required();
   o.site_flag = cmd->add_option("--site", o.worker.id.site,
                                 "this rank's site (a name in job.sites); with --rank");
-  o.rank_flag =
-      cmd->add_option("--rank", o.worker.id.rank,
-                      "this rank's index within its site (0..job.ranks_per_site-1); with --site")
-          ->check(whole_in(0, INT64_MAX, "this rank's index within its site"));
+  o.rank_flag = cmd->add_option("--rank", o.worker.id.rank,
+                                "this rank's index within its site (0 to its ranks - 1: "
+                                "job.ranks_per_site, or its [[job.site]] table's); with --site")
+                    ->check(whole_in(0, INT64_MAX, "this rank's index within its site"));
   cmd->add_option("--coordinator", o.worker.coordinator,
                   "host:port of the coordinator (default: job.coordinator)");
   cmd->add_option("--out-dir", o.overrides.out_dir, "override train.out_dir");

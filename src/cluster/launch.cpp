@@ -61,6 +61,9 @@ transport::CoordinatorOptions coordinator_options(const train::JobConfig& cfg,
   o.site_names = cfg.site_names();
   o.num_sites = o.site_names.size();
   o.ranks_per_site = static_cast<std::size_t>(cfg.job.ranks_per_site);
+  if (!cfg.ranks_alike())
+    for (std::size_t s = 0; s < o.site_names.size(); ++s)
+      o.site_ranks.push_back(static_cast<std::size_t>(cfg.site_ranks(static_cast<int>(s))));
   o.token = std::move(token);
   o.config_hash = cfg.agreement_hash();
   o.config = agreement_values(cfg);
@@ -82,6 +85,9 @@ transport::JobDescription describe_job(const train::JobConfig& cfg, const std::s
   transport::JobDescription d;
   d.sites = cfg.site_names();
   d.ranks_per_site = static_cast<std::uint32_t>(cfg.job.ranks_per_site);
+  if (!cfg.ranks_alike())
+    for (std::size_t s = 0; s < d.sites.size(); ++s)
+      d.site_ranks.push_back(static_cast<std::uint32_t>(cfg.site_ranks(static_cast<int>(s))));
   d.steps = cfg.train.steps;
   d.heartbeat = std::chrono::milliseconds(cfg.job.heartbeat_ms);
   const sync::SyncConfig& s = cfg.sync;
@@ -114,7 +120,10 @@ transport::JobDescription describe_job(const train::JobConfig& cfg, const std::s
   add("lanes", cfg.transport.lane_share != 0.5f && cfg.transport.lanes == 2
                    ? fmt::format("2 ({:.3g} of each shard on the ring)", cfg.transport.lane_share)
                    : fmt::format("{}", cfg.transport.lanes));
-  add("sites x ranks", fmt::format("{} x {}", d.sites.size(), cfg.job.ranks_per_site));
+  add("sites x ranks",
+      cfg.ranks_alike()
+          ? fmt::format("{} x {}", d.sites.size(), cfg.job.ranks_per_site)
+          : fmt::format("{} sites of {} ranks", d.sites.size(), fmt::join(d.site_ranks, ", ")));
   if (!topology.empty()) {
     const topology::Topology t = topology::load_topology(topology);
     // Its links are compared with the job's ring links by site name: a topology of other
@@ -358,7 +367,7 @@ JobOutcome job_outcome(const train::JobConfig& cfg,
         else
           short_ranks.push_back(fmt::format("{} (step {})", r.id.str(), r.step));
       }
-    if (done == cfg.job.ranks_per_site) finished.push_back(site);
+    if (done == cfg.site_ranks(cfg.site_index(site))) finished.push_back(site);
   }
   const std::size_t needed = static_cast<std::size_t>(std::max(cfg.job.min_sites, 1));
   const std::string without =
@@ -387,9 +396,9 @@ int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::u
   const auto status = start_status(coord, cfg, endpoint, token);
   const auto sites = cfg.site_names();
   std::printf(
-      "coordinator: listening on %s:%u for %zu site(s) x %d rank(s) [%s], agreement hash "
+      "coordinator: listening on %s:%u for %zu site(s), %d rank(s) [%s], agreement hash "
       "%016llx\n",
-      bind.c_str(), bound, sites.size(), cfg.job.ranks_per_site,
+      bind.c_str(), bound, sites.size(), cfg.ranks_of_sites(static_cast<int>(sites.size())),
       fmt::format("{}", fmt::join(sites, ", ")).c_str(),
       static_cast<unsigned long long>(cfg.agreement_hash()));
   std::fflush(stdout);
@@ -443,7 +452,7 @@ int run_coordinator(const train::JobConfig& cfg, const std::string& bind, std::u
       log::info("coordinator: {}",
                 formed ? progress_line(coord, cfg.train.steps)
                        : fmt::format("{} of {} ranks registered", coord.registered(),
-                                     sites.size() * std::size_t(cfg.job.ranks_per_site)));
+                                     cfg.ranks_of_sites(static_cast<int>(sites.size()))));
     }
   }
 }
@@ -470,7 +479,7 @@ std::vector<Child> spawn_ranks(const train::JobConfig& cfg, const LaunchOptions&
   std::vector<Child> children;
   try {
     for (std::size_t s = 0; s < sites.size(); ++s)
-      for (int r = 0; r < cfg.job.ranks_per_site; ++r) {
+      for (int r = 0; r < cfg.site_ranks(static_cast<int>(s)); ++r) {
         std::vector<std::string> args{"worker",
                                       "--config",
                                       config,
@@ -660,10 +669,8 @@ int launch_outcome(const train::JobConfig& cfg, const std::vector<Child>& childr
 }  // namespace
 
 int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
-  check_networked_sites(cfg);
   const auto sites = cfg.site_names();
-  const int R = cfg.job.ranks_per_site;
-  const int world = static_cast<int>(sites.size()) * R;
+  const int world = cfg.ranks_of_sites(static_cast<int>(sites.size()));
   // The ranks read the token from the config when it names one; otherwise launch makes a
   // fresh secret for this job and hands it over in the environment.
   std::vector<std::pair<std::string, std::string>> env;
@@ -686,9 +693,9 @@ int run_launch(const train::JobConfig& cfg, const LaunchOptions& opts) {
   const int threads =
       cfg.train.threads > 0 ? cfg.train.threads : std::max(1, static_cast<int>(cores) / world);
   std::fprintf(stderr,
-               "launch: %zu site(s) x %d rank(s) = %d processes on this machine, coordinator "
-               "127.0.0.1:%u, %d model thread(s) per rank\n",
-               sites.size(), R, world, port, threads);
+               "launch: %zu site(s), %d processes on this machine, coordinator 127.0.0.1:%u, %d "
+               "model thread(s) per rank\n",
+               sites.size(), world, port, threads);
   const SignalCounter signals;  // from before the first rank starts: a stop reaches them all
   std::vector<Child> children = spawn_ranks(cfg, opts, port, threads, env);
   const Supervision sv = supervise(children, coord, cfg, opts, signals);

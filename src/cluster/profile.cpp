@@ -219,7 +219,7 @@ std::vector<LinkRecord> measure_pairs(Session& ss) {
   std::vector<LinkRecord> out(static_cast<std::size_t>(S));  // this site -> site k
   for (int i = 0; i < S; ++i)
     for (int j = i + 1; j < S; ++j) {
-      ss.wan_group->barrier();
+      ss.wan_group()->barrier();
       if (me != i && me != j) continue;
       const int other = me == i ? j : i;
       auto& pair = *ss.pairs[std::size_t(other)];
@@ -292,7 +292,7 @@ Steal measure_contention(Session& ss, StepBench& bench, std::vector<StepBench::S
     if (e) std::rethrow_exception(e);
   for (int k = 0; k < S; ++k)
     if (k != me) out[std::size_t(k)].contended_bps = double(bytes) / secs[std::size_t(k)];
-  ss.wan_group->barrier();
+  ss.wan_group()->barrier();
   const std::vector<StepBench::Sample> after = bench.run(kStepsAfter);
   alone.insert(alone.end(), after.begin(), after.end());
   const double step_s = mean(alone, &StepBench::Sample::wall_s);
@@ -325,7 +325,7 @@ std::vector<std::pair<SiteRow, std::vector<LinkRecord>>> gather_rows(
   std::vector<std::byte> packed(row), all(row * S);
   std::memcpy(packed.data(), &mine, sizeof(SiteRow));
   std::memcpy(packed.data() + sizeof(SiteRow), links.data(), S * sizeof(LinkRecord));
-  ss.wan_group->all_gather(packed, all);
+  ss.wan_group()->all_gather(packed, all);
   std::vector<std::pair<SiteRow, std::vector<LinkRecord>>> rows(S);
   for (std::size_t s = 0; s < S; ++s) {
     const std::byte* at = all.data() + row * s;
@@ -388,6 +388,7 @@ void write_topology(const train::JobConfig& cfg, const Session& ss,
 
 int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
                        const std::string& out_path) {
+  check_profile_sites(cfg);
   Session ss = join_job(cfg, opts, /*pair_groups=*/true);
   StepBench bench(cfg, cfg.site_batch(ss.home_site));
   std::vector<StepBench::Sample> alone = bench.run(kStepsBefore, 2);
@@ -399,7 +400,7 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
     return 0;
   }
   std::vector<LinkRecord> links = measure_pairs(ss);
-  ss.wan_group->barrier();
+  ss.wan_group()->barrier();
   SiteRow mine;
   mine.steal = measure_contention(ss, bench, alone, links);
   mine.buffers = topology::read_tcp_buffers();

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "desloc/cluster/cluster.hpp"
+#include "desloc/sync/collective_averager.hpp"
+#include "desloc/sync/shard_map.hpp"
 #include "desloc/transport/collective.hpp"
 #include "desloc/transport/control_plane.hpp"
 
@@ -17,19 +19,32 @@ namespace desloc::cluster {
 struct Session {
   std::string name;                // "site/rank"
   std::vector<std::string> sites;  // the current epoch's sites in ring order
-  int S = 1, R = 1;
-  int site_index = 0, rank = 0;  // site_index: position in `sites`, the current ring
-  int home_site = 0;             // index in job.sites: the data partition, fixed for the job
+  int S = 1, R = 1;                // R: this rank's site's ranks
+  int site_index = 0, rank = 0;    // site_index: position in `sites`, the current ring
+  int home_site = 0;               // index in job.sites: the data partition, fixed for the job
   std::unique_ptr<transport::RankClient> client;
   transport::Membership membership;
-  std::unique_ptr<transport::Collective> site_group;   // null when R = 1
-  std::unique_ptr<transport::Collective> wan_group;    // rank r of every site
-  std::unique_ptr<transport::Collective> wan_reverse;  // lane 2: the reversed ring, or null
-  // Hierarchical DES-LOC (job.regions): rank r of the live sites of this site's region, in the
-  // region's ring order; null without regions or when the region has one live site.
-  std::unique_ptr<transport::Collective> region_group;
-  std::unique_ptr<transport::Collective> region_reverse;  // its lane 2 (3 sites or more), or null
+  // The job's wide-area shard map (JobConfig::wan_map): which segments this rank owns.
+  std::shared_ptr<const sync::ShardMap> map;
+  std::unique_ptr<transport::Collective> site_group;  // null when R = 1
+  // One segment's ring over some sites, each joined by the rank that owns the segment there,
+  // and its lane 2 (the reversed ring, 3 sites or more at transport.lanes = 2), or null.
+  struct Rings {
+    int segment = 0;
+    std::unique_ptr<transport::Collective> ring, reverse;
+  };
+  std::vector<Rings> wan;  // every live site, one per segment this rank owns, in segment order
+  // Hierarchical DES-LOC (job.regions): the same over the live sites of this site's region, in
+  // the region's ring order; empty without regions or when the region has one live site.
+  std::vector<Rings> region;
   std::vector<int> region_sites;  // their positions in `sites` (ring positions), in that order
+  // The first segment's ring (every site, one rank each): the sites' size and this site's
+  // position are the same in each.
+  transport::Collective* wan_group() const {
+    return wan.empty() ? nullptr : wan.front().ring.get();
+  }
+  // The rings as the averagers hold them.
+  static std::vector<sync::WanRing> views(const std::vector<Rings>& rings);
   // Profiling only, rank 0 of each site: pairs[k] is a 2-rank group with site k's rank 0
   // (the lower site index is rank 0); null for this site and for other ranks.
   std::vector<std::unique_ptr<transport::Collective>> pairs;

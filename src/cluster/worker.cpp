@@ -12,6 +12,7 @@
 #include <span>
 #include <thread>
 
+#include "cluster/groups.hpp"
 #include "cluster/session.hpp"
 #include "desloc/cluster/cluster.hpp"
 #include "desloc/core/error.hpp"
@@ -29,64 +30,6 @@ namespace desloc::cluster {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The Hello's opaque address field carries the UCX worker addresses of this rank's groups
-// (see join_job; an entry is empty when its group has one member).
-std::vector<std::uint8_t> pack_addresses(const std::vector<transport::WorkerAddress>& all) {
-  std::vector<std::uint8_t> out;
-  for (const auto& a : all) {
-    const auto n = static_cast<std::uint32_t>(a.size());
-    for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::uint8_t>(n >> (8 * i)));
-    for (std::byte b : a) out.push_back(static_cast<std::uint8_t>(b));
-  }
-  return out;
-}
-
-transport::WorkerAddress unpack_address(const std::vector<std::uint8_t>& blob, int which,
-                                        const std::string& owner) {
-  std::size_t at = 0;
-  for (int k = 0;; ++k) {
-    if (at + 4 > blob.size())
-      throw PeerFailure(fmt::format("the membership's address entry of {} is truncated", owner));
-    std::uint32_t n = 0;
-    for (int i = 0; i < 4; ++i) n |= std::uint32_t(blob[at + std::size_t(i)]) << (8 * i);
-    at += 4;
-    if (at + n > blob.size())
-      throw PeerFailure(fmt::format("the membership's address entry of {} is truncated", owner));
-    if (k == which) {
-      transport::WorkerAddress a(n);
-      std::memcpy(a.data(), blob.data() + at, n);
-      if (a.empty())
-        throw PeerFailure(fmt::format("{} registered no UCX address for this group", owner));
-      return a;
-    }
-    at += n;
-  }
-}
-
-transport::UcxOptions ucx_options(const train::TransportSection& t, bool wide_area) {
-  transport::UcxOptions o;
-  o.tls = wide_area ? t.tls : t.site_tls;
-  o.net_devices = wide_area ? t.net_devices : t.site_net_devices;
-  o.rndv_thresh = t.rndv_thresh;
-  o.spin_iterations = wide_area ? t.wan_spin_iterations : t.spin_iterations;
-  o.linger_us = wide_area ? t.wan_linger_us : 0;
-  // UCX 1.13's shared-memory transports refuse peer-failure endpoints (docs/transport.md).
-  const bool shm =
-      o.tls.find("sm") != std::string::npos || o.tls.find("posix") != std::string::npos ||
-      o.tls.find("sysv") != std::string::npos || o.tls.find("cma") != std::string::npos;
-  o.peer_failure_detection = !shm;
-  return o;
-}
-
-const transport::MemberEntry& member(const transport::Membership& m, const std::string& site,
-                                     std::uint32_t rank) {
-  for (const auto& e : m.members)
-    if (e.site == site && e.rank == rank) return e;
-  throw PeerFailure(
-      fmt::format("the coordinator's membership (epoch {}) lacks {}/{}", m.epoch, site, rank));
-}
-
 }  // namespace
 
 transport::JobToken job_token(const train::JobConfig& cfg) {
@@ -121,18 +64,22 @@ std::optional<RankIdentity> identity_from_environment(const train::JobConfig& cf
     char* end = nullptr;
     const long g = std::strtol(r, &end, 10);
     const long size = std::strtol(n, nullptr, 10);
-    check_networked_sites(cfg);
     const auto sites = cfg.site_names();
-    const long R = cfg.job.ranks_per_site;
-    const long world = static_cast<long>(sites.size()) * R;
+    const int S = static_cast<int>(sites.size());
+    const long world = cfg.ranks_of_sites(S);
     if (*end != '\0' || g < 0 || g >= size)
       throw ConfigError(
           fmt::format("${} = '{}' is not a rank below ${} = {}", src.rank, r, src.size, size));
     if (size != world)
-      throw ConfigError(fmt::format(
-          "{}: ${} = {} but the job has {} sites x {} ranks = {}; start exactly that many tasks",
-          cfg.source, src.size, size, sites.size(), R, world));
-    return RankIdentity{sites[static_cast<std::size_t>(g / R)], static_cast<int>(g % R)};
+      throw ConfigError(
+          fmt::format("{}: ${} = {} but the job has {} ranks ({}); start exactly that many tasks",
+                      cfg.source, src.size, size, world,
+                      cfg.ranks_alike() ? fmt::format("{} sites x {}", S, cfg.job.ranks_per_site)
+                                        : std::string("the [[job.site]] tables' ranks")));
+    int s = 0;
+    while (g >= cfg.first_rank(s + 1)) ++s;
+    return RankIdentity{sites[static_cast<std::size_t>(s)],
+                        static_cast<int>(g - cfg.first_rank(s))};
   }
   return std::nullopt;
 }
@@ -156,216 +103,6 @@ std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& text,
 
 namespace {
 
-// This rank's freshly opened UCX ports, and their addresses packed for the control plane.
-// Address slots: 0 the site group, 1 the wide-area group, 2 the site's NCCL id (cuda backend,
-// rank 0), 3 the wide-area group's second lane (the reversed ring), 4 the region group, 5 its
-// second lane, 6 + k (profiling, rank 0 only) a pair with site k. An entry is empty when its
-// group has one member.
-struct Ports {
-  std::unique_ptr<transport::UcxPort> site, wan, reverse, region, region_reverse;
-  std::vector<std::unique_ptr<transport::UcxPort>> pairs;
-  std::vector<std::uint8_t> packed;
-};
-constexpr int kSiteSlot = 0, kWanSlot = 1, kNcclSlot = 2, kReverseSlot = 3, kRegionSlot = 4,
-              kRegionReverseSlot = 5, kPairSlot = 6;
-
-// The sites of `site`'s region (job.regions) that are in `sites`, in the region's ring order;
-// empty without regions.
-std::vector<std::string> live_region(const train::JobConfig& cfg,
-                                     const std::vector<std::string>& sites,
-                                     const std::string& site) {
-  for (const auto& region : cfg.job.regions) {
-    if (std::find(region.begin(), region.end(), site) == region.end()) continue;
-    std::vector<std::string> live;
-    for (const auto& s : region)
-      if (std::find(sites.begin(), sites.end(), s) != sites.end()) live.push_back(s);
-    return live;
-  }
-  return {};
-}
-
-// $DESLOC_INJECT_CRASH (fault_plan.hpp) as it concerns `site` in epoch `epoch` (epoch 1 only):
-// whether it exits at membership, and the average whose ring it dies in (step < 0: none).
-struct CrashInjection {
-  bool at_membership = false;
-  transport::OpLabel in_average;
-};
-
-CrashInjection crash_injection(const std::string& site, std::uint64_t epoch) {
-  const std::optional<FaultPlan::Crash> c = FaultPlan::from_environment().crash;
-  if (!c || epoch != 1 || c->site != site) return {};
-  CrashInjection at;
-  at.at_membership = c->at_membership;
-  if (c->at_membership) return at;
-  at.in_average.step = c->step;
-  at.in_average.state = static_cast<std::uint8_t>(c->state == 'x'   ? optim::StateKind::kX
-                                                  : c->state == 'u' ? optim::StateKind::kU
-                                                                    : optim::StateKind::kV);
-  log::warn("fault injection: site {} dies halfway through its {} average at step {}", site,
-            c->state, c->step);
-  return at;
-}
-
-bool uses_nccl(const train::JobConfig& cfg) {
-  return cfg.train.backend == model::Backend::kCuda && cfg.job.ranks_per_site > 1;
-}
-
-// Opens the ports for any world the job can become: a recovery opens them before it knows
-// whether the next epoch shrinks (a site lost) or grows back (a site rejoins), so the wide-area
-// ports follow every site of the job, not the current epoch's. With 2 survivors of 3 the
-// current epoch runs one lane, but a rejoin brings back the third site and the reversed ring.
-Ports open_ports(const train::JobConfig& cfg, const Session& ss, bool pair_groups) {
-  const int R = ss.R;
-  const int job_sites = std::max(ss.S, static_cast<int>(cfg.site_names().size()));
-  const bool nccl = uses_nccl(cfg);
-  Ports p;
-  if (R > 1 && !nccl) p.site = transport::open_ucx_port(ucx_options(cfg.transport, false));
-  if (job_sites > 1) p.wan = transport::open_ucx_port(ucx_options(cfg.transport, true));
-  if (transport::effective_lanes(cfg.transport.lanes, job_sites) == 2)
-    p.reverse = transport::open_ucx_port(ucx_options(cfg.transport, true));
-  // Opened whenever there are regions: a recovery opens ports before it knows who survives.
-  if (!cfg.job.regions.empty()) {
-    p.region = transport::open_ucx_port(ucx_options(cfg.transport, true));
-    const std::vector<std::string> names = cfg.site_names();
-    const auto whole = live_region(cfg, names, names.at(static_cast<std::size_t>(ss.home_site)));
-    if (transport::effective_lanes(cfg.transport.lanes, static_cast<int>(whole.size())) == 2)
-      p.region_reverse = transport::open_ucx_port(ucx_options(cfg.transport, true));
-  }
-  transport::WorkerAddress nccl_id;
-  if (nccl && ss.rank == 0) {
-    const auto id = transport::nccl_unique_id();
-    nccl_id.assign(id.begin(), id.end());
-  }
-  std::vector<transport::WorkerAddress> addresses{
-      p.site ? p.site->address() : transport::WorkerAddress{},
-      p.wan ? p.wan->address() : transport::WorkerAddress{},
-      nccl_id,
-      p.reverse ? p.reverse->address() : transport::WorkerAddress{},
-      p.region ? p.region->address() : transport::WorkerAddress{},
-      p.region_reverse ? p.region_reverse->address() : transport::WorkerAddress{}};
-  p.pairs.resize(static_cast<std::size_t>(ss.S));
-  for (int k = 0; k < ss.S; ++k) {
-    if (pair_groups && ss.rank == 0 && k != ss.site_index) {
-      // The profile's pairs time round trips: a linger would add to each.
-      transport::UcxOptions pair = ucx_options(cfg.transport, true);
-      pair.linger_us = 0;
-      p.pairs[std::size_t(k)] = transport::open_ucx_port(pair);
-    }
-    addresses.push_back(p.pairs[std::size_t(k)] ? p.pairs[std::size_t(k)]->address()
-                                                : transport::WorkerAddress{});
-  }
-  p.packed = pack_addresses(addresses);
-  return p;
-}
-
-// A wide-area ring over rank `rank` of `ring`'s sites, this rank being that of ring[me]: in
-// the ring's order, or `reversed` (a second lane: site i has group rank reversed_rank(i, n) and
-// its successor is site i - 1). The successor's address is `slot` of its registration. One site
-// makes a group of one, which needs no port.
-std::unique_ptr<transport::Collective> connect_ring(std::unique_ptr<transport::UcxPort> port,
-                                                    const std::vector<std::string>& ring, int me,
-                                                    std::uint32_t rank, int slot, bool reversed,
-                                                    transport::CollectiveOptions o,
-                                                    const transport::Membership& m) {
-  const int n = static_cast<int>(ring.size());
-  for (int p = 0; p < n; ++p)
-    o.peer_names.push_back(
-        fmt::format("{}/{}", ring[std::size_t(reversed ? (n - p) % n : p)], rank));
-  transport::WorkerAddress successor;
-  if (n > 1) {
-    const auto& next =
-        member(m, ring[std::size_t(reversed ? (me - 1 + n) % n : (me + 1) % n)], rank);
-    successor =
-        unpack_address(next.worker_address, slot, fmt::format("{}/{}", next.site, next.rank));
-  }
-  return transport::connect_ucx_collective(n > 1 ? std::move(port) : nullptr,
-                                           reversed ? transport::reversed_rank(me, n) : me, n,
-                                           successor, o);
-}
-
-// Builds the session's groups for membership m (whose ring is ss.sites), consuming the ports.
-void connect_groups(const train::JobConfig& cfg, Session& ss, Ports ports,
-                    const transport::Membership& m) {
-  const int S = ss.S, R = ss.R, site_index = ss.site_index;
-  const auto& sites = ss.sites;
-  const std::string& site = sites[std::size_t(site_index)];
-  transport::CollectiveOptions base;
-  base.deadline =
-      std::chrono::milliseconds(static_cast<std::int64_t>(cfg.transport.deadline_s * 1e3));
-  base.chunk_bytes = static_cast<std::size_t>(cfg.transport.chunk_bytes);
-  base.max_inflight_chunks = static_cast<std::size_t>(cfg.transport.inflight_chunks);
-  base.epoch = m.epoch;
-  if (cfg.job.on_site_failure == train::OnSiteFailure::kContinue) {
-    transport::RankClient* client = ss.client.get();
-    base.should_abort = [client] { return client->recovery_pending(); };
-  }
-  const transport::OpLabel crash = crash_injection(site, m.epoch).in_average;
-
-  if (uses_nccl(cfg)) {
-    auto o = base;
-    const auto& root = member(m, site, 0);
-    const auto blob = unpack_address(root.worker_address, kNcclSlot, site + "/0 (NCCL id)");
-    transport::NcclId id{};
-    if (blob.size() != id.size())
-      throw PeerFailure(fmt::format("{}/0 registered a {}-byte NCCL id; expected {}", site,
-                                    blob.size(), id.size()));
-    std::copy(blob.begin(), blob.end(), id.begin());
-    // One GPU per rank of the site: rank r uses device r.
-    ss.site_group = transport::make_nccl_collective(ss.rank, R, id, ss.rank, o);
-    log::info("{}: site group over NCCL on device {}", ss.name, ss.rank);
-  } else if (R > 1) {
-    auto o = base;
-    for (int q = 0; q < R; ++q) o.peer_names.push_back(fmt::format("{}/{}", site, q));
-    const auto& next = member(m, site, static_cast<std::uint32_t>((ss.rank + 1) % R));
-    ss.site_group = transport::connect_ucx_collective(
-        std::move(ports.site), ss.rank, R,
-        unpack_address(next.worker_address, kSiteSlot, fmt::format("{}/{}", next.site, next.rank)),
-        o);
-  }
-  // The wide-area rings: every site's rank r, and this site's region's, each with its second
-  // lane (the reversed ring) from three sites on at transport.lanes = 2.
-  auto wide = base;
-  wide.chunk_headers = cfg.transport.chunk_headers;
-  wide.crash_in = crash;  // $DESLOC_INJECT_CRASH, also at a step only the regions average
-  const auto rank = static_cast<std::uint32_t>(ss.rank);
-  ss.wan_group =
-      connect_ring(std::move(ports.wan), sites, site_index, rank, kWanSlot, false, wide, m);
-  if (transport::effective_lanes(cfg.transport.lanes, S) == 2)
-    ss.wan_reverse = connect_ring(std::move(ports.reverse), sites, site_index, rank, kReverseSlot,
-                                  true, wide, m);
-  ss.region_reverse.reset();
-  ss.region_group.reset();
-  ss.region_sites.clear();
-  if (const auto region = live_region(cfg, sites, site); !region.empty()) {
-    for (const auto& s : region)
-      ss.region_sites.push_back(
-          static_cast<int>(std::find(sites.begin(), sites.end(), s) - sites.begin()));
-    const int n = static_cast<int>(region.size());
-    const int me = static_cast<int>(std::find(region.begin(), region.end(), site) - region.begin());
-    if (n > 1)
-      ss.region_group =
-          connect_ring(std::move(ports.region), region, me, rank, kRegionSlot, false, wide, m);
-    if (transport::effective_lanes(cfg.transport.lanes, n) == 2)
-      ss.region_reverse = connect_ring(std::move(ports.region_reverse), region, me, rank,
-                                       kRegionReverseSlot, true, wide, m);
-  }
-  ss.pairs.clear();
-  ss.pairs.resize(static_cast<std::size_t>(S));
-  // Pair ports exist only for profiling (opened for the world at the time, never in a recovery).
-  for (int k = 0; k < S && std::size_t(k) < ports.pairs.size(); ++k) {
-    if (!ports.pairs[std::size_t(k)]) continue;
-    auto o = base;
-    const int me = site_index < k ? 0 : 1;
-    o.peer_names = me == 0 ? std::vector<std::string>{ss.name, sites[std::size_t(k)] + "/0"}
-                           : std::vector<std::string>{sites[std::size_t(k)] + "/0", ss.name};
-    const auto& other = member(m, sites[std::size_t(k)], 0);
-    ss.pairs[std::size_t(k)] = transport::connect_ucx_collective(
-        std::move(ports.pairs[std::size_t(k)]), me, 2,
-        unpack_address(other.worker_address, kPairSlot + site_index, other.site + "/0"), o);
-  }
-  ss.membership = m;
-}
-
 // Runs `connect`. With `elastic`, a peer that died or a link that broke while the groups
 // connected (ucp_ep_create to a worker that is gone, a handshake past its deadline) comes back
 // as the reason for a recovery instead of ending the rank; anything else is thrown.
@@ -388,15 +125,16 @@ std::optional<std::string> mendable_failure(const std::function<void()>& connect
 
 }  // namespace
 
-void check_networked_sites(const train::JobConfig& cfg) {
+void check_profile_sites(const train::JobConfig& cfg) {
   if (cfg.ranks_alike()) return;
   std::vector<std::string> each;
   for (std::size_t s = 0; s < cfg.job.site.size(); ++s)
     each.push_back(fmt::format("{} {}", cfg.job.site[s].name, cfg.job.site[s].ranks));
   throw ConfigError(fmt::format(
-      "{}: [[job.site]] gives the sites unequal rank counts ({}); a multi-process job pairs rank "
-      "r of every site in its wide-area groups, so its sites need equal rank counts for now "
-      "(their batches may differ). `desloc train` runs the job in one process",
+      "{}: [[job.site]] gives the sites unequal rank counts ({}); desloc profile measures the "
+      "links from each site's rank 0 while the other ranks wait in their rings, which a site of "
+      "fewer ranks shares with them: profile with equal rank counts (the links and each site's "
+      "step per rank do not depend on them)",
       cfg.source, fmt::join(each, ", ")));
 }
 
@@ -427,11 +165,12 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   Session ss;
   ss.sites = cfg.site_names();
   ss.S = static_cast<int>(ss.sites.size());
-  ss.R = cfg.job.ranks_per_site;
-  const int R = ss.R;
   const auto& sites = ss.sites;
   ss.site_index = home_site(cfg, opts.id);
   ss.home_site = ss.site_index;
+  ss.R = cfg.site_ranks(ss.home_site);
+  const int R = ss.R;
+  ss.map = std::make_shared<const sync::ShardMap>(cfg.wan_map());
   ss.rank = opts.id.rank;
   ss.name = fmt::format("{}/{}", opts.id.site, opts.id.rank);
   const std::string& name = ss.name;
@@ -439,11 +178,11 @@ Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pa
   const auto deadline = Clock::now() + std::chrono::seconds(cfg.job.rendezvous_timeout_s);
 
   // 1. Ports first: their addresses travel in the registration.
-  if (uses_nccl(cfg) && transport::cuda_device_count() < R)
+  if (uses_nccl(cfg, R) && transport::cuda_device_count() < R)
     throw ConfigError(fmt::format(
-        "{}: train.backend = \"cuda\" with job.ranks_per_site = {} needs one GPU per rank of a "
+        "{}: train.backend = \"cuda\" with {} ranks at site {} needs one GPU per rank of a "
         "site for NCCL, but {} device(s) are visible",
-        cfg.source, R, transport::cuda_device_count()));
+        cfg.source, R, opts.id.site, transport::cuda_device_count()));
   Ports ports = open_ports(cfg, ss, pair_groups);
 
   // 2. Rendezvous.
@@ -513,8 +252,10 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
   for (int attempt = 1;; ++attempt) {
     // The straggler rule's evidence, read before the groups go.
     transport::FailureEvidence seen;
-    for (const auto* g : {site_group.get(), wan_group.get(), wan_reverse.get(), region_group.get(),
-                          region_reverse.get()})
+    std::vector<const transport::Collective*> groups{site_group.get()};
+    for (const auto* rings : {&wan, &region})
+      for (const Rings& w : *rings) groups.insert(groups.end(), {w.ring.get(), w.reverse.get()});
+    for (const auto* g : groups)
       if (g != nullptr) {
         const transport::FailureEvidence e = g->failure_evidence();
         seen.in_operation = std::max(seen.in_operation, e.in_operation);
@@ -526,10 +267,8 @@ std::int64_t Session::recover(const train::JobConfig& cfg, std::span<const std::
       }
     // Tear the broken epoch's groups down first (they abort what is in flight).
     pairs.clear();
-    region_reverse.reset();
-    region_group.reset();
-    wan_reverse.reset();
-    wan_group.reset();
+    region.clear();
+    wan.clear();
     site_group.reset();
     Ports ports = open_ports(cfg, *this, false);
     transport::Recover report;
@@ -581,7 +320,6 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   // Before registering, what would end this rank at its start ends it now, while the job
   // does not count on it yet: sites it cannot pair, an identity not of the job, data it cannot
   // read, another process writing its directory.
-  check_networked_sites(cfg);
   const int home = home_site(cfg, opts.id);
   train::load_training_data(cfg);
   const train::OutDirLock lock(train::output_dir(cfg, home, opts.id.rank),
@@ -601,7 +339,7 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
   ctx.device = ss.rank;  // as the site's NCCL communicator (connect_groups)
   ctx.name = ss.name;
   auto bind_groups = [&] {
-    averager.emplace(*ss.wan_group, ss.site_group.get(), ss.wan_reverse.get(),
+    averager.emplace(Session::views(ss.wan), *ss.map, ss.site_group.get(),
                      cfg.transport.lane_share);
     sync::PayloadGuard guard;  // names the sites in its warnings (ring positions)
     guard.site_names = ss.sites;
@@ -622,8 +360,8 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
       sync::PayloadGuard region_guard;
       for (int p : ss.region_sites) region_guard.site_names.push_back(ss.sites[std::size_t(p)]);
       sync::Averager* region = nullptr;
-      if (ss.region_group) {
-        region_averager.emplace(*ss.region_group, ss.site_group.get(), ss.region_reverse.get(),
+      if (!ss.region.empty()) {
+        region_averager.emplace(Session::views(ss.region), *ss.map, ss.site_group.get(),
                                 cfg.transport.lane_share);
         region_averager->set_sync_meter(&region_meter);
         region = &*region_averager;
@@ -632,7 +370,7 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
         region = &*lone_region;
       }
       region->set_payload_guard(region_guard);
-      if (ss.region_group) {
+      if (!ss.region.empty()) {
         std::vector<int> region_sites;
         for (int p : ss.region_sites) region_sites.push_back(ctx.live_sites.at(std::size_t(p)));
         region->set_weights(cfg.site_weights(region_sites));
@@ -640,13 +378,18 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
       regional.emplace(*averager, *region, ss.region_sites);
       bound = &*regional;
     }
-    ctx.wan_successor =
-        ss.S > 1 ? fmt::format("{}/{}", ss.sites[std::size_t((ss.site_index + 1) % ss.S)], ss.rank)
-                 : std::string();
+    // The successor of the first ring (its owner of this rank's first segment).
+    const std::string next = ss.sites[std::size_t((ss.site_index + 1) % ss.S)];
+    ctx.wan_successor = ss.S > 1 ? fmt::format("{}/{}", next,
+                                               ss.map->owner(cfg.site_ranks(cfg.site_index(next)),
+                                                             ss.wan.front().segment))
+                                 : std::string();
     ctx.averager = bound;
     ctx.site_group = ss.site_group.get();
-    ctx.wan_group = ss.wan_group.get();
-    ctx.wan_reverse = ss.wan_reverse.get();
+    ctx.wan_rings = Session::views(ss.wan);
+    ctx.shard_map = ss.map.get();
+    ctx.wan_group = ss.wan_group();
+    ctx.wan_reverse = ss.wan.front().reverse.get();
     // The first live site's rank 0 evaluates (site 0 unless it failed).
     ctx.evaluates = ss.site_index == 0 && ss.rank == 0;
     ctx.epoch = ss.membership.epoch;
@@ -708,10 +451,17 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
 
 void Session::leave() {
   if (site_group) site_group->barrier();
-  if (wan_group) wan_group->barrier();
-  if (wan_reverse) wan_reverse->barrier();
-  if (region_group) region_group->barrier();
-  if (region_reverse) region_reverse->barrier();
+  for (const auto* rings : {&wan, &region})
+    for (const Rings& w : *rings) {
+      w.ring->barrier();
+      if (w.reverse) w.reverse->barrier();
+    }
+}
+
+std::vector<sync::WanRing> Session::views(const std::vector<Rings>& rings) {
+  std::vector<sync::WanRing> out;
+  for (const Rings& w : rings) out.push_back({w.segment, w.ring.get(), w.reverse.get()});
+  return out;
 }
 
 }  // namespace desloc::cluster

@@ -179,6 +179,15 @@ bool JobConfig::ranks_alike() const {
                      [&](const SiteSpec& sp) { return sp.ranks == job.site[0].ranks; });
 }
 
+int JobConfig::site_index(const std::string& site) const {
+  const std::vector<std::string> names = site_names();
+  const auto at = std::find(names.begin(), names.end(), site);
+  if (at == names.end())
+    throw ConfigError(fmt::format("{}: '{}' is not one of the job's sites ({})", source, site,
+                                  fmt::join(names, ", ")));
+  return static_cast<int>(at - names.begin());
+}
+
 int JobConfig::first_rank(int s) const {
   int first = 0;
   for (int q = 0; q < s; ++q) first += site_ranks(q);

@@ -9,6 +9,7 @@
 
 #include "desloc/sync/averager.hpp"
 #include "desloc/transport/collective.hpp"
+#include "desloc/transport/job_gather.hpp"
 
 namespace desloc::train {
 
@@ -45,8 +46,7 @@ void Evaluator::bind(RankContext* rank) {
   rank_ = rank;
   averager_.reset();
   if (rank != nullptr) {
-    averager_.emplace(*rank->wan_group, rank->site_group, rank->wan_reverse,
-                      cfg_.transport.lane_share);
+    averager_.emplace(rank->wan_rings, cfg_.wan_map(), rank->site_group, cfg_.transport.lane_share);
     averager_->set_weights(cfg_.site_weights(rank->live_sites));
   }
 }
@@ -59,15 +59,20 @@ struct BatchResult {
 };
 
 // A networked job's evaluation is shared: every rank holds the mean x, so rank w of the W
-// ranks (site position s, rank r within the site: w = s R + r) runs batches w, w + W, ...,
-// and one all-gather per group gives every rank every batch's result, in batch order.
+// ranks of the live sites (counted site by site in ring order, whatever each site's rank count)
+// runs batches w, w + W, ..., and one job-wide gather (transport::gather_job) gives every rank
+// every batch's result, in batch order.
 struct Share {
   std::size_t index = 0, count = 1;
 };
-Share share_of(const RankContext& rank) {
-  const std::size_t R = rank.site_group != nullptr ? std::size_t(rank.site_group->size()) : 1;
-  const std::size_t r = rank.site_group != nullptr ? std::size_t(rank.site_group->rank()) : 0;
-  return {std::size_t(rank.wan_group->rank()) * R + r, std::size_t(rank.wan_group->size()) * R};
+Share share_of(const JobConfig& cfg, const RankContext& rank) {
+  Share s;
+  s.count = 0;
+  for (std::size_t p = 0; p < rank.live_sites.size(); ++p) {
+    if (static_cast<int>(p) == rank.wan_group->rank()) s.index = s.count + std::size_t(rank.rank);
+    s.count += static_cast<std::size_t>(cfg.site_ranks(rank.live_sites[p]));
+  }
+  return s;
 }
 
 // Every rank's `mine` (batches share.index + j * share.count, padded to `per_rank`) into the
@@ -75,18 +80,14 @@ Share share_of(const RankContext& rank) {
 std::vector<BatchResult> gather(const RankContext& rank, std::vector<BatchResult> mine,
                                 std::size_t per_rank, std::size_t n) {
   mine.resize(per_rank);
-  std::vector<BatchResult> site = mine;
-  if (rank.site_group != nullptr) {
-    site.resize(per_rank * std::size_t(rank.site_group->size()));
-    rank.site_group->all_gather(std::as_bytes(std::span<const BatchResult>(mine)),
-                                std::as_writable_bytes(std::span<BatchResult>(site)));
-  }
-  std::vector<BatchResult> all(site.size() * std::size_t(rank.wan_group->size()));
-  rank.wan_group->all_gather(std::as_bytes(std::span<const BatchResult>(site)),
-                             std::as_writable_bytes(std::span<BatchResult>(all)));
-  const std::size_t W = all.size() / per_rank;
+  const std::vector<transport::Collective*> rings = rank.rings();
+  const transport::JobBlocks all =
+      transport::gather_job(std::as_bytes(std::span<const BatchResult>(mine)), rank.site_group,
+                            rings, {-1, transport::kLabelControl, 0});
+  const auto* results = reinterpret_cast<const BatchResult*>(all.bytes.data());
+  const std::size_t W = all.bytes.size() / all.block;
   std::vector<BatchResult> ordered(n);
-  for (std::size_t i = 0; i < n; ++i) ordered[i] = all[(i % W) * per_rank + i / W];
+  for (std::size_t i = 0; i < n; ++i) ordered[i] = results[(i % W) * per_rank + i / W];
   return ordered;
 }
 }  // namespace
@@ -117,7 +118,7 @@ std::optional<Evaluation> Evaluator::evaluate(std::int64_t step, std::vector<Sit
   model_.params_updated();
   const int B = cfg_.data.batch, T = cfg_.seq_len();
   std::vector<std::int32_t> in(static_cast<std::size_t>(B) * T), tgt(in.size());
-  const Share share = shared ? share_of(*rank_) : Share{};
+  const Share share = shared ? share_of(cfg_, *rank_) : Share{};
   std::vector<BatchResult> results;
   for (std::size_t i = share.index; i < n; i += share.count) {
     eval_.batch(i, in, tgt);

@@ -118,6 +118,35 @@ bool FaultTolerance::retry_start(const Error& e, int attempt) {
   return true;
 }
 
+namespace {
+
+// The period switches in force, as the donor sends them: a count, then (after, kx, ku, kv) each.
+using SwitchTable = std::array<std::int64_t, 1 + 4 * sync::kMaxPeriodSwitches>;
+
+void send_switches(transport::Collective& ring, const RankContext& rank, SharedState shared,
+                   int donor, bool giving, bool receiving) {
+  SwitchTable table{};
+  const std::vector<sync::PeriodSwitch>& mine_now = shared.policy->switches();
+  if (giving) {
+    table[0] = static_cast<std::int64_t>(mine_now.size());
+    for (std::size_t i = 0; i < mine_now.size(); ++i)
+      for (std::size_t f = 0; const std::int64_t v :
+                              {mine_now[i].after, mine_now[i].kx, mine_now[i].ku, mine_now[i].kv})
+        table[1 + 4 * i + f++] = v;
+  }
+  ring.broadcast(std::as_writable_bytes(std::span(table)), donor);
+  if (!receiving) return;
+  if (table[0] < 0 || table[0] > static_cast<std::int64_t>(sync::kMaxPeriodSwitches))
+    throw PeerFailure(
+        fmt::format("{}: the donor {} sent {} period switches", rank.name, donor, table[0]));
+  std::vector<sync::PeriodSwitch> switches(static_cast<std::size_t>(table[0]));
+  for (std::size_t i = 0; i < switches.size(); ++i)
+    switches[i] = {table[1 + 4 * i], table[2 + 4 * i], table[3 + 4 * i], table[4 + 4 * i]};
+  shared.policy->restore_switches(switches);
+}
+
+}  // namespace
+
 std::uint64_t transfer_state(RankContext& rank, std::int64_t step, SiteReplica& replica,
                              SharedState shared) {
   transport::Collective& wan = *rank.wan_group;
@@ -129,10 +158,20 @@ std::uint64_t transfer_state(RankContext& rank, std::int64_t step, SiteReplica& 
   const std::size_t n = replica.x.size();
   const int ranks = rank.site_group != nullptr ? rank.site_group->size() : 1;
   const int r = rank.site_group != nullptr ? rank.site_group->rank() : 0;
-  const transport::Range mine = transport::block(n, ranks, r);
-  std::array<std::vector<float>*, 3> states{&replica.x, &replica.opt.state().u,
-                                            &replica.opt.state().v};
-  std::vector<float> scratch(mine.count);
+  const sync::ShardMap map =
+      rank.shard_map != nullptr ? *rank.shard_map : sync::ShardMap::even(ranks);
+  std::vector<std::vector<float>*> states{&replica.x, &replica.opt.state().u,
+                                          &replica.opt.state().v};
+  // The outer optimizer's state and the references are the same on every site.
+  std::vector<std::vector<float>*> shared_buffers;
+  if (shared.outer != nullptr)
+    shared_buffers = {&shared.outer->reference(), &shared.outer->momentum()};
+  if (shared.compression != nullptr)
+    for (const optim::StateKind k :
+         {optim::StateKind::kX, optim::StateKind::kU, optim::StateKind::kV})
+      if (!shared.compression->reference(k).empty())
+        shared_buffers.push_back(&shared.compression->reference(k));
+  std::vector<float> scratch;
   std::uint64_t moved = 0;
   auto crc_of = [](std::span<const float> v) {
     return crc32c({reinterpret_cast<const std::uint8_t*>(v.data()), v.size_bytes()});
@@ -146,86 +185,69 @@ std::uint64_t transfer_state(RankContext& rank, std::int64_t step, SiteReplica& 
           fmt::format("{}: every site of epoch {} is joining; none can donate the state", rank.name,
                       rank.epoch));
     const bool giving = me == donor, receiving = me == j;
-    // step, the optimizer's step, x's, u's and v's CRC32C, the run id (bits as i64).
-    std::array<std::int64_t, 6> head{step, replica.opt.state().t, 0, 0, 0, 0};
-    if (giving && shared.run_id != nullptr) head[5] = static_cast<std::int64_t>(*shared.run_id);
-    for (int k = 0; k < 3; ++k)
-      if (giving)
-        head[std::size_t(2 + k)] = crc_of(
-            std::span<const float>(*states[std::size_t(k)]).subspan(mine.offset, mine.count));
-    wan.set_label({step, transport::kLabelTransferHeader, static_cast<std::uint32_t>(r)});
-    wan.broadcast(std::as_writable_bytes(std::span(head)), donor);
-    if (shared.policy != nullptr) {  // the period switches in force (re-plans included)
-      std::array<std::int64_t, 1 + 4 * sync::kMaxPeriodSwitches> table{};
-      const std::vector<sync::PeriodSwitch>& mine_now = shared.policy->switches();
-      if (giving) {
-        table[0] = static_cast<std::int64_t>(mine_now.size());
-        for (std::size_t i = 0; i < mine_now.size(); ++i)
-          for (std::size_t f = 0; const std::int64_t v : {mine_now[i].after, mine_now[i].kx,
-                                                          mine_now[i].ku, mine_now[i].kv})
-            table[1 + 4 * i + f++] = v;
+    // Each of this rank's segments over its ring, in segment order.
+    for (const sync::WanRing& w : rank.wan_rings) {
+      transport::Collective& ring = *w.ring;
+      const transport::Range seg = map.segment(n, w.segment);
+      // step, the optimizer's step, x's, u's and v's CRC32C, the run id (bits as i64).
+      std::array<std::int64_t, 6> head{step, replica.opt.state().t, 0, 0, 0, 0};
+      if (giving && shared.run_id != nullptr) head[5] = static_cast<std::int64_t>(*shared.run_id);
+      for (int k = 0; k < 3; ++k)
+        if (giving)
+          head[std::size_t(2 + k)] = crc_of(
+              std::span<const float>(*states[std::size_t(k)]).subspan(seg.offset, seg.count));
+      ring.set_label(
+          {step, transport::kLabelTransferHeader, static_cast<std::uint32_t>(w.segment)});
+      ring.broadcast(std::as_writable_bytes(std::span(head)), donor);
+      if (shared.policy != nullptr)  // the period switches in force (re-plans included)
+        send_switches(ring, rank, shared, donor, giving, receiving);
+      scratch.resize(seg.count);
+      for (int k = 0; k < 3; ++k) {
+        std::span<float> buf =
+            giving || receiving
+                ? std::span<float>(*states[std::size_t(k)]).subspan(seg.offset, seg.count)
+                : std::span<float>(scratch);
+        ring.set_label(
+            {step, static_cast<std::uint8_t>(k + 1), static_cast<std::uint32_t>(w.segment)});
+        ring.broadcast(buf, donor);
+        moved += buf.size_bytes();
+        if (receiving && crc_of(buf) != static_cast<std::uint32_t>(head[std::size_t(2 + k)]))
+          throw PeerFailure(fmt::format(
+              "{}: the state transfer from {} failed its CRC32C check (segment {} of '{}'); the "
+              "job retries in a new epoch",
+              rank.name, donor, w.segment,
+              k == 0   ? "x"
+              : k == 1 ? "u"
+                       : "v"));
       }
-      wan.broadcast(std::as_writable_bytes(std::span(table)), donor);
       if (receiving) {
-        if (table[0] < 0 || table[0] > static_cast<std::int64_t>(sync::kMaxPeriodSwitches))
-          throw PeerFailure(
-              fmt::format("{}: the donor {} sent {} period switches", rank.name, donor, table[0]));
-        std::vector<sync::PeriodSwitch> switches(static_cast<std::size_t>(table[0]));
-        for (std::size_t i = 0; i < switches.size(); ++i)
-          switches[i] = {table[1 + 4 * i], table[2 + 4 * i], table[3 + 4 * i], table[4 + 4 * i]};
-        shared.policy->restore_switches(switches);
+        if (head[0] != step)
+          throw PeerFailure(fmt::format("{}: the donor sent the state of step {}, expected {}",
+                                        rank.name, head[0], step));
+        replica.opt.state().t = head[1];
+        if (shared.run_id != nullptr) *shared.run_id = static_cast<std::uint64_t>(head[5]);
       }
-    }
-    for (int k = 0; k < 3; ++k) {
-      std::span<float> buf =
-          giving || receiving
-              ? std::span<float>(*states[std::size_t(k)]).subspan(mine.offset, mine.count)
-              : std::span<float>(scratch);
-      wan.set_label({step, static_cast<std::uint8_t>(k + 1), static_cast<std::uint32_t>(r)});
-      wan.broadcast(buf, donor);
-      moved += buf.size_bytes();
-      if (receiving && crc_of(buf) != static_cast<std::uint32_t>(head[std::size_t(2 + k)]))
-        throw PeerFailure(fmt::format(
-            "{}: the state transfer from {} failed its CRC32C check (block {} of '{}'); the "
-            "job retries in a new epoch",
-            rank.name, donor, r,
-            k == 0   ? "x"
-            : k == 1 ? "u"
-                     : "v"));
-    }
-    if (receiving) {
-      if (head[0] != step)
-        throw PeerFailure(fmt::format("{}: the donor sent the state of step {}, expected {}",
-                                      rank.name, head[0], step));
-      replica.opt.state().t = head[1];
-      if (shared.run_id != nullptr) *shared.run_id = static_cast<std::uint64_t>(head[5]);
-    }
-    // The outer optimizer's state and the references are the same on every site: sent whole.
-    std::vector<std::vector<float>*> shared_buffers;
-    if (shared.outer != nullptr)
-      shared_buffers = {&shared.outer->reference(), &shared.outer->momentum()};
-    if (shared.compression != nullptr)
-      for (const optim::StateKind k :
-           {optim::StateKind::kX, optim::StateKind::kU, optim::StateKind::kV})
-        if (!shared.compression->reference(k).empty())
-          shared_buffers.push_back(&shared.compression->reference(k));
-    for (std::vector<float>* v : shared_buffers) {
-      std::vector<float> tmp = giving || receiving ? *v : std::vector<float>(v->size());
-      wan.broadcast(std::span<float>(tmp), donor);
-      moved += tmp.size() * sizeof(float);
-      if (receiving) *v = std::move(tmp);
+      for (std::vector<float>* v : shared_buffers) {
+        std::span<float> buf = giving || receiving
+                                   ? std::span<float>(*v).subspan(seg.offset, seg.count)
+                                   : std::span<float>(scratch);
+        ring.broadcast(buf, donor);
+        moved += buf.size_bytes();
+      }
     }
     if (receiving && shared.compression != nullptr) shared.compression->clear_feedback();
   }
-  if (rank.joining && rank.site_group != nullptr) {  // the site's ranks share their blocks
-    const std::size_t blk = transport::block(n, ranks, 0).count;
+  if (rank.joining && rank.site_group != nullptr) {  // the site's ranks share their ranges
+    const std::size_t blk = map.largest_owned(n, ranks);
+    const transport::Range mine = map.owned(n, ranks, r);
     std::vector<float> gathered(blk * static_cast<std::size_t>(ranks));
+    states.insert(states.end(), shared_buffers.begin(), shared_buffers.end());
     for (std::vector<float>* v : states) {
       std::copy_n(v->begin() + static_cast<std::ptrdiff_t>(mine.offset), mine.count,
                   gathered.begin() + static_cast<std::ptrdiff_t>(r * blk));
       rank.site_group->all_gather(std::span<const float>(gathered).subspan(r * blk, blk), gathered);
       for (int q = 0; q < ranks; ++q) {
-        const transport::Range b = transport::block(n, ranks, q);
+        const transport::Range b = map.owned(n, ranks, q);
         std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(q * blk), b.count,
                     v->begin() + static_cast<std::ptrdiff_t>(b.offset));
       }

@@ -106,12 +106,13 @@ class FaultTolerance {
 
 // Brings the sites that join in this epoch (rank.joining_sites) up to date at `step`. For each
 // joining site, its nearest ring predecessor that is not joining is the donor (the ring is the
-// planner's choice from measured bandwidth, so that link is a measured one): WAN ring r carries
-// block r of x, u and v behind a header (step, optimizer step, CRC32C of each block), and the
-// receiver checks every block before using it. The joining site's ranks then all-gather their
-// blocks. Everyone else passes scratch buffers. The outer optimizer's state and the
-// compressed states' references, the same on every site, travel whole; the joining site's
-// error feedback starts at zero (what its first life dropped is not the others' to resend).
+// planner's choice from measured bandwidth, so that link is a measured one): each segment's
+// ring (sync::ShardMap; rank r's ring r for sites alike) carries that segment of x, u and v
+// behind a header (step, optimizer step, CRC32C of each segment), and the receiver checks
+// every segment before using it; then the same segment of the outer optimizer's state and of
+// the compressed states' references (the same on every site). The joining site's ranks then
+// all-gather their ranges. Everyone else passes scratch buffers. The joining site's error
+// feedback starts at zero (what its first life dropped is not the others' to resend).
 // Returns the bytes of state moved.
 std::uint64_t transfer_state(RankContext& rank, std::int64_t step, SiteReplica& replica,
                              SharedState shared);

@@ -3,6 +3,8 @@
 // rank intersects the same S x R offers.
 #include "desloc/train/resume_agreement.hpp"
 
+#include "desloc/transport/job_gather.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -161,40 +163,20 @@ std::string site_name_of(const ResumeAgreementOptions& options, int s) {
              : fmt::format("site {}", s);
 }
 
-// Phase 1 (the R blocks of this site, in site-group rank order) and phase 2 (every site's
-// blocks, in WAN-group order) of both agreements. Equal R everywhere keeps the WAN
-// all-gather's blocks equal in size: checked first with 4 bytes per site. Returns S x R blocks.
-std::vector<std::byte> gather_job(std::span<const std::byte> mine,
-                                  transport::Collective* site_group,
-                                  transport::Collective* wan_group,
-                                  const ResumeAgreementOptions& options, int& R_out, int& S_out) {
-  const int R = site_group != nullptr ? site_group->size() : 1;
-  std::vector<std::byte> site_blocks(static_cast<std::size_t>(R) * mine.size());
-  if (R > 1)
-    site_group->all_gather(mine, site_blocks);
-  else
-    std::copy(mine.begin(), mine.end(), site_blocks.begin());
-  const int S = wan_group != nullptr ? wan_group->size() : 1;
-  std::vector<std::byte> all(static_cast<std::size_t>(S) * site_blocks.size());
-  if (S > 1) {
-    const auto r32 = static_cast<std::uint32_t>(R);
-    std::vector<std::uint32_t> ranks_per_site(static_cast<std::size_t>(S));
-    wan_group->all_gather(std::as_bytes(std::span(&r32, 1)),
-                          std::as_writable_bytes(std::span(ranks_per_site)));
-    for (int s = 1; s < S; ++s)
-      if (ranks_per_site[static_cast<std::size_t>(s)] != ranks_per_site[0])
-        throw ConfigError(fmt::format(
-            "resume agreement: site {} has {} ranks but site {} has {}; every site must run "
-            "job.ranks_per_site ranks",
-            site_name_of(options, s), ranks_per_site[static_cast<std::size_t>(s)],
-            site_name_of(options, 0), ranks_per_site[0]));
-    wan_group->all_gather(site_blocks, all);
-  } else {
-    all = site_blocks;
+// Phase 1 (the blocks of this site, in site-group rank order) and phase 2 (every site's
+// blocks, in WAN-ring order) of both agreements (transport::gather_job: sites of unequal rank
+// counts each send their own). With no ring: this process alone.
+transport::JobBlocks gather_agreement(std::span<const std::byte> mine,
+                                      transport::Collective* site_group,
+                                      std::span<transport::Collective* const> rings) {
+  if (rings.empty()) {
+    transport::JobBlocks alone;
+    alone.ranks = {1};
+    alone.block = mine.size();
+    alone.bytes.assign(mine.begin(), mine.end());
+    return alone;
   }
-  R_out = R;
-  S_out = S;
-  return all;
+  return transport::gather_job(mine, site_group, rings, {-1, transport::kLabelControl, 0});
 }
 
 // Start intent block (24 bytes): u32 magic "DSSU" | u8 resume | u8 force | u16 reserved
@@ -274,7 +256,7 @@ void check_fresh_start(const StartIntent& intent, const std::string& dir) {
 }
 
 std::uint64_t agree_on_start(const StartIntent& mine, transport::Collective* site_group,
-                             transport::Collective* wan_group,
+                             std::span<transport::Collective* const> rings,
                              const ResumeAgreementOptions& options) {
   std::vector<std::byte> block(kIntentBytes);
   put<std::uint32_t>(block, 0, kIntentMagic);
@@ -283,14 +265,12 @@ std::uint64_t agree_on_start(const StartIntent& mine, transport::Collective* sit
   put<std::uint32_t>(block, 8, mine.checkpoints);
   put<std::uint32_t>(block, 12, mine.metrics_records);
   put<std::uint64_t>(block, 16, mine.run_id);
-  int R = 1, S = 1;
-  const std::vector<std::byte> all = gather_job(block, site_group, wan_group, options, R, S);
+  const transport::JobBlocks all = gather_agreement(block, site_group, rings);
   std::vector<std::string> resuming, fresh, clobbering;
-  for (int s = 0; s < S; ++s)
-    for (int r = 0; r < R; ++r) {
+  for (int s = 0; s < static_cast<int>(all.ranks.size()); ++s)
+    for (int r = 0; r < all.ranks[std::size_t(s)]; ++r) {
       const std::string name = fmt::format("{}/{}", site_name_of(options, s), r);
-      const auto b = std::span<const std::byte>(all).subspan(
-          static_cast<std::size_t>(s * R + r) * kIntentBytes, kIntentBytes);
+      const std::span<const std::byte> b = all.at(s, r);
       if (get<std::uint32_t>(b, 0) != kIntentMagic)
         throw DataError(fmt::format(
             "start agreement: the block from {} is malformed; are all ranks running the same "
@@ -316,23 +296,21 @@ std::uint64_t agree_on_start(const StartIntent& mine, transport::Collective* sit
         "overwrite it with --force, or choose a new train.out_dir",
         join_names(clobbering)));
   // A fresh run's id: the first rank's draw, which every rank reads from the same blocks.
-  return get<std::uint64_t>(std::span<const std::byte>(all), 16);
+  return get<std::uint64_t>(all.at(0, 0), 16);
 }
 
 ResumeChoice agree_on_resume_step(const CheckpointScan& mine, transport::Collective* site_group,
-                                  transport::Collective* wan_group,
+                                  std::span<transport::Collective* const> rings,
                                   const ResumeAgreementOptions& options) {
   const std::vector<std::byte> my_block = encode_offer(mine, options.history_run_id);
-  int R = 1, S = 1;
-  const std::vector<std::byte> all = gather_job(my_block, site_group, wan_group, options, R, S);
+  const transport::JobBlocks all = gather_agreement(my_block, site_group, rings);
 
   std::vector<Offer> offers;
   std::vector<std::string> names;
-  for (int s = 0; s < S; ++s)
-    for (int r = 0; r < R; ++r) {
+  for (int s = 0; s < static_cast<int>(all.ranks.size()); ++s)
+    for (int r = 0; r < all.ranks[std::size_t(s)]; ++r) {
       names.push_back(fmt::format("{}/{}", site_name_of(options, s), r));
-      const auto at = static_cast<std::size_t>(s * R + r) * kOfferBytes;
-      offers.push_back(decode_offer(std::span(all).subspan(at, kOfferBytes), names.back()));
+      offers.push_back(decode_offer(all.at(s, r), names.back()));
     }
 
   // The newest step in every offer, and every newer step some rank offered.

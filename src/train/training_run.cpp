@@ -186,7 +186,7 @@ void TrainingRun::resume() {
     ResumeAgreementOptions agreement{cfg_.site_names(), rank_->name, rank_->leader()};
     agreement.history_run_id = recorded_run_id(metrics_path(cfg_, rank_));
     const auto choice = agree_on_resume_step(scan_checkpoints(ckpt_dir, writer(), job_hash()),
-                                             rank_->site_group, rank_->wan_group, agreement);
+                                             rank_->site_group, rank_->rings(), agreement);
     if (!choice.step)
       throw DataError(fmt::format(
           "--resume: the job's ranks share no intact checkpoint step ({}'s are in '{}'); run "
@@ -322,7 +322,7 @@ void TrainingRun::start(bool rejoining) {
   for (int attempt = 1;; ++attempt) {
     try {
       if (networked_ && !rejoining)
-        run_id_ = agree_on_start(start_intent(), rank_->site_group, rank_->wan_group,
+        run_id_ = agree_on_start(start_intent(), rank_->site_group, rank_->rings(),
                                  {cfg_.site_names(), rank_->name, rank_->leader()});
       else if (!networked_)
         check_fresh_start(start_intent(), cfg_.train.out_dir);

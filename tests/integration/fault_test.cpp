@@ -55,7 +55,8 @@ std::string shape(int sites, int ranks) {
 // `batches`: each site's batch per rank, as [[job.site]] tables (sites that differ), instead of
 // the shorthand's data.batch = 4 for every site.
 std::string elastic_toml(const fs::path& out, int ranks, int sites, const std::string& extra_job,
-                         const std::string& extra_sync = "", const std::vector<int>& batches = {}) {
+                         const std::string& extra_sync = "", const std::vector<int>& batches = {},
+                         const std::vector<int>& site_ranks = {}) {
   std::string toml = tiny_job_toml(out);
   auto set = [&](const std::string& key, const std::string& value) {
     const auto at = toml.find(key + " = ");
@@ -77,8 +78,8 @@ std::string elastic_toml(const fs::path& out, int ranks, int sites, const std::s
     toml.replace(toml.find("\nbatch = 4\n"), 11, "\n");
     shorthand.clear();
     for (int i = 0; i < sites; ++i)
-      tables += "[[job.site]]\nname = \"" + site_names(sites)[std::size_t(i)] +
-                "\"\nranks = " + std::to_string(ranks) +
+      tables += "[[job.site]]\nname = \"" + site_names(sites)[std::size_t(i)] + "\"\nranks = " +
+                std::to_string(site_ranks.empty() ? ranks : site_ranks.at(std::size_t(i))) +
                 "\nbatch = " + std::to_string(batches.at(std::size_t(i))) + "\n";
   }
   return toml + "[sync]\nmethod = \"desloc\"\nkx = 4\n" + extra_sync + "[job]\n" + shorthand +
@@ -162,20 +163,24 @@ struct Job {
   std::vector<std::vector<Process>> ranks;  // [site][rank]
   std::vector<std::string> sites;
   int R = 1;
+  std::vector<int> site_ranks;  // each site's ranks ([[job.site]] tables; R each when empty)
   std::vector<std::pair<std::string, std::string>> env;  // for every rank of env_site
   std::string env_site;                                  // "" = every site
 
   Job(const std::string& tag, int ranks_per_site, int site_count, const std::string& extra_job = "",
       std::vector<std::pair<std::string, std::string>> rank_env = {},
       std::string rank_env_site = "", const std::string& extra_sync = "",
-      const std::vector<int>& batches = {})
+      const std::vector<int>& batches = {}, const std::vector<int>& ranks_of_sites = {})
       : cluster{fresh_dir(tag), {}, 0},
         sites(site_names(site_count)),
         R(ranks_per_site),
+        site_ranks(ranks_of_sites.empty() ? std::vector<int>(std::size_t(site_count), R)
+                                          : ranks_of_sites),
         env(std::move(rank_env)),
         env_site(std::move(rank_env_site)) {
-    cfg = write_text(cluster.dir / "job.toml", elastic_toml(cluster.dir / "out", R, site_count,
-                                                            extra_job, extra_sync, batches));
+    cfg = write_text(cluster.dir / "job.toml",
+                     elastic_toml(cluster.dir / "out", R, site_count, extra_job, extra_sync,
+                                  batches, ranks_of_sites));
     start({});
   }
   int S() const { return static_cast<int>(sites.size()); }
@@ -191,9 +196,10 @@ struct Job {
     cluster.port = 0;
     cluster.start(cfg);
     ranks.clear();
-    for (const auto& s : sites) {
+    for (std::size_t i = 0; i < sites.size(); ++i) {
+      const std::string& s = sites[i];
       ranks.emplace_back();
-      for (int r = 0; r < R; ++r)
+      for (int r = 0; r < site_ranks[i]; ++r)
         ranks.back().push_back(cluster.worker(
             cfg, s, r, env_site.empty() || env_site == s ? env : decltype(env){}, worker_args));
     }
@@ -568,22 +574,32 @@ TEST(FaultSuite, BelowTheMinimumSiteCountTheJobEndsWithTheReason) {
 struct Rejoin {
   Clock::time_point killed, heard, restarted, rejoined;
 };
-// A quarter of the way in, east is killed; once the survivors rolled back, it comes back (a
-// fresh process, no state) and rejoins at the next epoch.
-void kill_and_rejoin_east(Job& job, Rejoin& at) {
+// A quarter of the way in, east's rank `victim` is killed, which takes its site out (its other
+// ranks leave once it is dropped); once the survivors rolled back, every rank of east comes
+// back (fresh processes, no state) and rejoins at the next epoch.
+void kill_and_rejoin_east(Job& job, Rejoin& at, std::size_t victim = 0) {
   ASSERT_TRUE(job.reach(kSteps / 4)) << job.ranks[0][0].output();
+  std::vector<Process>& east = job.ranks[1];
   at.killed = Clock::now();
-  ::kill(job.ranks[1][0].pid, SIGKILL);
-  job.ranks[1][0].wait(5s);
+  ::kill(east[victim].pid, SIGKILL);
+  east[victim].wait(5s);
   const auto heard = wait_for_text(job.ranks[0][0], "closed membership epoch 1", 10s);
   ASSERT_TRUE(heard.has_value()) << job.ranks[0][0].output();
   at.heard = *heard;
   ASSERT_TRUE(wait_for_text(job.ranks[0][0], "rolled back to step", 30s).has_value());
+  for (std::size_t r = 0; r < east.size(); ++r)
+    if (r != victim) {
+      EXPECT_NE(east[r].wait(30s), 0) << east[r].output();
+    }
   at.restarted = Clock::now();
-  job.ranks[1][0] = job.cluster.worker(job.cfg, "east", 0, {}, {"--threads", "1"});
-  const auto rejoined = wait_for_text(job.ranks[1][0], "rejoined at step", 60s);
-  ASSERT_TRUE(rejoined.has_value()) << job.ranks[1][0].output() << job.cluster.coordinator.output();
-  at.rejoined = *rejoined;
+  for (std::size_t r = 0; r < east.size(); ++r)
+    east[r] = job.cluster.worker(job.cfg, "east", static_cast<int>(r), {}, {"--threads", "1"});
+  at.rejoined = at.restarted;
+  for (Process& p : east) {
+    const auto rejoined = wait_for_text(p, "rejoined at step", 60s);
+    ASSERT_TRUE(rejoined.has_value()) << p.output() << job.cluster.coordinator.output();
+    at.rejoined = std::max(at.rejoined, *rejoined);
+  }
 }
 
 // The survivors of a loss open the next epoch's ports for every site of the job, not just for
@@ -636,6 +652,50 @@ TEST(FaultSuite, TheHeaviestOfUnequalSitesKilledAndRestartedRejoinsAndTheJobFini
              seconds(at.killed, at.heard), seconds(at.restarted, at.rejoined), val - ref,
              last_field(east, "rejoin", "state_bytes").value_or(-1),
              "dropped east, east rejoined, finished on 3 sites, token-weighted");
+}
+
+// Sites of unequal rank counts (issue 38): west 1, east 3, north 2 ranks, each averaging the
+// wide-area segments its ranks own (west's one rank all of them). East, the site of the most
+// ranks, loses a rank: the whole site goes, the survivors roll back and average over their
+// own segments' rings; its three ranks restart, rejoin (each receiving its segments from
+// west's one rank or north's two) and the job finishes on every site near the fault-free
+// in-process run of the same tables. Then the single-rank site: west 2, east 1, north 3.
+TEST(FaultSuite, TheSiteWithTheMostRanksKilledAndRestartedRejoinsAndTheJobFinishes) {
+  Job job("rejoin_most_ranks", 1, 3, "", {}, "", "", {4, 2, 4}, {1, 3, 2});
+  Rejoin at;
+  kill_and_rejoin_east(job, at, 1);
+  if (HasFatalFailure()) return;
+  const double val = expect_leader_finishes(job);
+  expect_others_finish(job, "");
+  for (int r = 0; r < 3; ++r) {
+    const fs::path east =
+        job.cluster.dir / "out" / "ranks" / ("east-" + std::to_string(r)) / "metrics.jsonl";
+    EXPECT_EQ(leader_step(east), kSteps) << east;
+  }
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_NEAR(val, ref, kLossTolerance);
+  report_row("kill -9 a rank of the site of most ranks (1, 3, 2 ranks), restart it: rejoins",
+             seconds(at.killed, at.heard), seconds(at.restarted, at.rejoined), val - ref, -1,
+             "dropped east (3 ranks), east rejoined, finished on 3 sites");
+}
+TEST(FaultSuite, TheSingleRankSiteKilledAndRestartedRejoinsAndTheJobFinishes) {
+  Job job("rejoin_single_rank", 1, 3, "", {}, "", "", {4, 4, 4}, {2, 1, 3});
+  Rejoin at;
+  kill_and_rejoin_east(job, at);
+  if (HasFatalFailure()) return;
+  const double val = expect_leader_finishes(job);
+  expect_others_finish(job, "");
+  const fs::path east = job.cluster.dir / "out" / "ranks" / "east-0" / "metrics.jsonl";
+  EXPECT_EQ(leader_step(east), kSteps);
+  // The one rank received every segment of x, u and v.
+  EXPECT_EQ(last_field(east, "rejoin", "state_bytes").value_or(0),
+            3.0 * 4.0 * last_field(east, "run", "parameters").value_or(-1));
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_NEAR(val, ref, kLossTolerance);
+  report_row("kill -9 the single-rank site (2, 1, 3 ranks), restart it: rejoins",
+             seconds(at.killed, at.heard), seconds(at.restarted, at.rejoined), val - ref,
+             last_field(east, "rejoin", "state_bytes").value_or(-1),
+             "dropped east (1 rank), east rejoined, finished on 3 sites");
 }
 
 // Re-planning (issue 15, item 5) and a rejoin: every rank switches kx 4 -> 8 after step 200

@@ -25,6 +25,7 @@
 
 #include "cluster_env.hpp"
 #include "desloc/core/file_io.hpp"
+#include "desloc/sync/shard_map.hpp"
 #include "desloc/train/checkpoint.hpp"
 #include "desloc/transport/ring_order.hpp"
 #include "test_env.hpp"
@@ -55,9 +56,15 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
                                  int ranks, const std::string& launch_sync = "",
                                  const std::string& both_sync = "",
                                  const std::string& transport = "", const std::string& job = "",
-                                 fs::path* dir_out = nullptr,
-                                 const std::vector<int>& batches = {}) {
+                                 fs::path* dir_out = nullptr, const std::vector<int>& batches = {},
+                                 const std::vector<int>& site_ranks = {}) {
   const fs::path dir = fresh_dir(tag);
+  // Each site's ranks ([[job.site]] tables with `batches`; `ranks` each unless given).
+  const std::vector<int> R =
+      site_ranks.empty() ? std::vector<int>(sites.size(), ranks) : site_ranks;
+  const sync::ShardMap map(R);
+  int world = 0;
+  for (const int r : R) world += r;
   if (dir_out != nullptr) *dir_out = dir;
   std::string names;
   for (const auto& s : sites) names += (names.empty() ? "\"" : ", \"") + s + "\"";
@@ -75,7 +82,7 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
     toml.erase(toml.find(shorthand), shorthand.size());
     toml.replace(toml.find("\nbatch = 4\n"), 11, "\n");
     for (std::size_t s = 0; s < sites.size(); ++s)
-      toml += "[[job.site]]\nname = \"" + sites[s] + "\"\nranks = " + std::to_string(ranks) +
+      toml += "[[job.site]]\nname = \"" + sites[s] + "\"\nranks = " + std::to_string(R[s]) +
               "\nbatch = " + std::to_string(batches.at(s)) + "\n";
   }
   const fs::path cfg = write_text(dir / "job.toml", toml);
@@ -89,8 +96,7 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
   const auto launched =
       run_command(std::string(DESLOC_CLI) + " launch --config " + launch_cfg.string());
   ASSERT_EQ(launched.exit_code, 0) << launched.output;
-  EXPECT_NE(launched.output.find("all " + std::to_string(sites.size() * std::size_t(ranks)) +
-                                 " ranks finished"),
+  EXPECT_NE(launched.output.find("all " + std::to_string(world) + " ranks finished"),
             std::string::npos)
       << launched.output;
 
@@ -104,7 +110,7 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
     fragments = std::stoi(both_sync.substr(at + 12));
   ASSERT_EQ(ref_losses.size(), 12u);
   for (std::size_t s = 0; s < sites.size(); ++s)
-    for (int r = 0; r < ranks; ++r) {
+    for (int r = 0; r < R[s]; ++r) {
       const fs::path rank_dir =
           s == 0 && r == 0 ? dir / "launch"
                            : dir / "launch" / "ranks" / (sites[s] + "-" + std::to_string(r));
@@ -134,8 +140,9 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
         EXPECT_TRUE(std::any_of(a.codec_feedback[0].begin(), a.codec_feedback[0].end(),
                                 [](float e) { return e != 0.0f; }));
       }
-      // Compressed states: the shared references whole; the error feedback on the block this
-      // rank encodes of each fragment (the other ranks of its site keep the rest).
+      // Compressed states: the shared references whole; the error feedback on the range this
+      // rank encodes of each fragment (its segments, sync::ShardMap; the other ranks of its
+      // site keep the rest).
       for (std::size_t k = 0; k < 3; ++k) {
         ASSERT_EQ(mine.codec_ref[k].size(), ref.codec_ref[k].size()) << "state " << k;
         EXPECT_TRUE(mine.codec_ref[k] == ref.codec_ref[k])
@@ -143,7 +150,7 @@ void expect_launch_matches_train(const std::string& tag, const std::vector<std::
         ASSERT_EQ(b.codec_feedback[k].size(), a.codec_feedback[k].size()) << "state " << k;
         for (int f = 0; f < fragments; ++f) {
           const transport::Range part = transport::block(a.codec_feedback[k].size(), fragments, f);
-          const transport::Range mine_of = transport::block(part.count, ranks, r);
+          const transport::Range mine_of = map.owned(part.count, R[s], r);
           const auto lo = std::ptrdiff_t(part.offset + mine_of.offset);
           const auto hi = lo + std::ptrdiff_t(mine_of.count);
           EXPECT_TRUE(std::equal(a.codec_feedback[k].begin() + lo, a.codec_feedback[k].begin() + hi,
@@ -558,6 +565,31 @@ TEST(Launch, StreamingRegionsOfUnequalBatchesReproduceTheInProcessRunBitForBit) 
 TEST(Launch, TwoSitesOfTwoRanksWithUnequalBatchesReproduceTheInProcessRunBitForBit) {
   expect_launch_matches_train("launch2x2_unequal", {"west", "east"}, 2, "", kDelayedSync, "", "",
                               nullptr, {4, 1});
+}
+
+// Sites of unequal rank counts (1, 2 and 3 ranks; batches 3, 2 and 4): the wide-area shard
+// map cuts each state into segments, and a rank of a site with fewer ranks runs the rings of
+// several of them, one after the other. The launched ranks equal the in-process run bit for
+// bit: blocking against step-overlapped with int4 + error feedback; delayed streaming
+// fragments with int4 + error feedback and the outer step; regions of sites of 3 and 1 ranks
+// and of 2 and 1, the job-wide ring of four on both lanes.
+TEST(Launch, SitesOfOneTwoAndThreeRanksOverlappedAndCompressedReproduceTheInProcessRun) {
+  expect_launch_matches_train("launch123_codec", {"west", "east", "north"}, 1,
+                              "overlap = \"step\"\n",
+                              "codec_x = \"int4\"\ncodec_u = \"int4\"\ncodec_v = \"int4\"\n"
+                              "codec_block = 32\nerror_feedback = true\n",
+                              "", "", nullptr, {3, 2, 4}, {1, 2, 3});
+}
+TEST(Launch, SitesOfThreeOneAndTwoRanksStreamingWithTheOuterStepReproduceTheInProcessRun) {
+  expect_launch_matches_train("launch312_streaming", {"west", "east", "north"}, 1, "",
+                              std::string(kStreamingSync) + kCodecSync + "outer = \"nesterov\"\n",
+                              "", "", nullptr, {2, 5, 3}, {3, 1, 2});
+}
+TEST(Launch, RegionsOfSitesWithUnequalRankCountsReproduceTheInProcessRun) {
+  expect_launch_matches_train("launch4_regions_ranks", {"west", "east", "north", "south"}, 1, "",
+                              "region_kx = 1\noverlap = \"delayed\"\ndelay = 1\n", "",
+                              "regions = [[\"west\", \"east\"], [\"north\", \"south\"]]\n", nullptr,
+                              {2, 3, 2, 4}, {3, 1, 2, 1});
 }
 
 // Port 1 (tcpmux) is reserved and nothing listens there: connecting is refused at once.

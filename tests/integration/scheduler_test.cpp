@@ -29,9 +29,10 @@ using namespace std::chrono_literals;
 // others under ranks/<site>-<r>) ended bit for bit alike: losses at every step, and x, u, v and
 // the optimizer step of the checkpoint at `step`.
 void expect_ranks_match(const fs::path& a_root, const fs::path& b_root,
-                        const std::vector<std::string>& sites, int ranks, std::int64_t step) {
+                        const std::vector<std::string>& sites, const std::vector<int>& ranks,
+                        std::int64_t step) {
   for (std::size_t s = 0; s < sites.size(); ++s)
-    for (int r = 0; r < ranks; ++r) {
+    for (int r = 0; r < ranks.at(s); ++r) {
       const fs::path sub =
           s == 0 && r == 0 ? fs::path() : fs::path("ranks") / (sites[s] + "-" + std::to_string(r));
       const fs::path a_dir = a_root / sub, b_dir = b_root / sub;
@@ -78,7 +79,40 @@ TEST(Scheduler, MpirunRunsTheJobAsLaunchDoesBitForBit) {
   ASSERT_EQ(mpi.wait(std::chrono::seconds(180)), 0) << mpi.output();
   EXPECT_EQ(c.coordinator.wait(std::chrono::seconds(30)), 0) << c.coordinator.output();
 
-  expect_ranks_match(dir / "launch", dir / "mpi", sites, 2, 12);
+  expect_ranks_match(dir / "launch", dir / "mpi", sites, {2, 2}, 12);
+}
+
+// Sites of unequal rank counts under mpirun: west 1 rank (batch 4), east 2 (batch 3). Global
+// ranks count each site's ranks in job.sites order (0 is west/0, 1 and 2 east/0 and east/1),
+// and the job equals `desloc launch`'s bit for bit.
+TEST(Scheduler, MpirunRunsSitesOfUnequalRankCountsAsLaunchDoesBitForBit) {
+  const char* mpirun = "/usr/bin/mpirun";
+  DESLOC_REQUIRE_PROGRAM(mpirun, "openmpi-bin");
+  const fs::path dir = fresh_dir("mpirun_unequal");
+  const std::vector<std::string> sites = {"west", "east"};
+  std::string toml = with_steps(multi_site_toml(dir / "launch", "\"west\", \"east\"", 1), 12);
+  const std::string shorthand = "sites = [\"west\", \"east\"]\nranks_per_site = 1\n";
+  toml.erase(toml.find(shorthand), shorthand.size());
+  toml.replace(toml.find("\nbatch = 4\n"), 11, "\n");
+  toml.replace(toml.find("[job]\n"), 6, "[job]\ntoken = \"mpirun-test\"\n");
+  toml +=
+      "[[job.site]]\nname = \"west\"\nranks = 1\nbatch = 4\n"
+      "[[job.site]]\nname = \"east\"\nranks = 2\nbatch = 3\n";
+  const fs::path cfg = write_text(dir / "job.toml", toml);
+  const auto launched = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
+  ASSERT_EQ(launched.exit_code, 0) << launched.output;
+
+  Cluster c{dir};
+  c.start(cfg);
+  Process mpi = Process::start(
+      {mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "3", DESLOC_CLI, "worker",
+       "--config", cfg.string(), "--coordinator", "127.0.0.1:" + std::to_string(c.port),
+       "--out-dir", (dir / "mpi").string(), "--no-progress"},
+      dir / "mpirun.log");
+  ASSERT_EQ(mpi.wait(std::chrono::seconds(180)), 0) << mpi.output();
+  EXPECT_EQ(c.coordinator.wait(std::chrono::seconds(30)), 0) << c.coordinator.output();
+
+  expect_ranks_match(dir / "launch", dir / "mpi", sites, {1, 2}, 12);
 }
 
 // A one-node Slurm cluster for one test, on loopback, its files in the test's directory.
@@ -141,7 +175,7 @@ TEST_F(Slurm, SrunRunsTheJobAsLaunchDoesBitForBit) {
       dir_ / "srun.log");
   ASSERT_EQ(srun.wait(180s), 0) << srun.output();
   EXPECT_EQ(c.coordinator.wait(30s), 0) << c.coordinator.output();
-  expect_ranks_match(dir_ / "launch", dir_ / "srun", {"west", "east"}, 2, 12);
+  expect_ranks_match(dir_ / "launch", dir_ / "srun", {"west", "east"}, {2, 2}, 12);
 }
 
 TEST_F(Slurm, TheSbatchExampleRunsTheJobAsLaunchDoesBitForBit) {
@@ -156,7 +190,7 @@ TEST_F(Slurm, TheSbatchExampleRunsTheJobAsLaunchDoesBitForBit) {
   const std::string log((std::istreambuf_iterator<char>(out)), {});
   ASSERT_EQ(r.exit_code, 0) << r.output << "\n" << log;
   EXPECT_TRUE(contains(log, "desloc.sbatch: coordinator on 127.0.0.1:")) << log;
-  expect_ranks_match(dir_ / "launch", dir_ / "sbatch", {"west", "east"}, 2, 12);
+  expect_ranks_match(dir_ / "launch", dir_ / "sbatch", {"west", "east"}, {2, 2}, 12);
 }
 
 // The pid of a `desloc worker` whose environment holds SLURM_PROCID=`procid`; -1 if none.

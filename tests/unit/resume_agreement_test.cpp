@@ -37,22 +37,29 @@ train::CheckpointScan valid_steps(std::vector<std::int64_t> steps) {
   return scan;
 }
 
-// Runs agree_on_resume_step on S x R ranks (rank s * R + r gets scans[s * R + r]) and returns
-// every rank's choice. R = 1 passes no site group, as the trainer does.
-std::vector<train::ResumeChoice> agree(int S, int R,
+// Runs agree_on_resume_step on sites of site_ranks[s] ranks (the ranks counted site by site
+// get scans in that order) and returns every rank's choice. A site of one rank passes no site
+// group, as the trainer does; a rank of several segments passes each one's ring.
+std::vector<train::ResumeChoice> agree(const std::vector<int>& site_ranks,
                                        const std::vector<train::CheckpointScan>& scans) {
   Watchdog watchdog(60s);
   test_support::WorldOptions world;
   world.collective.deadline = 20s;
   world.wan_chunk_headers = false;
   world.lone_site_group = false;
-  std::vector<train::ResumeChoice> got(static_cast<std::size_t>(S * R));
-  test_support::run_world(S, R, world, [&](int s, int r, test_support::Groups& groups) {
-    const auto me = static_cast<std::size_t>(s * R + r);
+  const int S = static_cast<int>(site_ranks.size());
+  std::vector<std::size_t> first(site_ranks.size() + 1, 0);
+  for (std::size_t s = 0; s < site_ranks.size(); ++s)
+    first[s + 1] = first[s] + std::size_t(site_ranks[s]);
+  std::vector<train::ResumeChoice> got(first.back());
+  test_support::run_world(site_ranks, world, [&](int s, int r, test_support::Groups& groups) {
+    const std::size_t me = first[std::size_t(s)] + std::size_t(r);
     train::ResumeAgreementOptions opts;
     opts.site_names = {kSites.begin(), kSites.begin() + S};
     opts.who = fmt::format("{}/{}", kSites[std::size_t(s)], r);
-    got[me] = train::agree_on_resume_step(scans[me], groups.site.get(), groups.wan.get(), opts);
+    std::vector<transport::Collective*> rings;
+    for (const sync::WanRing& w : groups.wan_rings()) rings.push_back(w.ring);
+    got[me] = train::agree_on_resume_step(scans[me], groups.site.get(), rings, opts);
   });
   // Every rank decided the same thing.
   for (const auto& c : got) {
@@ -60,6 +67,11 @@ std::vector<train::ResumeChoice> agree(int S, int R,
     EXPECT_EQ(c.passed_over, got[0].passed_over);
   }
   return got;
+}
+
+std::vector<train::ResumeChoice> agree(int S, int R,
+                                       const std::vector<train::CheckpointScan>& scans) {
+  return agree(std::vector<int>(static_cast<std::size_t>(S), R), scans);
 }
 
 bool contains(const std::string& haystack, const std::string& needle) {
@@ -83,6 +95,21 @@ TEST(ResumeAgreement, ChoosesTheNewestCommonStepAndNamesWhoLacksNewerOnes) {
   EXPECT_TRUE(s400.starts_with("step 400: held by 3 of 4 ranks")) << s400;
   EXPECT_TRUE(contains(s400, "east/1 has no checkpoint at step 400")) << s400;
   EXPECT_FALSE(contains(s400, "east/0")) << s400;
+}
+
+// Sites of unequal rank counts (east 1, west 3, north 2): each site's own ranks are counted,
+// the single rank gathering over each of its three rings.
+TEST(ResumeAgreement, SitesOfUnequalRankCountsAgreeAndNameTheRankThatLacksAStep) {
+  const auto got = agree(std::vector<int>{1, 3, 2},
+                         {valid_steps({100, 200}), valid_steps({100, 200}), valid_steps({100, 200}),
+                          valid_steps({100}), valid_steps({100, 200}), valid_steps({100, 200})});
+  ASSERT_EQ(got.size(), 6u);
+  ASSERT_EQ(got[0].step, std::optional<std::int64_t>(100));
+  ASSERT_EQ(got[0].passed_over.size(), 1u);
+  EXPECT_TRUE(got[0].passed_over[0].starts_with("step 200: held by 5 of 6 ranks"))
+      << got[0].passed_over[0];
+  EXPECT_TRUE(contains(got[0].passed_over[0], "west/2 has no checkpoint at step 200"))
+      << got[0].passed_over[0];
 }
 
 TEST(ResumeAgreement, NoCommonStepGivesNulloptOnEveryRank) {

@@ -33,15 +33,15 @@ struct RankIdentity {
 };
 
 // A rank's identity from the scheduler: Slurm (SLURM_PROCID, SLURM_NTASKS) or Open MPI
-// (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE). Global rank g is rank g % R of site g / R in
-// job.sites order. nullopt when neither is set; ConfigError if the world size disagrees with
-// the config's sites x ranks_per_site.
+// (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE). Global ranks count the sites' ranks in
+// job.sites order (rank g % R of site g / R for sites alike). nullopt when neither is set;
+// ConfigError if the world size disagrees with the config's ranks.
 std::optional<RankIdentity> identity_from_environment(const train::JobConfig& cfg);
 
-// A job the networked ranks can run: ConfigError when its [[job.site]] tables give the sites
-// unequal rank counts (the wide-area groups pair rank r of every site; the shard map that
-// pairs unequal sites runs in-process only, `desloc train`, so far). Unequal batches run.
-void check_networked_sites(const train::JobConfig& cfg);
+// A job `desloc profile` can measure: ConfigError when its [[job.site]] tables give the sites
+// unequal rank counts (the profile's other ranks leave at once, while a site of fewer ranks
+// holds their rings until its links are measured). Training runs them.
+void check_profile_sites(const train::JobConfig& cfg);
 
 // "host:port" -> parts; ConfigError naming `what` (e.g. "--coordinator") when malformed.
 std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& text,

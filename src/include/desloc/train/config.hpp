@@ -163,6 +163,8 @@ struct JobConfig {
   bool sites_alike() const;
   // Every site has the same number of ranks (the wide-area groups pair rank r of each site).
   bool ranks_alike() const;
+  // The index in site_names() of `site`; ConfigError naming the config when it is none.
+  int site_index(const std::string& site) const;
   // The first data partition of site s's ranks: the ranks of the sites before it.
   int first_rank(int s) const;
   // Ranks of sites 0..sites-1.

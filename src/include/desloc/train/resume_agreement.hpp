@@ -48,8 +48,8 @@ struct StartIntent {
 std::uint64_t new_run_id();
 
 // Called first by every rank of a networked job, --resume or not: every rank's intent travels
-// through the site group, then the WAN group (the same two all-gathers as the resume
-// agreement, 16 bytes a rank), so every rank sees all S x R and takes the same decision.
+// through the site group, then the rank's WAN rings (the same all-gathers as the resume
+// agreement, 24 bytes a rank), so every rank sees every rank's and takes the same decision.
 // Throws ConfigError, on every rank alike, naming the ranks:
 //   - when some ranks were given --resume and others were not (a rank that started fresh would
 //     overwrite its results while its peers resumed: the run would mix two runs);
@@ -57,7 +57,7 @@ std::uint64_t new_run_id();
 //     checkpoints and metrics would be overwritten).
 // Returns the run id of a fresh start: the first rank's (site 0, rank 0) draw, on every rank.
 std::uint64_t agree_on_start(const StartIntent& mine, transport::Collective* site_group,
-                             transport::Collective* wan_group,
+                             std::span<transport::Collective* const> rings,
                              const ResumeAgreementOptions& options);
 
 // The same refusal for one process (`desloc train`): ConfigError naming `dir` and its contents
@@ -83,18 +83,17 @@ struct ResumeChoice {
 };
 
 // Called by every rank of the job with its own scan (scan_checkpoints of its checkpoint dir).
-// Two all-gathers: the R ranks of the site group (nullptr when R = 1), then the sites of
-// the WAN group (rank r of every site; nullptr when there is one site), carrying every rank's
-// offer, so each rank sees all S x R offers and decides alone, deterministically. One more
-// 4-byte all-gather on the WAN group first checks that every site has the same R (ConfigError
-// otherwise). Each operation is bounded by its group's CollectiveOptions::deadline (a
+// All-gathers inside the site group (nullptr when R = 1), then over the rank's WAN rings
+// (transport::gather_job: the sites swap their rank counts, which may differ, then their
+// ranks' offers), so each rank sees every rank's offer and decides alone, deterministically.
+// Each operation is bounded by its group's CollectiveOptions::deadline (a
 // TimeoutError names the awaited peer). Throws DataError if a peer's offer is malformed, and
 // ConfigError (on every rank alike) when a rank's checkpoints were all written by another
 // config, or when the checkpoints at the chosen step or the ranks' metrics name different runs.
 // `mine` is scanned with this job's config hash (scan_checkpoints), so another config's files
 // are rejected as `foreign`: they count as missing, not torn, for `diverged`.
 ResumeChoice agree_on_resume_step(const CheckpointScan& mine, transport::Collective* site_group,
-                                  transport::Collective* wan_group,
+                                  std::span<transport::Collective* const> rings,
                                   const ResumeAgreementOptions& options);
 
 }  // namespace desloc::train

@@ -10,6 +10,7 @@
 
 #include "desloc/data/prepare.hpp"
 #include "desloc/sync/averager.hpp"
+#include "desloc/sync/collective_averager.hpp"
 #include "desloc/train/config.hpp"
 #include "desloc/transport/collective.hpp"
 #include "desloc/transport/wire.hpp"
@@ -64,11 +65,21 @@ struct RankContext {
   // The current ring's sites, as indices into cfg.site_names(), in ring order (the averager's
   // weights follow them).
   std::vector<int> live_sites;
-  sync::Averager* averager = nullptr;            // across sites (CollectiveAverager)
-  transport::Collective* site_group = nullptr;   // the site's R ranks; nullptr when R = 1
-  transport::Collective* wan_group = nullptr;    // rank r of every site
+  sync::Averager* averager = nullptr;           // across sites (CollectiveAverager)
+  transport::Collective* site_group = nullptr;  // the site's R ranks; nullptr when R = 1
+  // The rings of the wide-area segments this rank owns (sync::ShardMap), in segment order:
+  // one, rank r of every site, for sites alike; wan_group and wan_reverse are the first's.
+  std::vector<sync::WanRing> wan_rings;
+  const sync::ShardMap* shard_map = nullptr;     // the job's (JobConfig::wan_map); null: even
+  transport::Collective* wan_group = nullptr;    // the first ring: every site, one rank each
   transport::Collective* wan_reverse = nullptr;  // the same sites, reversed ring (lane 2), or null
-  std::function<void(std::int64_t)> on_step;     // after each step (heartbeats)
+  // The rings alone, in segment order (for transport::gather_job).
+  std::vector<transport::Collective*> rings() const {
+    std::vector<transport::Collective*> out;
+    for (const sync::WanRing& w : wan_rings) out.push_back(w.ring);
+    return out;
+  }
+  std::function<void(std::int64_t)> on_step;  // after each step (heartbeats)
   // After each step's record: this rank's site loss, tokens/s, wide-area bytes sent so far and
   // the sites the payload guard has left out (what the heartbeats report to the coordinator's
   // status endpoint; the caller adds the sync timings).
