@@ -570,9 +570,14 @@ TEST(Launch, TwoSitesOfTwoRanksWithUnequalBatchesReproduceTheInProcessRunBitForB
 // Sites of unequal rank counts (1, 2 and 3 ranks; batches 3, 2 and 4): the wide-area shard
 // map cuts each state into segments, and a rank of a site with fewer ranks runs the rings of
 // several of them, one after the other. The launched ranks equal the in-process run bit for
-// bit: blocking against step-overlapped with int4 + error feedback; delayed streaming
+// bit: blocking in fp32 (2, 3 and 1 ranks); blocking against step-overlapped with int4 + error
+// feedback; delayed streaming
 // fragments with int4 + error feedback and the outer step; regions of sites of 3 and 1 ranks
 // and of 2 and 1, the job-wide ring of four on both lanes.
+TEST(Launch, SitesOfTwoThreeAndOneRanksBlockingReproduceTheInProcessRun) {
+  expect_launch_matches_train("launch231", {"west", "east", "north"}, 1, "", "", "", "", nullptr,
+                              {4, 2, 3}, {2, 3, 1});
+}
 TEST(Launch, SitesOfOneTwoAndThreeRanksOverlappedAndCompressedReproduceTheInProcessRun) {
   expect_launch_matches_train("launch123_codec", {"west", "east", "north"}, 1,
                               "overlap = \"step\"\n",
