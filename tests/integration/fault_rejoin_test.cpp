@@ -73,26 +73,40 @@ TEST_P(FaultSuiteSites, KilledSiteRestartsRejoinsFromAPeerAndTheJobFinishesOnAll
              "dropped east, east rejoined at epoch 3, finished on " + std::to_string(S) + " sites");
 }
 
+// Kills east's rank `victim` and restarts east (kill_and_rejoin_east); every site then finishes
+// every step near the fault-free in-process run. A row of the fault report, with the state
+// east/0 received.
+void expect_the_job_finishes_after_east_rejoins(Job& job, std::size_t victim,
+                                                const std::string& scenario,
+                                                const std::string& outcome) {
+  Rejoin at;
+  kill_and_rejoin_east(job, at, victim);
+  if (::testing::Test::HasFatalFailure()) return;
+  const double val = expect_leader_finishes(job);
+  expect_others_finish(job, "");
+  for (std::size_t r = 0; r < job.ranks[1].size(); ++r) {
+    const fs::path east =
+        job.cluster.dir / "out" / "ranks" / ("east-" + std::to_string(r)) / "metrics.jsonl";
+    EXPECT_EQ(leader_step(east), kSteps) << east;
+  }
+  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
+  EXPECT_NEAR(val, ref, kLossTolerance);
+  const fs::path east0 = job.cluster.dir / "out" / "ranks" / "east-0" / "metrics.jsonl";
+  report_row(scenario, seconds(at.killed, at.heard), seconds(at.restarted, at.rejoined), val - ref,
+             last_field(east0, "rejoin", "state_bytes").value_or(-1), outcome);
+}
+
 // Unequal sites (issue 38): east trains on twice west's batch and four times north's, so it
 // weighs most in every average. Killed, the survivors roll back and average by their own
 // tokens (west 4, north 2); restarted, east rejoins from a peer and the averages weigh all three
 // again. The job finishes on every site near the fault-free in-process run of the same tables.
 TEST(FaultSuite, TheHeaviestOfUnequalSitesKilledAndRestartedRejoinsAndTheJobFinishes) {
   Job job("rejoin_unequal", 1, 3, "", {}, "", "", {4, 8, 2});
-  Rejoin at;
-  kill_and_rejoin_east(job, at);
-  if (HasFatalFailure()) return;
-  const double val = expect_leader_finishes(job);
-  expect_others_finish(job, "");
-  const fs::path east = job.cluster.dir / "out" / "ranks" / "east-0" / "metrics.jsonl";
-  EXPECT_EQ(leader_step(east), kSteps);
-  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
-  EXPECT_NEAR(val, ref, kLossTolerance);
-  report_row("kill -9 the heaviest of unequal sites (batches 4, 8, 2), restart it: rejoins (" +
-                 shape(3, 1) + ")",
-             seconds(at.killed, at.heard), seconds(at.restarted, at.rejoined), val - ref,
-             last_field(east, "rejoin", "state_bytes").value_or(-1),
-             "dropped east, east rejoined, finished on 3 sites, token-weighted");
+  expect_the_job_finishes_after_east_rejoins(
+      job, 0,
+      "kill -9 the heaviest of unequal sites (batches 4, 8, 2), restart it: rejoins (" +
+          shape(3, 1) + ")",
+      "dropped east, east rejoined, finished on 3 sites, token-weighted");
 }
 
 // Sites of unequal rank counts (issue 38): west 1, east 3, north 2 ranks, each averaging the
@@ -100,43 +114,22 @@ TEST(FaultSuite, TheHeaviestOfUnequalSitesKilledAndRestartedRejoinsAndTheJobFini
 // ranks, loses a rank: the whole site goes, the survivors roll back and average over their
 // own segments' rings; its three ranks restart, rejoin (each receiving its segments from
 // west's one rank or north's two) and the job finishes on every site near the fault-free
-// in-process run of the same tables. Then the single-rank site: west 2, east 1, north 3.
+// in-process run of the same tables. Then the single-rank site (west 2, east 1, north 3),
+// whose one rank receives every segment of x, u and v.
 TEST(FaultSuite, TheSiteWithTheMostRanksKilledAndRestartedRejoinsAndTheJobFinishes) {
   Job job("rejoin_most_ranks", 1, 3, "", {}, "", "", {4, 2, 4}, {1, 3, 2});
-  Rejoin at;
-  kill_and_rejoin_east(job, at, 1);
-  if (HasFatalFailure()) return;
-  const double val = expect_leader_finishes(job);
-  expect_others_finish(job, "");
-  for (int r = 0; r < 3; ++r) {
-    const fs::path east =
-        job.cluster.dir / "out" / "ranks" / ("east-" + std::to_string(r)) / "metrics.jsonl";
-    EXPECT_EQ(leader_step(east), kSteps) << east;
-  }
-  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
-  EXPECT_NEAR(val, ref, kLossTolerance);
-  report_row("kill -9 a rank of the site of most ranks (1, 3, 2 ranks), restart it: rejoins",
-             seconds(at.killed, at.heard), seconds(at.restarted, at.rejoined), val - ref, -1,
-             "dropped east (3 ranks), east rejoined, finished on 3 sites");
+  expect_the_job_finishes_after_east_rejoins(
+      job, 1, "kill -9 a rank of the site of most ranks (1, 3, 2 ranks), restart it: rejoins",
+      "dropped east (3 ranks), east rejoined, finished on 3 sites");
 }
 TEST(FaultSuite, TheSingleRankSiteKilledAndRestartedRejoinsAndTheJobFinishes) {
   Job job("rejoin_single_rank", 1, 3, "", {}, "", "", {4, 4, 4}, {2, 1, 3});
-  Rejoin at;
-  kill_and_rejoin_east(job, at);
-  if (HasFatalFailure()) return;
-  const double val = expect_leader_finishes(job);
-  expect_others_finish(job, "");
+  expect_the_job_finishes_after_east_rejoins(
+      job, 0, "kill -9 the single-rank site (2, 1, 3 ranks), restart it: rejoins",
+      "dropped east (1 rank), east rejoined, finished on 3 sites");
   const fs::path east = job.cluster.dir / "out" / "ranks" / "east-0" / "metrics.jsonl";
-  EXPECT_EQ(leader_step(east), kSteps);
-  // The one rank received every segment of x, u and v.
   EXPECT_EQ(last_field(east, "rejoin", "state_bytes").value_or(0),
             3.0 * 4.0 * last_field(east, "run", "parameters").value_or(-1));
-  const double ref = reference_val_loss(job.cfg, job.cluster.dir);
-  EXPECT_NEAR(val, ref, kLossTolerance);
-  report_row("kill -9 the single-rank site (2, 1, 3 ranks), restart it: rejoins",
-             seconds(at.killed, at.heard), seconds(at.restarted, at.rejoined), val - ref,
-             last_field(east, "rejoin", "state_bytes").value_or(-1),
-             "dropped east (1 rank), east rejoined, finished on 3 sites");
 }
 
 // Re-planning (issue 15, item 5) and a rejoin: every rank switches kx 4 -> 8 after step 200

@@ -56,6 +56,25 @@ void expect_ranks_match(const fs::path& a_root, const fs::path& b_root,
     }
 }
 
+// The job `toml` (in dir/job.toml) run twice: by `desloc launch` into dir/launch, and by `world`
+// `desloc worker`s under mpirun into dir/mpi, against a coordinator of its own. As a user runs
+// it (docs/cluster.md); --allow-run-as-root for containers that run as root, --oversubscribe
+// for more ranks than cores.
+void run_launch_and_mpirun(const fs::path& dir, const std::string& toml, int world) {
+  const fs::path cfg = write_text(dir / "job.toml", toml);
+  const auto launched = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
+  ASSERT_EQ(launched.exit_code, 0) << launched.output;
+  Cluster c{dir};
+  c.start(cfg);
+  Process mpi = Process::start(
+      {"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "-n", std::to_string(world),
+       DESLOC_CLI, "worker", "--config", cfg.string(), "--coordinator",
+       "127.0.0.1:" + std::to_string(c.port), "--out-dir", (dir / "mpi").string(), "--no-progress"},
+      dir / "mpirun.log");
+  ASSERT_EQ(mpi.wait(std::chrono::seconds(180)), 0) << mpi.output();
+  EXPECT_EQ(c.coordinator.wait(std::chrono::seconds(30)), 0) << c.coordinator.output();
+}
+
 TEST(Scheduler, MpirunRunsTheJobAsLaunchDoesBitForBit) {
   const char* mpirun = "/usr/bin/mpirun";
   DESLOC_REQUIRE_PROGRAM(mpirun, "openmpi-bin");
@@ -63,22 +82,8 @@ TEST(Scheduler, MpirunRunsTheJobAsLaunchDoesBitForBit) {
   const std::vector<std::string> sites = {"west", "east"};
   std::string toml = with_steps(multi_site_toml(dir / "launch", "\"west\", \"east\"", 2), 12);
   toml.replace(toml.find("[job]\n"), 6, "[job]\ntoken = \"mpirun-test\"\n");
-  const fs::path cfg = write_text(dir / "job.toml", toml);
-  const auto launched = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
-  ASSERT_EQ(launched.exit_code, 0) << launched.output;
-
-  Cluster c{dir};
-  c.start(cfg);
-  // As a user runs it (docs/cluster.md); --allow-run-as-root for containers that run as root,
-  // --oversubscribe for four ranks on fewer cores.
-  Process mpi = Process::start(
-      {mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "4", DESLOC_CLI, "worker",
-       "--config", cfg.string(), "--coordinator", "127.0.0.1:" + std::to_string(c.port),
-       "--out-dir", (dir / "mpi").string(), "--no-progress"},
-      dir / "mpirun.log");
-  ASSERT_EQ(mpi.wait(std::chrono::seconds(180)), 0) << mpi.output();
-  EXPECT_EQ(c.coordinator.wait(std::chrono::seconds(30)), 0) << c.coordinator.output();
-
+  run_launch_and_mpirun(dir, toml, 4);
+  if (HasFatalFailure()) return;
   expect_ranks_match(dir / "launch", dir / "mpi", sites, {2, 2}, 12);
 }
 
@@ -98,20 +103,8 @@ TEST(Scheduler, MpirunRunsSitesOfUnequalRankCountsAsLaunchDoesBitForBit) {
   toml +=
       "[[job.site]]\nname = \"west\"\nranks = 1\nbatch = 4\n"
       "[[job.site]]\nname = \"east\"\nranks = 2\nbatch = 3\n";
-  const fs::path cfg = write_text(dir / "job.toml", toml);
-  const auto launched = run_command(std::string(DESLOC_CLI) + " launch --config " + cfg.string());
-  ASSERT_EQ(launched.exit_code, 0) << launched.output;
-
-  Cluster c{dir};
-  c.start(cfg);
-  Process mpi = Process::start(
-      {mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "3", DESLOC_CLI, "worker",
-       "--config", cfg.string(), "--coordinator", "127.0.0.1:" + std::to_string(c.port),
-       "--out-dir", (dir / "mpi").string(), "--no-progress"},
-      dir / "mpirun.log");
-  ASSERT_EQ(mpi.wait(std::chrono::seconds(180)), 0) << mpi.output();
-  EXPECT_EQ(c.coordinator.wait(std::chrono::seconds(30)), 0) << c.coordinator.output();
-
+  run_launch_and_mpirun(dir, toml, 3);
+  if (HasFatalFailure()) return;
   expect_ranks_match(dir / "launch", dir / "mpi", sites, {1, 2}, 12);
 }
 
