@@ -198,7 +198,6 @@ Command add_profile(CLI::App& app) {
   return {cmd, [opts] {
             const StartupSignals stop("desloc profile");
             const auto cfg = load_local_job(opts->config_path, "");
-            cluster::check_profile_sites(cfg);
             cluster::LaunchOptions p;
             p.config_path = opts->config_path;
             p.worker_args = {"--profile", std::filesystem::absolute(opts->out).string()};

@@ -166,7 +166,11 @@ Ports open_ports(const train::JobConfig& cfg, const Session& ss, bool pair_group
   const auto whole = live_region(cfg, names, names.at(static_cast<std::size_t>(ss.home_site)));
   const bool region_lanes =
       transport::effective_lanes(cfg.transport.lanes, static_cast<int>(whole.size())) == 2;
-  const sync::ShardMap::Segments mine = ss.map->segments_of(R, ss.rank);
+  // Profiling uses one wide-area ring, segment 0's (rank 0 of every site): its other ranks time
+  // their compute step and leave, and no ring of theirs may wait on a rank measuring links.
+  const sync::ShardMap::Segments mine = pair_groups
+                                            ? sync::ShardMap::Segments{0, ss.rank == 0 ? 1 : 0}
+                                            : ss.map->segments_of(R, ss.rank);
   for (int j = mine.first; j < mine.last; ++j) {
     Ports::Segment s;
     s.segment = j;

@@ -43,7 +43,8 @@ CrashInjection crash_injection(const std::string& site, std::uint64_t epoch);
 // The site's group runs over NCCL (the cuda backend, a site of several ranks).
 bool uses_nccl(const train::JobConfig& cfg, int site_ranks);
 
-// Opens the ports for any world the job can become: a recovery opens them before it knows
+// Opens the ports for any world the job can become (with `pair_groups`, profiling's: the pairs
+// and segment 0's ring at rank 0 alone): a recovery opens them before it knows
 // whether the next epoch shrinks (a site lost) or grows back (a site rejoins), so the wide-area
 // ports follow every site of the job, not the current epoch's. With 2 survivors of 3 the
 // current epoch runs one lane, but a rejoin brings back the third site and the reversed ring.

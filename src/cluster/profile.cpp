@@ -388,15 +388,15 @@ void write_topology(const train::JobConfig& cfg, const Session& ss,
 
 int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
                        const std::string& out_path) {
-  check_profile_sites(cfg);
   Session ss = join_job(cfg, opts, /*pair_groups=*/true);
   StepBench bench(cfg, cfg.site_batch(ss.home_site));
   std::vector<StepBench::Sample> alone = bench.run(kStepsBefore, 2);
   // The compute step: the steps alone before the pair measurements, then also those after the
   // streaming.
   log::info("{}: compute step {:.1f} ms", ss.name, mean(alone, &StepBench::Sample::wall_s) * 1e3);
-  if (ss.rank != 0) {
+  if (ss.rank != 0) {  // only rank 0 measures links: the others say Bye, so leaving is no loss
     ss.leave();
+    ss.client->finish();
     return 0;
   }
   std::vector<LinkRecord> links = measure_pairs(ss);
@@ -413,6 +413,7 @@ int run_profile_worker(const train::JobConfig& cfg, const WorkerOptions& opts,
   const auto rows = gather_rows(ss, mine, links);
   if (ss.site_index == 0) write_topology(cfg, ss, rows, out_path);
   ss.leave();
+  ss.client->finish();
   return 0;
 }
 

@@ -60,7 +60,8 @@ struct Session {
 };
 
 // Opens the ports, registers with opts.coordinator, waits for the membership and connects the
-// groups (and, with pair_groups, one 2-rank group per other site for rank 0).
+// groups (with pair_groups, profiling's: one 2-rank group per other site and segment 0's ring for
+// rank 0, no wide-area ring for the other ranks).
 Session join_job(const train::JobConfig& cfg, const WorkerOptions& opts, bool pair_groups);
 
 }  // namespace desloc::cluster

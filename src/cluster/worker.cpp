@@ -123,23 +123,6 @@ std::optional<std::string> mendable_failure(const std::function<void()>& connect
   return std::nullopt;
 }
 
-}  // namespace
-
-void check_profile_sites(const train::JobConfig& cfg) {
-  if (cfg.ranks_alike()) return;
-  std::vector<std::string> each;
-  for (std::size_t s = 0; s < cfg.job.site.size(); ++s)
-    each.push_back(fmt::format("{} {}", cfg.job.site[s].name, cfg.job.site[s].ranks));
-  throw ConfigError(fmt::format(
-      "{}: [[job.site]] gives the sites unequal rank counts ({}); desloc profile measures the "
-      "links from each site's rank 0 while the other ranks wait in their rings, which a site of "
-      "fewer ranks shares with them: profile with equal rank counts (the links and each site's "
-      "step per rank do not depend on them)",
-      cfg.source, fmt::join(each, ", ")));
-}
-
-namespace {
-
 // Epochs in a row whose groups a recovering rank fails to connect before it gives up.
 constexpr int kMaxConnectAttempts = 3;
 

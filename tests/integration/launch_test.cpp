@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -585,6 +586,31 @@ TEST(Launch, RegionsOfSitesWithUnequalRankCountsReproduceTheInProcessRun) {
                               "region_kx = 1\noverlap = \"delayed\"\ndelay = 1\n", "",
                               "regions = [[\"west\", \"east\"], [\"north\", \"south\"]]\n", nullptr,
                               {2, 3, 2, 4}, {3, 1, 2, 1});
+}
+
+// `desloc profile` of sites of unequal rank counts (west 3 ranks, east 1): rank 0 of each site
+// measures the links over segment 0's ring while the other ranks time their step and say Bye,
+// so none of them leaving is a loss, and the topology records each site's step and batch.
+TEST(Launch, ProfileOfSitesOfUnequalRankCountsMeasuresEverySite) {
+  const fs::path dir = fresh_dir("profile_unequal");
+  std::string toml = multi_site_toml(dir / "out", "\"west\", \"east\"", 1);
+  const std::string shorthand = "sites = [\"west\", \"east\"]\nranks_per_site = 1\n";
+  toml.erase(toml.find(shorthand), shorthand.size());
+  toml.replace(toml.find("\nbatch = 4\n"), 11, "\n");
+  toml +=
+      "[[job.site]]\nname = \"west\"\nranks = 3\nbatch = 6\n"
+      "[[job.site]]\nname = \"east\"\nranks = 1\nbatch = 2\n";
+  const fs::path cfg = write_text(dir / "job.toml", toml);
+  const auto profiled = run_command(std::string(DESLOC_CLI) + " profile --config " + cfg.string() +
+                                    " --out " + (dir / "topology.toml").string());
+  ASSERT_EQ(profiled.exit_code, 0) << profiled.output;
+  EXPECT_EQ(profiled.output.find("disconnected"), std::string::npos) << profiled.output;
+  std::ifstream in(dir / "topology.toml");
+  const std::string topology((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+  for (const char* want :
+       {"name = \"west\"", "name = \"east\"", "batch = 6", "batch = 2", "[[link]]"})
+    EXPECT_NE(topology.find(want), std::string::npos) << want << "\n" << topology;
 }
 
 }  // namespace

@@ -38,11 +38,6 @@ struct RankIdentity {
 // ConfigError if the world size disagrees with the config's ranks.
 std::optional<RankIdentity> identity_from_environment(const train::JobConfig& cfg);
 
-// A job `desloc profile` can measure: ConfigError when its [[job.site]] tables give the sites
-// unequal rank counts (the profile's other ranks leave at once, while a site of fewer ranks
-// holds their rings until its links are measured). Training runs them.
-void check_profile_sites(const train::JobConfig& cfg);
-
 // "host:port" -> parts; ConfigError naming `what` (e.g. "--coordinator") when malformed.
 std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& text,
                                                      const std::string& what);
