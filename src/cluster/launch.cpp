@@ -62,8 +62,7 @@ transport::CoordinatorOptions coordinator_options(const train::JobConfig& cfg,
   o.num_sites = o.site_names.size();
   o.ranks_per_site = static_cast<std::size_t>(cfg.job.ranks_per_site);
   if (!cfg.ranks_alike())
-    for (std::size_t s = 0; s < o.site_names.size(); ++s)
-      o.site_ranks.push_back(static_cast<std::size_t>(cfg.site_ranks(static_cast<int>(s))));
+    for (const int r : cfg.site_rank_counts()) o.site_ranks.push_back(static_cast<std::size_t>(r));
   o.token = std::move(token);
   o.config_hash = cfg.agreement_hash();
   o.config = agreement_values(cfg);
@@ -86,8 +85,8 @@ transport::JobDescription describe_job(const train::JobConfig& cfg, const std::s
   d.sites = cfg.site_names();
   d.ranks_per_site = static_cast<std::uint32_t>(cfg.job.ranks_per_site);
   if (!cfg.ranks_alike())
-    for (std::size_t s = 0; s < d.sites.size(); ++s)
-      d.site_ranks.push_back(static_cast<std::uint32_t>(cfg.site_ranks(static_cast<int>(s))));
+    for (const int r : cfg.site_rank_counts())
+      d.site_ranks.push_back(static_cast<std::uint32_t>(r));
   d.steps = cfg.train.steps;
   d.heartbeat = std::chrono::milliseconds(cfg.job.heartbeat_ms);
   const sync::SyncConfig& s = cfg.sync;

@@ -371,8 +371,6 @@ train::TrainResult run_worker(const train::JobConfig& cfg, const WorkerOptions& 
     ctx.site_group = ss.site_group.get();
     ctx.wan_rings = Session::views(ss.wan);
     ctx.shard_map = ss.map.get();
-    ctx.wan_group = ss.wan_group();
-    ctx.wan_reverse = ss.wan.front().reverse.get();
     // The first live site's rank 0 evaluates (site 0 unless it failed).
     ctx.evaluates = ss.site_index == 0 && ss.rank == 0;
     ctx.epoch = ss.membership.epoch;

@@ -202,11 +202,13 @@ int JobConfig::wan_shards() const {
   return shards;
 }
 
-sync::ShardMap JobConfig::wan_map() const {
+std::vector<int> JobConfig::site_rank_counts() const {
   std::vector<int> ranks;
   for (int s = 0; s < sync.sites; ++s) ranks.push_back(site_ranks(s));
-  return sync::ShardMap(ranks);
+  return ranks;
 }
+
+sync::ShardMap JobConfig::wan_map() const { return sync::ShardMap(site_rank_counts()); }
 
 int JobConfig::max_batch() const {
   int most = data.batch;

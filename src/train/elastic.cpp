@@ -32,7 +32,7 @@ void TrainingRun::transferred(std::int64_t step, bool joined, std::uint64_t byte
     sites_[0].loaders = make_site(rank_->site).loaders;
     for (auto& l : sites_[0].loaders) l.skip(static_cast<std::uint64_t>(step));
     tokens_seen_ = static_cast<std::uint64_t>(step) * tokens_per_step_;
-    const int S = rank_->wan_group->size();
+    const int S = rank_->wan_group()->size();
     metrics_->write(RejoinRecord{step, rank_->epoch, S, bytes, seconds});
     progress_->message(fmt::format(
         "{}: rejoined at step {} (epoch {}, {} sites): {} bytes of state in {:.2f} s, CRC32C "
@@ -55,7 +55,7 @@ void TrainingRun::bind_groups() {
   averager_ = rank_->averager;
   reducer_ = sync::SiteReducer(rank_->site_group);
   evaluator_.bind(rank_);
-  live_sites_ = rank_->wan_group->size();
+  live_sites_ = rank_->wan_group()->size();
 }
 
 void TrainingRun::recover(const std::string& what) {

@@ -40,13 +40,14 @@ Evaluator::Evaluator(const JobConfig& cfg, model::Model& model, const data::Data
       token_bytes_(dataset.format == data::TokenFormat::kDesloc
                        ? dataset.load_tokenizer()->token_bytes()
                        : std::vector<std::uint32_t>()),
-      site0_(!cfg.sync.averages_params()) {}
+      site0_(!cfg.sync.averages_params()),
+      map_(cfg.wan_map()) {}
 
 void Evaluator::bind(RankContext* rank) {
   rank_ = rank;
   averager_.reset();
   if (rank != nullptr) {
-    averager_.emplace(rank->wan_rings, cfg_.wan_map(), rank->site_group, cfg_.transport.lane_share);
+    averager_.emplace(rank->wan_rings, map_, rank->site_group, cfg_.transport.lane_share);
     averager_->set_weights(cfg_.site_weights(rank->live_sites));
   }
 }
@@ -69,7 +70,7 @@ Share share_of(const JobConfig& cfg, const RankContext& rank) {
   Share s;
   s.count = 0;
   for (std::size_t p = 0; p < rank.live_sites.size(); ++p) {
-    if (static_cast<int>(p) == rank.wan_group->rank()) s.index = s.count + std::size_t(rank.rank);
+    if (static_cast<int>(p) == rank.wan_group()->rank()) s.index = s.count + std::size_t(rank.rank);
     s.count += static_cast<std::size_t>(cfg.site_ranks(rank.live_sites[p]));
   }
   return s;
@@ -104,7 +105,7 @@ std::optional<Evaluation> Evaluator::evaluate(std::int64_t step, std::vector<Sit
     averager_->begin_step(step);
     averager_->average(optim::StateKind::kX, std::span<const std::span<float>>(&view, 1));
   } else {
-    mean_x = mean_of(sites, optim::StateKind::kX, cfg_.wan_map(), cfg_.transport.lanes,
+    mean_x = mean_of(sites, optim::StateKind::kX, map_, cfg_.transport.lanes,
                      cfg_.transport.lane_share, cfg_.site_weights(static_cast<int>(sites.size())));
   }
   const std::size_t n =

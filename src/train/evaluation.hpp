@@ -54,6 +54,7 @@ class Evaluator {
   data::EvalLoader eval_;
   std::vector<std::uint32_t> token_bytes_;  // the bytes of text each token id stands for
   bool site0_;
+  const sync::ShardMap map_;  // the job's wide-area shard map (JobConfig::wan_map)
   RankContext* rank_ = nullptr;
   // The evaluation's parameter mean travels separately, so it never counts as training traffic.
   std::optional<sync::CollectiveAverager> averager_;

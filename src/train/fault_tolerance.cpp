@@ -149,7 +149,7 @@ void send_switches(transport::Collective& ring, const RankContext& rank, SharedS
 
 std::uint64_t transfer_state(RankContext& rank, std::int64_t step, SiteReplica& replica,
                              SharedState shared) {
-  transport::Collective& wan = *rank.wan_group;
+  transport::Collective& wan = *rank.wan_group();
   const int S = wan.size(), me = wan.rank();
   const auto& joining = rank.joining_sites;
   auto is_joining = [&](int site) {

@@ -51,7 +51,7 @@ class StopSignals {
 namespace {
 void check_rank_context(const JobConfig& cfg, const RankContext& rank) {
   const int R = cfg.site_ranks(rank.site);
-  if (rank.averager == nullptr || rank.wan_group == nullptr)
+  if (rank.averager == nullptr || rank.wan_group() == nullptr)
     throw Error("run_training: a networked rank needs its averager and WAN group");
   if ((R > 1) != (rank.site_group != nullptr && rank.site_group->size() > 1))
     throw Error(
@@ -625,7 +625,7 @@ void TrainingRun::record_step(const StepResult& s) {
     if (cfg_.sync.averages_params()) report.kx = policy_.schedule_at(step_ + 1).kx;
     report.replans =
         static_cast<std::uint32_t>(policy_.switches().size() - cfg_.sync.switches.size());
-    const auto me = static_cast<std::size_t>(rank_->wan_group->rank());
+    const auto me = static_cast<std::size_t>(rank_->wan_group()->rank());
     if (me < r.wait_ms_by_site.size()) {
       last_wait_ms_ = r.wait_ms_by_site[me];
       wait_seconds_ += r.wait_ms_by_site[me] / 1e3;

@@ -165,6 +165,8 @@ struct JobConfig {
   bool ranks_alike() const;
   // The index in site_names() of `site`; ConfigError naming the config when it is none.
   int site_index(const std::string& site) const;
+  // Every site's rank count, in site_names() order.
+  std::vector<int> site_rank_counts() const;
   // The first data partition of site s's ranks: the ranks of the sites before it.
   int first_rank(int s) const;
   // Ranks of sites 0..sites-1.

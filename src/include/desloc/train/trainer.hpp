@@ -68,11 +68,14 @@ struct RankContext {
   sync::Averager* averager = nullptr;           // across sites (CollectiveAverager)
   transport::Collective* site_group = nullptr;  // the site's R ranks; nullptr when R = 1
   // The rings of the wide-area segments this rank owns (sync::ShardMap), in segment order:
-  // one, rank r of every site, for sites alike; wan_group and wan_reverse are the first's.
+  // one, rank r of every site, for sites alike.
   std::vector<sync::WanRing> wan_rings;
-  const sync::ShardMap* shard_map = nullptr;     // the job's (JobConfig::wan_map); null: even
-  transport::Collective* wan_group = nullptr;    // the first ring: every site, one rank each
-  transport::Collective* wan_reverse = nullptr;  // the same sites, reversed ring (lane 2), or null
+  const sync::ShardMap* shard_map = nullptr;  // the job's (JobConfig::wan_map); null: even
+  // The first ring: every site, one rank each (its size and this site's position are those of
+  // every ring); null before the groups are bound.
+  transport::Collective* wan_group() const {
+    return wan_rings.empty() ? nullptr : wan_rings.front().ring;
+  }
   // The rings alone, in segment order (for transport::gather_job).
   std::vector<transport::Collective*> rings() const {
     std::vector<transport::Collective*> out;
